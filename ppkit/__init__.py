@@ -1,0 +1,48 @@
+"""ppkit: a JupyterLab teaching kit for PyTorch distributed training.
+
+    import ppkit
+    cluster = ppkit.start(4)            # four background ranks (gloo on CPU)
+    cluster.run(fn)                     # fn(rank, world_size) on every rank, results by rank
+    cluster.close()
+"""
+
+__version__ = "0.1.0"
+
+from ppkit.cluster.controller import Cluster
+from ppkit.cluster.session import start
+from ppkit.errors import (
+    AuthenticationError,
+    ClusterStateError,
+    ConfigError,
+    JobInterrupted,
+    JobTimeoutError,
+    LaunchError,
+    PPKitError,
+    RemoteError,
+    WorkerDiedError,
+    WorkerError,
+)
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext ppkit`` registers the ``%%ranks`` cell magic."""
+    from ppkit.cluster import magic
+
+    magic.register(ipython)
+
+
+__all__ = [
+    "AuthenticationError",
+    "Cluster",
+    "ClusterStateError",
+    "ConfigError",
+    "JobInterrupted",
+    "JobTimeoutError",
+    "LaunchError",
+    "PPKitError",
+    "RemoteError",
+    "WorkerDiedError",
+    "WorkerError",
+    "__version__",
+    "start",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from ppkit.cli import main
+
+sys.exit(main())

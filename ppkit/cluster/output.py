@@ -1,0 +1,26 @@
+"""Print what each rank writes, line by line, with a ``[rank N]`` prefix."""
+
+from __future__ import annotations
+
+import sys
+
+
+class RankPrinter:
+    def __init__(self):
+        self._partial: dict[tuple[int, str], str] = {}
+
+    def write(self, rank: int, stream: str, text: str) -> None:
+        key = (rank, stream)
+        text = self._partial.pop(key, "") + text
+        *lines, rest = text.split("\n")
+        if rest:
+            self._partial[key] = rest
+        if lines:
+            out = sys.stderr if stream == "stderr" else sys.stdout
+            out.write("".join(f"[rank {rank}] {line}\n" for line in lines))
+            out.flush()
+
+    def flush(self) -> None:
+        for (rank, stream), rest in sorted(self._partial.items()):
+            self.write(rank, stream, rest + "\n")
+        self._partial.clear()

@@ -1,0 +1,33 @@
+"""The notebook's current cluster: ``ppkit.start`` replaces it, so re-running a cell leaks nothing."""
+
+from __future__ import annotations
+
+from ppkit.cluster.controller import Cluster
+
+_active: Cluster | None = None
+
+
+def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
+    """Start ``world_size`` background workers and return the cluster.
+
+    Closes the cluster that the previous ``start`` made, so re-running the cell is safe.
+    Options: ``timeout`` (seconds per job, default 60), ``start_timeout``, ``process_group``.
+
+    >>> cluster = ppkit.start(4)
+    >>> cluster.run(lambda rank, world_size: rank)
+    [0, 1, 2, 3]
+    """
+    global _active
+    from ppkit.cluster import magic
+
+    if _active is not None:
+        _active.close()
+        _active = None
+    _active = Cluster(world_size, backend, **options)
+    magic.register()
+    return _active
+
+
+def active() -> Cluster | None:
+    """The cluster that ``start`` made last, if it is still open."""
+    return _active if _active is not None and _active.state != "closed" else None

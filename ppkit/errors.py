@@ -1,0 +1,74 @@
+"""ppkit's own exceptions, so a notebook can catch ``ppkit.WorkerError`` instead of parsing text.
+
+    PPKitError
+    ├── ConfigError          bad arguments, caught before anything starts (also a ValueError)
+    ├── LaunchError          workers did not start or join
+    ├── AuthenticationError  a client with the wrong key tried to join
+    ├── ClusterStateError    the cluster is closed, or broken and needs ``restart()``
+    └── WorkerError          something went wrong on a rank during a job
+        ├── RemoteError      the job raised on one or more ranks (remote traceback attached)
+        ├── WorkerDiedError  a rank's process died
+        └── JobTimeoutError  the job did not finish in time (stack of every waiting rank attached)
+
+``JobInterrupted`` is a ``KeyboardInterrupt`` (so Ctrl-C in a script still stops it), raised when
+Kernel > Interrupt cancels a job.
+"""
+
+from __future__ import annotations
+
+
+class PPKitError(Exception):
+    """Base class of every error ppkit raises on purpose."""
+
+
+class ConfigError(PPKitError, ValueError):
+    """An argument is invalid; nothing was started."""
+
+
+class LaunchError(PPKitError):
+    """Workers could not be started, or did not join in time."""
+
+
+class AuthenticationError(PPKitError):
+    """A client presented the wrong key to a ppkit control channel."""
+
+
+class ClusterStateError(PPKitError):
+    """The cluster cannot run jobs now: it is closed, or broken and must be restarted."""
+
+
+class WorkerError(PPKitError):
+    """A job failed on one or more ranks. ``ranks`` lists them."""
+
+    def __init__(self, message: str, ranks: list[int] | None = None):
+        super().__init__(message)
+        self.ranks = list(ranks or [])
+
+
+class RemoteError(WorkerError):
+    """The job raised an exception on one or more ranks.
+
+    ``tracebacks`` maps rank -> the remote traceback text; ``exc_types`` maps rank -> the
+    exception's class name on that rank.
+    """
+
+    def __init__(self, message, ranks, tracebacks, exc_types):
+        super().__init__(message, ranks)
+        self.tracebacks = dict(tracebacks)
+        self.exc_types = dict(exc_types)
+
+
+class WorkerDiedError(WorkerError):
+    """A rank's process exited or was killed."""
+
+
+class JobTimeoutError(WorkerError, TimeoutError):
+    """The job did not finish in time. ``stacks`` maps each waiting rank -> where it waits."""
+
+    def __init__(self, message, ranks, stacks):
+        super().__init__(message, ranks)
+        self.stacks = dict(stacks)
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """Kernel > Interrupt (or Ctrl-C) cancelled a running job."""

@@ -1,0 +1,1 @@
+"""Models split into shards for model and pipeline parallelism."""

@@ -1,0 +1,69 @@
+"""Process helpers: die with the parent, and stop politely then firmly."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(expected_ppid: int | None = None) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, and watch the parent too.
+
+    PR_SET_PDEATHSIG is the fast path; the watch thread covers the race where the parent died
+    before prctl ran, and platforms without prctl.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except OSError:
+            pass
+    ppid = expected_ppid if expected_ppid is not None else os.getppid()
+    if os.getppid() != ppid:
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(ppid,), name="ppkit-parent-watch", daemon=True).start()
+
+
+def _watch_parent(ppid: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != ppid:
+            os._exit(1)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie still answers kill(0); it is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def stop_pids(pids: list[int], grace: float = 2.0) -> None:
+    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL whatever is left."""
+    live = [p for p in pids if pid_alive(p)]
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        for pid in live:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while live and time.monotonic() < deadline:
+            live = [p for p in live if pid_alive(p)]
+            if live:
+                time.sleep(0.02)
+        if not live:
+            return

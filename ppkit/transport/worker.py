@@ -1,0 +1,263 @@
+"""The worker process: joins a controller, becomes one rank, and runs the jobs it is sent.
+
+A worker has two threads that matter:
+- the main thread runs jobs one at a time (``fn(rank, world_size, *args)``);
+- the reader thread answers the controller at once, even while a job blocks in C++: ``stacks``
+  (where is the main thread waiting?), ``cancel`` and ``shutdown``. If the controller goes away
+  the reader sees EOF and the worker exits, so a killed kernel leaves no worker behind.
+
+Everything the rank writes to file descriptors 1 and 2 (Python prints and C++ logs alike) is
+captured through pipes and sent to the controller, which prints it with a rank prefix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import linecache
+import os
+import platform
+import queue
+import socket
+import sys
+import threading
+import traceback
+from datetime import timedelta
+
+import cloudpickle
+
+from ppkit.transport import channel
+
+_SYNC = b"\x00ppkit-sync\x00"
+NAMESPACE: dict = {}  # persistent globals of %%ranks cells on this worker
+
+
+class _Cancelled(BaseException):
+    """Raised asynchronously in the main thread when the controller cancels the job."""
+
+
+def versions() -> dict:
+    import torch
+
+    import ppkit
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "ppkit": ppkit.__version__}
+
+
+class _OutputPipe:
+    """Redirect one file descriptor into a pipe whose contents go to the controller."""
+
+    def __init__(self, fd: int, stream: str, send):
+        self.fd, self.stream, self._send = fd, stream, send
+        self._synced = threading.Event()
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        self._read_end = read_end
+        threading.Thread(target=self._pump, name=f"ppkit-{stream}", daemon=True).start()
+
+    def _pump(self) -> None:
+        pending = b""
+        while True:
+            try:
+                data = os.read(self._read_end, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            pending += data
+            while _SYNC in pending:
+                before, pending = pending.split(_SYNC, 1)
+                if before:
+                    self._send(("out", self.stream, before.decode("utf-8", "replace")))
+                self._synced.set()
+            # keep a tail that could be the start of a sync marker
+            cut = len(pending)
+            for i in range(1, len(_SYNC)):
+                if pending.endswith(_SYNC[:i]):
+                    cut = len(pending) - i
+            if cut:
+                self._send(("out", self.stream, pending[:cut].decode("utf-8", "replace")))
+                pending = pending[cut:]
+
+    def sync(self, timeout: float = 2.0) -> None:
+        """Return once everything written to the descriptor so far has been sent."""
+        self._synced.clear()
+        os.write(self.fd, _SYNC)
+        self._synced.wait(timeout)
+
+
+class Worker:
+    def __init__(self, conn, hello: dict):
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        self._jobs: queue.Queue = queue.Queue()
+        self._current = None
+        self._current_lock = threading.Lock()
+        self._main_ident = threading.get_ident()
+        self.send(("hello", hello))
+        msg = conn.recv()
+        if msg[0] == "reject":
+            print(f"ppkit worker: the controller refused this worker: {msg[1]}", file=sys.stderr)
+            sys.exit(2)
+        if msg[0] != "init":
+            raise RuntimeError(f"ppkit worker: expected 'init' from the controller, got {msg[0]!r}")
+        self.config: dict = msg[1]
+        self.rank: int = self.config["rank"]
+        self.world_size: int = self.config["world_size"]
+
+    def send(self, msg) -> None:
+        with self._send_lock:
+            try:
+                self.conn.send(msg)
+            except OSError:
+                os._exit(1)
+
+    # -- set-up -------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.config
+        if cfg.get("capture_output", True):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._pipes = [_OutputPipe(1, "stdout", self.send), _OutputPipe(2, "stderr", self.send)]
+            sys.stdout.reconfigure(line_buffering=True)
+            sys.stderr.reconfigure(line_buffering=True)
+        else:
+            self._pipes = []
+        os.environ.update(cfg.get("env", {}))
+        if cfg.get("cwd") and os.path.isdir(cfg["cwd"]):
+            os.chdir(cfg["cwd"])
+        for path in reversed(cfg.get("sys_path", [])):
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
+        info = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
+                "backend": cfg.get("backend"), "device": cfg.get("device", "cpu")}
+        try:
+            self._init_process_group()
+        except BaseException as exc:
+            self._sync_output()
+            self.send(("failed", _error_info(exc)))
+            raise SystemExit(1)
+        NAMESPACE.update(rank=self.rank, world_size=self.world_size)
+        self._sync_output()
+        self.send(("ready", info))
+
+    def _init_process_group(self) -> None:
+        cfg = self.config
+        device = cfg.get("device", "cpu")
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(torch.device(device))
+        if not cfg.get("process_group", True):
+            return
+        import torch.distributed as dist
+
+        kind, *where = cfg["store"]
+        if kind == "file":
+            store = dist.FileStore(where[0], self.world_size)
+        else:
+            host, port = where
+            store = dist.TCPStore(host, port, self.world_size, is_master=False,
+                                  timeout=timedelta(seconds=cfg["join_timeout"]))
+        dist.init_process_group(cfg["backend"], store=store, rank=self.rank,
+                                world_size=self.world_size,
+                                timeout=timedelta(seconds=cfg["pg_timeout"]))
+        import torch
+
+        NAMESPACE.update(torch=torch, dist=dist)
+
+    def _sync_output(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for pipe in self._pipes:
+            pipe.sync()
+
+    # -- the reader thread ----------------------------------------------------------------
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                os._exit(1)  # the controller is gone: so are we
+            kind = msg[0]
+            if kind == "run":
+                self._jobs.put(msg[1:])
+            elif kind == "stacks":
+                frame = sys._current_frames().get(self._main_ident)
+                text = "".join(traceback.format_stack(frame)) if frame else "(no Python frame)"
+                self.send(("stacks", msg[1], self._current, text))
+            elif kind == "cancel":
+                with self._current_lock:
+                    if self._current == msg[1]:
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                            ctypes.c_ulong(self._main_ident), ctypes.py_object(_Cancelled))
+            elif kind == "shutdown":
+                try:
+                    self._sync_output()
+                except Exception:
+                    pass
+                os._exit(0)
+
+    # -- the main thread --------------------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            try:
+                job_id, payload = self._jobs.get()
+                with self._current_lock:
+                    self._current = job_id
+                msg = self._run_job(job_id, payload)
+                with self._current_lock:
+                    self._current = None
+                self._sync_output()
+                self.send(msg)
+            except _Cancelled:  # a cancel that arrived just as a job ended
+                continue
+
+    def _run_job(self, job_id, payload):
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            value = fn(self.rank, self.world_size, *args, **kwargs)
+            with self._current_lock:
+                self._current = None
+        except _Cancelled:
+            return ("cancelled", job_id)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
+            with self._current_lock:
+                self._current = None
+            return ("result", job_id, False, _error_info(exc, skip=1))
+        try:
+            return ("result", job_id, True, cloudpickle.dumps(value))
+        except Exception as exc:
+            return ("result", job_id, False, _error_info(exc, note=(
+                f"the job finished but its return value ({type(value).__name__}) cannot be "
+                "pickled to send back to the notebook. Return plain data or tensors instead.")))
+
+
+def _error_info(exc: BaseException, skip: int = 0, note: str | None = None) -> dict:
+    tb = exc.__traceback__
+    for _ in range(skip):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return {"type": type(exc).__name__, "message": note or str(exc), "traceback": text}
+
+
+def exec_cell(rank: int, world_size: int, source: str, cell_id: str):
+    """Run a %%ranks cell's source on this rank, in the worker's persistent namespace."""
+    filename = f"<%%ranks cell {cell_id}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    NAMESPACE.update(rank=rank, world_size=world_size)
+    NAMESPACE.setdefault("__name__", "__ppkit_ranks__")
+    exec(compile(source, filename, "exec"), NAMESPACE)
+
+
+def run(address: tuple[str, int], key: bytes, rank: int | None = None, name: str | None = None,
+        extra_hello: dict | None = None) -> None:
+    """Connect to the controller at ``address`` and serve jobs until told to stop."""
+    conn = channel.connect(address, key)
+    hello = {"rank": rank, "name": name, "pid": os.getpid(), "host": socket.gethostname(),
+             **versions(), **(extra_hello or {})}
+    worker = Worker(conn, hello)
+    worker.setup()
+    worker.serve()

@@ -1,0 +1,98 @@
+"""The fork server: imports torch once, then forks a worker per rank on request.
+
+Importing torch takes seconds; forking a process that already has it takes milliseconds. So
+four workers are ready in about the time of one ``import torch``, and ``restart()`` is quick.
+The zygote runs in its own session (Kernel > Interrupt does not reach it or its workers), dies
+with the kernel (PR_SET_PDEATHSIG plus a parent watch), and reports every worker's exit status
+so the controller can say "rank 1 was killed by SIGKILL" rather than "connection lost".
+
+Run as ``python -m ppkit.transport.zygote`` with PPKIT_ADDR, PPKIT_KEY and PPKIT_PARENT set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+
+
+def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.Condition) -> None:
+    while True:
+        with have_children:
+            while not children:
+                have_children.wait()
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            continue
+        with have_children:
+            rank = children.pop(pid, None)
+        with lock:
+            try:
+                conn.send(("exited", rank, pid, status))
+            except OSError:
+                os._exit(1)
+
+
+def _child(conn, address, key, rank: int, zygote_pid: int) -> None:
+    from ppkit.transport import procs, worker
+
+    code = 0
+    try:
+        conn.close()  # the zygote's connection is not ours to use
+        procs.die_with_parent(zygote_pid)
+        worker.run(address, key, rank=rank)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def main() -> None:
+    from ppkit.transport import channel, procs
+
+    address = channel.parse_address(os.environ.pop("PPKIT_ADDR"))
+    key = bytes.fromhex(os.environ.pop(channel.KEY_ENV))
+    procs.die_with_parent(int(os.environ.pop("PPKIT_PARENT")))
+
+    import cloudpickle  # noqa: F401  (preloaded so that forked workers start warm)
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    import ppkit.transport.worker  # noqa: F401
+
+    conn = channel.connect(address, key)
+    lock = threading.Lock()
+    children: dict[int, int] = {}
+    have_children = threading.Condition()
+    conn.send(("zygote", os.getpid()))
+    threading.Thread(target=_reap, args=(conn, children, lock, have_children), daemon=True).start()
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        if msg[0] == "spawn":
+            for rank in msg[1]:
+                with have_children:  # hold it across fork so the reaper cannot miss the pid
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(conn, address, key, rank, os.getppid())
+                    children[pid] = rank
+                    have_children.notify()
+                with lock:
+                    conn.send(("spawned", rank, pid))
+        elif msg[0] == "shutdown":
+            os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
