@@ -72,3 +72,19 @@ class JobTimeoutError(WorkerError, TimeoutError):
 
 class JobInterrupted(KeyboardInterrupt):
     """Kernel > Interrupt (or Ctrl-C) cancelled a running job."""
+
+
+# --- pipeline (branch: pipeline) ---------------------------------------------------------------
+
+class StageError(WorkerError):
+    """A pipeline stage failed: its shard raised, could not be built, or did not answer in time.
+
+    ``stage`` is the stage's index (0 = the first shard), ``process`` the RPC name holding it,
+    ``microbatch`` the micro-batch it failed on (``None`` when it failed outside a micro-batch).
+    """
+
+    def __init__(self, message: str, *, stage: int, process: str, microbatch: int | None = None):
+        super().__init__(message)
+        self.stage = stage
+        self.process = process
+        self.microbatch = microbatch
