@@ -78,8 +78,9 @@ class PipelineModel(nn.Module):
     ``placement``: one ``NAME:DEVICE`` per shard (``"worker1:cpu,worker2:cpu"``; ``master`` is
     this process). ``microbatch_size``: images per micro-batch (``None``: the whole batch, i.e.
     plain model parallelism). ``shards``: zero-argument callables that build each shard on its
-    process (default: ResNet50 cut after ``cut`` with weights from ``seed``). ``timeout``: seconds
-    before an unanswered stage counts as failed (default: the RPC world's timeout).
+    process (default: ResNet50 cut after ``cut`` with weights from ``seed``, in ``dtype``; float64
+    makes exact comparisons possible). ``timeout``: seconds before an unanswered stage counts as
+    failed (default: the RPC world's timeout).
 
     Needs an RPC world in this process (``ppkit.start_rpc``). Checks the placement against it
     (names, devices, importable modules) before building anything.
@@ -87,12 +88,12 @@ class PipelineModel(nn.Module):
 
     def __init__(self, placement="worker1:cpu,worker2:cpu", *, microbatch_size: int | None = None,
                  cut: str = DEFAULT_CUT, seed: int = 0, num_classes: int = 1000, shards=None,
-                 timeout: float | None = None):
+                 dtype: torch.dtype | None = None, timeout: float | None = None):
         super().__init__()
         self.placement: tuple[Placement, ...] = parse_placement(placement)
         if shards is None:
             check_cut(cut)
-            shards = [functools.partial(stages.resnet_shard, i, cut, seed, num_classes)
+            shards = [functools.partial(stages.resnet_shard, i, cut, seed, num_classes, dtype)
                       for i in range(len(self.placement))]
             if len(self.placement) != 2:
                 raise ConfigError(
@@ -109,6 +110,7 @@ class PipelineModel(nn.Module):
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}.")
         self.cut = cut
         self.seed = seed
+        self.num_classes = num_classes
         self.microbatch_size = microbatch_size
         self.timeout = timeout
         self._rpc_timeout = rpc.constants.UNSET_RPC_TIMEOUT if timeout is None else timeout
