@@ -200,7 +200,10 @@ class Cluster:
             raise
         return self
 
-    def _kill_workers(self) -> None:
+    def _kill_workers(self, quiet: bool = False) -> None:
+        """Stop this generation's workers; ``quiet`` drops what they print while dying."""
+        if quiet:
+            self._generation += 1
         for conn in list(self._conns.values()):
             try:
                 conn.send(("shutdown",))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 
 import cloudpickle
 
@@ -88,8 +89,11 @@ def _init_rpc(name: str, rank: int, world_size: int, options: dict, env: dict,
     # states of rounds a dead world never finished. Every world starts from a clean slate.
     rpc.api._all_gather_sequence_id.clear()
     rpc.api._all_gather_sequence_id_to_states.clear()
-    rpc.init_rpc(name, rank=rank, world_size=world_size,
-                 rpc_backend_options=backend_options(**options))
+    with warnings.catch_warnings():
+        # init_rpc trips torch's own "ProcessGroupGloo as a ProcessGroup" deprecation warning
+        warnings.filterwarnings("ignore", message="You are using a Backend")
+        rpc.init_rpc(name, rank=rank, world_size=world_size,
+                     rpc_backend_options=backend_options(**options))
     return name
 
 
@@ -198,9 +202,10 @@ class RpcWorld:
         if self.state not in ("ready", "broken"):
             return
         self.state = "stopping"
-        self.cluster._kill_workers()
-        self.cluster._break("its RPC world was shut down.")
+        # Our agent first, so the kernel does not log an "EOF" per worker it loses.
         finished, _ = _run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
+        self.cluster._kill_workers(quiet=True)
+        self.cluster._break("its RPC world was shut down.")
         if not finished:
             _kernel_rpc_stuck = True
 
