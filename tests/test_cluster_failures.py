@@ -7,6 +7,7 @@ for), because that is what a learner does next.
 from __future__ import annotations
 
 import inspect
+import linecache
 import os
 import signal
 import threading
@@ -231,4 +232,23 @@ def test_a_late_exit_report_about_a_previous_worker_does_not_mislabel_the_new_on
     threading.Timer(0.5, os.kill, (fresh.workers[1]["pid"], signal.SIGKILL)).start()
     with pytest.raises(ppkit.WorkerDiedError, match="killed by signal SIGKILL"):
         fresh.run(lambda rank, world_size: time.sleep(60))
+    restart_gives_a_clean_world(fresh)
+
+
+def test_remote_tracebacks_and_stacks_show_the_lines_of_notebook_cells(fresh):
+    # IPython keeps a cell's code only in linecache (mtime None), under a file name that does not
+    # exist on disk; do the same here. The workers must still show the cell's lines.
+    cell_name = "/tmp/ipykernel_0/not_on_disk_cell.py"
+    source = ("def cell_fn(rank, world_size):\n"
+              "    import torch, torch.distributed as dist\n"
+              "    if rank == 1:\n"
+              "        raise KeyError('the line of this raise must show')\n"
+              "    dist.recv(torch.zeros(1), src=1)  # and so must this wait\n")
+    linecache.cache[cell_name] = (len(source), None, source.splitlines(True), cell_name)
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, cell_name, "exec"), namespace)  # noqa: S102 - what IPython does with a cell
+    with pytest.raises(ppkit.RemoteError) as info:
+        fresh.run(namespace["cell_fn"])
+    assert "raise KeyError('the line of this raise must show')" in info.value.tracebacks[1]
+    assert "dist.recv(torch.zeros(1), src=1)  # and so must this wait" in str(info.value)
     restart_gives_a_clean_world(fresh)

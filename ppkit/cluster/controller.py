@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import linecache
 import os
 import queue
 import shutil
@@ -147,6 +148,7 @@ class Cluster:
         self.workers = {}
         self._exit_status = {}
         self._spawned = {}
+        self._sources_sent: set[str] = set()
         deadline = time.monotonic() + self.start_timeout
         if self._zygote is None or self._zygote.poll() is not None:
             self._zygote = launch.start_zygote(self.address, self._key, self._tmpdir / "zygote.log")
@@ -330,9 +332,10 @@ class Cluster:
 
     def _run_payload(self, payload: bytes, timeout: float) -> list:
         job_id = next(self._job_ids)
+        sources = self._cell_sources()
         for rank in range(self.world_size):
             try:
-                self._conns[rank].send(("run", job_id, payload))
+                self._conns[rank].send(("run", job_id, payload, sources))
             except (OSError, KeyError):
                 self._break(f"rank {rank} is gone.")
                 self._check_usable()
@@ -366,6 +369,17 @@ class Cluster:
         if failed:
             self._raise_remote(job_id, results, failed)
         return [cloudpickle.loads(results[r][3]) for r in range(self.world_size)]
+
+    def _cell_sources(self) -> dict:
+        """Notebook cells' source the workers have not had yet.
+
+        IPython keeps each cell's code in ``linecache`` only (mtime None), not on disk; without it
+        a remote traceback or stack would name the cell's line but not show it.
+        """
+        new = {name: entry for name, entry in list(linecache.cache.items())
+               if len(entry) == 4 and entry[1] is None and name not in self._sources_sent}
+        self._sources_sent.update(new)
+        return new
 
     def _break(self, reason: str) -> None:
         self.state = "broken"
