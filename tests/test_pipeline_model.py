@@ -57,12 +57,10 @@ def test_default_thread_count_is_what_the_tutorial_deadlocked_with(world):
 
 def test_many_microbatches_with_default_threads(world):
     """64 micro-batches of 1 image, forward and backward, with the default 16 RPC threads (the
-    tutorial's shards deadlock from 16 on). In float64, so that gradients can be compared exactly:
-    in float32 a ReLU or max-pool tie decided differently at batch size 1 and 70 changes a few
-    gradient elements by a whole step (measured: up to 2.4e-3 of a gradient's norm)."""
-    local = resnet50(0).double().eval()
-    x = images(64, side=16, seed=3).double()  # 16x16: small and quick, still every layer
-    with PipelineModel("worker1:cpu,worker2:cpu", microbatch_size=1, dtype=torch.float64) as model:
+    tutorial's shards deadlock from 16 micro-batches on)."""
+    local = resnet50(0).eval()
+    x = images(64, side=16, seed=3)  # 16x16: small and quick, still through every layer
+    with PipelineModel("worker1:cpu,worker2:cpu", microbatch_size=1) as model:
         model.eval()
         with dist_autograd.context() as context_id:
             out = model(x)
@@ -70,12 +68,16 @@ def test_many_microbatches_with_default_threads(world):
             grads = model.gradients(context_id)
         events = model.drain_events()
     expected = local(x)
-    torch.testing.assert_close(out, expected.detach(), atol=1e-10, rtol=0)
+    torch.testing.assert_close(out, expected.detach(), atol=ATOL, rtol=0)
     expected.sum().backward()
     for shard, shard_grads in zip(split_resnet50(local, "layer2"), grads):
         assert shard_grads.keys() == dict(shard.named_parameters()).keys()
         for name, param in shard.named_parameters():
-            torch.testing.assert_close(shard_grads[name], param.grad, atol=1e-8, rtol=1e-8)
+            # float32: a ReLU or max-pool tie decided differently at batch size 1 and 64 changes a
+            # few elements by a whole step (measured: up to 2.4e-3 of the norm); exact in float64,
+            # see test_sgd_steps_equal_local_steps
+            error = (shard_grads[name] - param.grad).norm() / param.grad.norm()
+            assert error < 1e-2, name
     for stage in (0, 1):  # every micro-batch's forward and backward was timed on every stage
         for phase in ("forward", "backward"):
             assert sorted(e[2] for e in events if e[0] == stage and e[3] == phase) == list(range(64))
@@ -109,17 +111,18 @@ def test_shard_on_master_or_both_on_one_worker(world, local, placement):
 
 
 def test_sgd_steps_equal_local_steps(world):
-    """Three SGD steps, eval-mode BatchNorm, MSE loss, a batch of 7 in micro-batches of 3: two with
+    """Three SGD steps, eval-mode BatchNorm, MSE loss, a batch of 5 in micro-batches of 2: two with
     the per-shard optimizer, one with DistributedOptimizer over ``parameter_rrefs()``.
 
     Eval mode: each image's output does not depend on its micro-batch, so the micro-batches'
-    gradients add up to the whole batch's (train-mode BN would not: notebook 05). Float64: see
-    test_many_microbatches_with_default_threads.
+    gradients add up to the whole batch's (train-mode BN would not: notebook 05). Float64, so the
+    comparison can be exact: in float32 a ReLU or max-pool tie can go the other way at another
+    batch size and change a gradient element by a whole step.
     """
     from torch.distributed.optim import DistributedOptimizer
 
     # lr 0.01, not the tutorial's 0.05: without batch statistics 0.05 blows the weights up to 1e180
-    batch_size, microbatch_size, lr = 7, 3, 0.01
+    batch_size, microbatch_size, lr = 5, 2, 0.01
     reference = resnet50(0).double().eval()
     local_opt = torch.optim.SGD(reference.parameters(), lr=lr)
     loss_fn = nn.MSELoss()

@@ -62,9 +62,16 @@ def _module_of(builder) -> str | None:
     return name if name and name != "__main__" else None
 
 
+_NOISE = ("Got the following error when running the callback: ",)
+
+
 def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    """The first line of an error that crossed RPC, without torch's wrapping."""
+    lines = str(exc).strip().splitlines()
+    line = lines[0] if lines else type(exc).__name__
+    for noise in _NOISE:
+        line = line.replace(noise, "")
+    return line
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -225,12 +232,15 @@ class PipelineModel(nn.Module):
         if errors:
             i, mb, exc = min(errors, key=lambda e: (e[0], e[1]))  # the earliest stage to fail
             p = self.placement[i]
-            limit = f"{self.timeout:g} s" if self.timeout else "the RPC world's timeout"
-            what = f"did not answer within {limit}" if _is_timeout(exc) else f"failed: {_short(exc)}"
-            raise StageError(
-                f"stage {i + 1} ({p.process}:{p.device}) {what} on micro-batch {mb} of {len(calls)}. "
-                "The model and the RPC world are still usable; if processes died, world.restart() "
-                "brings fresh ones.", stage=i, process=p.process, microbatch=mb) from exc
+            where = f"stage {i + 1} ({p.process}:{p.device})"
+            if _is_timeout(exc):
+                limit = f"{self.timeout:g} s" if self.timeout else "the RPC world's timeout"
+                what = (f"{where} did not answer within {limit} on micro-batch {mb} of {len(calls)}. "
+                        "It may still be busy: world.restart() gives fresh processes.")
+            else:
+                what = (f"{where} failed: {_short(exc)} (micro-batch {mb} of {len(calls)}). The "
+                        "stage's traceback is in this error's __cause__; the model stays usable.")
+            raise StageError(what, stage=i, process=p.process, microbatch=mb) from exc
         return outputs
 
     def _call_all(self, fn, *args, what: str) -> list:

@@ -284,7 +284,14 @@ def run(stage_id: str, key: tuple[int, int], x, grad: bool, keep: bool, timeout:
         process, previous_id = stage.previous
         # Issued here, in the handler, so it carries the caller's distributed-autograd context.
         rpc.rpc_async(process, take, args=(previous_id, key), timeout=timeout).add_done_callback(compute)
-    return result
+    return result.then(_value)
+
+
+def _value(future):
+    # A Python future's set_exception() stores the exception as its *value*, and RPC would send
+    # that value back as if it were a result. Reading it here raises it, and the future this
+    # callback completes carries a real error, which RPC sends as one.
+    return future.value()
 
 
 def _failed(exc: BaseException) -> torch.futures.Future:
