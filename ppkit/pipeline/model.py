@@ -299,7 +299,8 @@ class PipelineModel(nn.Module):
         self.close()
 
     def extra_repr(self) -> str:
-        return f"placement={item_list(self.placement)}, microbatch_size={self.microbatch_size}, cut={self.cut!r}"
+        return (f"placement={item_list(self.placement)}, microbatch_size={self.microbatch_size}, "
+                f"cut={self.cut!r}")
 
 
 def _release(processes_and_ids) -> None:
