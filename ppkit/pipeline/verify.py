@@ -16,9 +16,12 @@ from ppkit.pipeline.model import PipelineModel
 EVAL_ATOL = 1e-4  # eval-mode outputs, any micro-batch size; measured differences stay below 6e-5
 
 
-def local_copy(model: PipelineModel) -> torch.nn.Module:
-    """A local torchvision ResNet50 with the pipeline's current weights (and BN statistics)."""
-    local = resnet50(model.seed, model.num_classes)
+def local_copy(model: PipelineModel, into: torch.nn.Module | None = None) -> torch.nn.Module:
+    """A local torchvision ResNet50 with the pipeline's current weights (and BN statistics).
+
+    ``into``: load them into this ResNet50 instead of building a new one.
+    """
+    local = resnet50(model.seed, model.num_classes) if into is None else into
     for shard, state in zip(split_resnet50(local, model.cut), model.state_dicts()):
         shard.load_state_dict(state)
     return local
