@@ -66,7 +66,9 @@ class Cluster:
                  start_timeout: float = 120.0, process_group: bool = True,
                  env: dict[str, str] | None = None):
         self.world_size = launch.check_world_size(world_size)
-        self.backend = launch.resolve_backend(backend, self.world_size)
+        # 'auto' counts GPUs, which imports torch (seconds): done below, once the fork server is
+        # importing torch too, so that the two imports overlap
+        self.backend = backend if backend == "auto" else launch.resolve_backend(backend, self.world_size)
         self.timeout = _check_timeout(timeout, "timeout")
         self.start_timeout = _check_timeout(start_timeout, "start_timeout")
         self.process_group = bool(process_group)
@@ -89,6 +91,9 @@ class Cluster:
         self.address = self._server.address
         _live_clusters.add(self)
         try:
+            if self.backend == "auto":
+                self._start_zygote()
+                self.backend = launch.resolve_backend("auto", self.world_size)
             self._start_workers()
         except BaseException:
             self.close()
@@ -151,11 +156,11 @@ class Cluster:
         self._sources_sent: set[str] = set()
         deadline = time.monotonic() + self.start_timeout
         if self._zygote is None or self._zygote.poll() is not None:
-            self._zygote = launch.start_zygote(self.address, self._key, self._tmpdir / "zygote.log")
-            while self._zygote_conn is None:
-                kind, source, msg, extra = self._next(deadline, waiting_for="the fork server")
-                if kind == "zygote":
-                    self._zygote_conn = extra
+            self._start_zygote()
+        while self._zygote_conn is None:
+            kind, source, msg, extra = self._next(deadline, waiting_for="the fork server")
+            if kind == "zygote":
+                self._zygote_conn = extra
         self._zygote_conn.send(("spawn", list(range(self.world_size))))
         ready: set[int] = set()
         while len(ready) < self.world_size:
@@ -183,6 +188,13 @@ class Cluster:
         self.workers = dict(sorted(self.workers.items()))
         self._printer.flush()
         self.state = "ready"
+
+    def _start_zygote(self) -> None:
+        """Start a fresh fork server (again, if the last one died); it connects back later."""
+        if self._zygote_conn is not None:
+            self._zygote_conn.close()
+            self._zygote_conn = None
+        self._zygote = launch.start_zygote(self.address, self._key, self._tmpdir / "zygote.log")
 
     def _missing(self, ready: set[int]) -> str:
         missing = [r for r in range(self.world_size) if r not in ready]
@@ -290,9 +302,12 @@ class Cluster:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if self._handle_common(item) or item[0] != "eof" or item[1] == "zygote":
+            if self._handle_common(item) or item[0] != "eof":
                 continue
-            if self.state == "ready":  # a rank died between jobs (killed, OOM): say so now
+            if item[1] == "zygote" and self.state in ("ready", "broken"):
+                self._break(f"the fork server (pid {self._zygote.pid}) that starts the workers "
+                            "died, and the workers with it.")
+            elif self.state == "ready":  # a rank died between jobs (killed, OOM): say so now
                 rank = item[1]
                 self._wait_exit_status(rank)
                 self._break(f"rank {rank} (pid {self.workers.get(rank, {}).get('pid')}) died while "
@@ -356,7 +371,7 @@ class Cluster:
                 if self._handle_common(item):
                     continue
                 kind, source, msg, _ = item
-                if kind == "eof":
+                if kind == "eof" and source != "zygote":  # the fork server's ranks report for it
                     self._raise_died(source, job_id, results)
                 if kind == "msg" and msg[0] in ("result", "cancelled") and msg[1] == job_id:
                     results[source] = msg
@@ -432,11 +447,16 @@ class Cluster:
     def _wait_exit_status(self, rank, wait: float = 1.0) -> None:
         """Give the fork server a moment to report how ``rank`` ended."""
         deadline = time.monotonic() + wait
+        unhandled = []
         while self._status_of(rank) is None and time.monotonic() < deadline:
             try:
-                self._handle_common(self._inbox.get(timeout=0.05))
+                item = self._inbox.get(timeout=0.05)
             except queue.Empty:
-                pass
+                continue
+            if not self._handle_common(item):
+                unhandled.append(item)
+        for item in unhandled:  # e.g. the fork server's EOF: for whoever reads the inbox next
+            self._inbox.put(item)
 
     def _raise_died(self, rank, job_id, results) -> None:
         self._wait_exit_status(rank)
