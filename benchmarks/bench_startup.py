@@ -6,8 +6,8 @@
 Every start-up is timed in a fresh Python process, as a fresh notebook kernel would see it:
 
 - floor: the wall time of ``python -c "import torch"``; no way of starting a torch rank is faster;
-- ppkit, cold kernel: ``import ppkit; ppkit.Cluster(N, "gloo")`` in a kernel that has not imported torch;
-- ppkit, warm kernel: the same in a kernel that already imported torch (a notebook usually has);
+- ppkit, fresh kernel: ``import ppkit; ppkit.Cluster(N)`` in a kernel that has not imported torch;
+- ppkit, kernel that imported torch: the same, after ``import torch`` (a notebook usually has);
 - mp.spawn: ``torch.multiprocessing.spawn`` of N processes that each call
   ``init_process_group("gloo")`` over loopback (FileStore), timed from the spawn call until the last
   rank has joined, in a parent that already imported torch.
@@ -31,16 +31,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+BACKENDS_USED: set[str] = set()
 
 PPKIT_CHILD = """
 import json, time
 {preload}
 t0 = time.monotonic()
 import ppkit
-cluster = ppkit.Cluster({world_size}, "gloo")
+cluster = ppkit.Cluster({world_size}, {backend!r})
 ready = time.monotonic() - t0
 cluster.close()
-print(json.dumps(ready))
+print(json.dumps([ready, cluster.backend]))
 """
 
 
@@ -62,9 +63,12 @@ def floor() -> float:
     return run_child(["-c", "import torch"])[0]
 
 
-def ppkit_ready(world_size: int, warm_kernel: bool) -> float:
-    code = PPKIT_CHILD.format(preload="import torch" if warm_kernel else "", world_size=world_size)
-    return json.loads(run_child(["-c", code])[1].strip().splitlines()[-1])
+def ppkit_ready(world_size: int, backend: str, warm_kernel: bool) -> float:
+    code = PPKIT_CHILD.format(preload="import torch" if warm_kernel else "", world_size=world_size,
+                              backend=backend)
+    ready, used = json.loads(run_child(["-c", code])[1].strip().splitlines()[-1])
+    BACKENDS_USED.add(used)
+    return ready
 
 
 def mp_spawn_ready(world_size: int) -> float:
@@ -97,10 +101,10 @@ def _nothing(rank, world_size):
     return None
 
 
-def warm_numbers(world_size: int, round_trips: int, restarts: int) -> tuple[float, float, float]:
+def warm_numbers(world_size: int, backend: str, round_trips: int, restarts: int):
     import ppkit
 
-    with ppkit.Cluster(world_size, "gloo") as cluster:
+    with ppkit.Cluster(world_size, backend) as cluster:
         for _ in range(20):
             cluster.run(_nothing)
         times = []
@@ -117,15 +121,11 @@ def warm_numbers(world_size: int, round_trips: int, restarts: int) -> tuple[floa
     return statistics.median(times), times[int(0.9 * (len(times) - 1))], statistics.median(restart_times)
 
 
-def median_of(fn, repeat: int) -> tuple[float, list[float]]:
-    values = [fn() for _ in range(repeat)]
-    return statistics.median(values), values
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="start-ups per measurement (median)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4], help="world sizes to time")
+    parser.add_argument("--backend", default="auto", help="ppkit's backend (mp.spawn always uses gloo)")
     parser.add_argument("--round-trips", type=int, default=200, help="cluster.run calls timed")
     parser.add_argument("--mp-spawn-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -135,30 +135,45 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    print(f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPU cores, "
-          f"load average {os.getloadavg()[0]:.1f}; medians of {args.repeat} runs\n", file=sys.stderr)
-    base, raw = median_of(floor, args.repeat)
-    rows = [("`python -c \"import torch\"` (floor)", "1", base, raw)]
+    floor_label = '`python -c "import torch"` (the floor)'
+    measurements = [(floor_label, 1, floor)]
     for n in args.sizes:
-        for label, fn in [
-            (f"ppkit.Cluster({n}), cold kernel", lambda n=n: ppkit_ready(n, warm_kernel=False)),
-            (f"ppkit.Cluster({n}), kernel with torch imported", lambda n=n: ppkit_ready(n, warm_kernel=True)),
-            (f"mp.spawn + init_process_group ({n} ranks)", lambda n=n: mp_spawn_ready(n)),
-        ]:
-            value, raw = median_of(fn, args.repeat)
-            rows.append((label, str(n), value, raw))
-            print(f"  {label}: {value:.2f} s  (runs: {', '.join(f'{v:.2f}' for v in raw)})", file=sys.stderr)
+        measurements += [
+            (f"`ppkit.Cluster({n})`, fresh kernel", n,
+             lambda n=n: ppkit_ready(n, args.backend, warm_kernel=False)),
+            (f"`ppkit.Cluster({n})`, kernel that imported torch", n,
+             lambda n=n: ppkit_ready(n, args.backend, warm_kernel=True)),
+            (f"`mp.spawn({n})` + `init_process_group` (gloo), parent that imported torch", n,
+             lambda n=n: mp_spawn_ready(n)),
+        ]
+    # Rounds interleave the measurements, and each ratio is taken within its round, so that a
+    # busy moment on a shared machine hits the floor and what is compared with it alike.
+    runs: dict[str, list[float]] = {label: [] for label, _, _ in measurements}
+    for round_ in range(args.repeat):
+        for label, _, measure in measurements:
+            runs[label].append(measure())
+        print(f"round {round_ + 1}/{args.repeat}: "
+              + ", ".join(f"{values[-1]:.2f}" for values in runs.values()), file=sys.stderr)
 
-    print("| start-up, until every rank is ready | ranks | median (s) | x floor | runs (s) |")
+    print(f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPU cores, "
+          f"load average {os.getloadavg()[0]:.1f} at the end; ppkit backend "
+          f"{'/'.join(sorted(BACKENDS_USED))}; medians of {args.repeat} rounds\n")
+    print("| start-up, until every rank is ready | ranks | median (s) | x floor (median of rounds) "
+          "| every round (s) |")
     print("|---|---|---|---|---|")
-    for label, n, value, raw in rows:
-        print(f"| {label} | {n} | {value:.2f} | {value / base:.2f} | {' '.join(f'{v:.2f}' for v in raw)} |")
+    floor_runs = runs[floor_label]
+    for label, n, _ in measurements:
+        values = runs[label]
+        ratio = statistics.median(v / f for v, f in zip(values, floor_runs))
+        print(f"| {label} | {n} | {statistics.median(values):.2f} | {ratio:.2f} | "
+              f"{' '.join(f'{v:.2f}' for v in values)} |")
     print()
-    print("| warm cluster | ranks | median | p90 |")
+    print(f"| warm cluster ({args.backend}) | ranks | median | p90 |")
     print("|---|---|---|---|")
     for n in args.sizes:
-        median, p90, restart = warm_numbers(n, args.round_trips, restarts=max(3, args.repeat))
-        print(f"| `cluster.run(nothing)` round trip | {n} | {median * 1e3:.2f} ms | {p90 * 1e3:.2f} ms |")
+        median, p90, restart = warm_numbers(n, args.backend, args.round_trips, restarts=max(3, args.repeat))
+        print(f"| `cluster.run` round trip, function that does nothing ({args.round_trips} calls) | {n} "
+              f"| {median * 1e3:.2f} ms | {p90 * 1e3:.2f} ms |")
         print(f"| `cluster.restart()` | {n} | {restart:.2f} s | |")
     return 0
 
