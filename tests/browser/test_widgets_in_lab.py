@@ -31,18 +31,27 @@ widgets.VBox([size, square, result])
 """
 
 
-def write_smoke_notebook(directory) -> str:
+# What a learner's notebook shows when the front end has no model for a widget: the kernel-side view of
+# "Error displaying widget: model not found".
+MISSING_MODEL_CODE = """\
+from IPython.display import display
+
+view = {"model_id": "0123456789abcdef0123456789abcdef", "version_major": 2, "version_minor": 0}
+display({"application/vnd.jupyter.widget-view+json": view, "text/plain": "IntSlider(value=3)"}, raw=True)
+"""
+
+
+def write_notebook(directory, name: str, code: str) -> str:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("# Widget machinery check"), nbformat.v4.new_code_cell(SMOKE_CODE)]
+    nb.cells = [nbformat.v4.new_markdown_cell("# Written by the browser tests"), nbformat.v4.new_code_cell(code)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    name = "browser_smoke.ipynb"
     nbformat.write(nb, directory / name)
     return name
 
 
 def test_widget_round_trip(lab, open_notebook):
     """A slider and a button: front end -> kernel -> front end, the path every ppkit widget depends on."""
-    nb = open_notebook(write_smoke_notebook(lab.notebook_dir))
+    nb = open_notebook(write_notebook(lab.notebook_dir, "browser_smoke.ipynb", SMOKE_CODE))
     nb.run_all(timeout=120)
     assert nb.assert_ran_cleanly_and_widgets_render() == 1
     page = nb.page
@@ -58,6 +67,16 @@ def test_widget_round_trip(lab, open_notebook):
     page.get_by_text("5 squared is 25").wait_for(timeout=30_000)
     nb.screenshot("after-click", page.locator(".jp-Cell-outputArea").first)
     nb.assert_console_clean()
+
+
+def test_missing_widget_model_is_caught(lab, open_notebook):
+    """The render check must fail on the breakage it exists for, or it proves nothing."""
+    nb = open_notebook(write_notebook(lab.notebook_dir, "browser_broken.ipynb", MISSING_MODEL_CODE))
+    nb.run_all(timeout=120)
+    with pytest.raises(AssertionError, match="Error displaying widget: model not found"):
+        nb.assert_ran_cleanly_and_widgets_render()
+    nb.screenshot("caught", nb.page.locator(".jp-Cell-outputArea").first)
+    nb.console_errors.clear()  # the widget manager logs the missing model; expected here
 
 
 def test_widget_notebook_renders(widget_notebook, open_notebook):
