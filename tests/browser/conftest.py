@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -68,7 +67,9 @@ def _missing(reason: str):
     """Outside CI a missing browser is a skip; in CI the browser tests are required, so it is a failure."""
     if in_ci():
         pytest.fail(f"{reason} CI=true, so the browser tests must run: `make browser` installs chromium.")
-    pytest.skip(f"{reason} Install it with `make browser` (runs apt-get install chromium) to run these tests.")
+    pytest.skip(
+        f"{reason} Install it with `make browser` (runs apt-get install chromium) to run these tests."
+    )
 
 
 def _parent_conftest(config):
@@ -117,7 +118,9 @@ class Lab:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = root / "jupyterlab.log"
-        self.seen: dict[int, psutil.Process] = {}  # every process the server ever started, for the final check
+        self.seen: dict[
+            int, psutil.Process
+        ] = {}  # every process the server ever started, for the final check
         self._ppkit_children = _parent_conftest(config).ppkit_children
         self.proc: subprocess.Popen | None = None
 
@@ -136,7 +139,6 @@ class Lab:
             JUPYTER_CONFIG_DIR=str(self.root / "config"),
             JUPYTER_RUNTIME_DIR=str(self.root / "runtime"),
             IPYTHONDIR=str(self.root / "ipython"),
-            MPLBACKEND="module://matplotlib_inline.backend_inline",
         )
         cmd = [
             sys.executable, "-m", "jupyterlab",
@@ -155,23 +157,33 @@ class Lab:
         ]  # fmt: skip
         if os.geteuid() == 0:
             cmd.append("--allow-root")
-        log = open(self.log_path, "w")
-        # Own session: nothing we start here shares a process group with pytest.
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(self.log_path, "w") as log:
+            # Own session: nothing we start here shares a process group with pytest.
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=self.root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + LAB_START_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited with code {self.proc.returncode} before it served a "
-                                   f"request. Its log ({self.log_path}):\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"JupyterLab exited with code {self.proc.returncode} before it served a "
+                    f"request. Its log ({self.log_path}):\n{self.log_tail()}"
+                )
             try:
                 self.api("GET", "/api/status")
                 return
             except (urllib.error.URLError, ConnectionError, OSError):
                 time.sleep(0.5)
-        raise RuntimeError(f"JupyterLab did not answer on {self.url} within {LAB_START_TIMEOUT} s. "
-                           f"Its log ({self.log_path}):\n{self.log_tail()}")
+        raise RuntimeError(
+            f"JupyterLab did not answer on {self.url} within {LAB_START_TIMEOUT} s. "
+            f"Its log ({self.log_path}):\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -230,8 +242,9 @@ class Lab:
 
     # ---------------------------------------------------------------- REST
     def api(self, method: str, path: str):
-        req = urllib.request.Request(self.url + path, method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(
+            self.url + path, method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             body = resp.read()
         return json.loads(body) if body else None
@@ -243,7 +256,9 @@ def _write_settings(settings: Path) -> None:
         # 'none' attaches every cell, so a widget below the fold is rendered and can be checked.
         "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
         "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
-            "fetchNews": "false", "checkForUpdates": False},
+            "fetchNews": "false",
+            "checkForUpdates": False,
+        },
     }
     for rel, content in files.items():
         path = settings / rel
@@ -335,8 +350,11 @@ class Notebook:
         deadline = time.monotonic() + timeout
         idle_count = 0
         while idle_count < 2:
-            states = [s["kernel"]["execution_state"] for s in self.lab.api("GET", "/api/sessions")
-                      if s.get("path", "").endswith(self.name)]
+            states = [
+                s["kernel"]["execution_state"]
+                for s in self.lab.api("GET", "/api/sessions")
+                if s.get("path", "").endswith(self.name)
+            ]
             idle_count = idle_count + 1 if states and all(s == "idle" for s in states) else 0
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name}: kernel not idle after {timeout:.0f} s (states {states})")
@@ -370,8 +388,11 @@ class Notebook:
             if o.get("output_type") == "error"
         ]
         assert not errors, f"{self.name}: cells raised: {errors}"
-        unrun = [i for i, c in enumerate(saved["cells"]) if c["cell_type"] == "code" and "".join(c["source"]).strip()
-                 and c.get("execution_count") is None]
+        unrun = [
+            i
+            for i, c in enumerate(saved["cells"])
+            if c["cell_type"] == "code" and "".join(c["source"]).strip() and c.get("execution_count") is None
+        ]
         assert not unrun, f"{self.name}: code cells {unrun} did not run"
         expected = sum(WIDGET_VIEW in o.get("data", {}) for c in saved["cells"] for o in c.get("outputs", []))
         # Widgets attach asynchronously after the kernel is idle: wait for all of them, bounded.
@@ -380,11 +401,14 @@ class Notebook:
         while len(found) < expected and time.monotonic() < deadline:
             self.page.wait_for_timeout(500)
             found = self._top_level_widgets()
-        broken = self.page.locator(".jp-Notebook").get_by_text(re.compile("Error displaying widget|model not found"))
+        broken = self.page.locator(".jp-Notebook").get_by_text(
+            re.compile("Error displaying widget|model not found")
+        )
         assert broken.count() == 0, f"{self.name}: {broken.all_inner_texts()}"
         assert len(found) == expected, (
             f"{self.name}: {expected} widget outputs in the notebook but {len(found)} rendered as widgets: "
-            "the JupyterLab widget extension (jupyterlab_widgets) may not match ipywidgets")
+            "the JupyterLab widget extension (jupyterlab_widgets) may not match ipywidgets"
+        )
         invisible = [f for f in found if not (f["width"] > 0 and f["height"] > 0)]
         assert not invisible, f"{self.name}: widgets with no size: {invisible}"
         self.assert_console_clean()
@@ -452,8 +476,8 @@ def open_notebook(lab, browser, request):
         if failed:
             try:
                 nb.screenshot("failure")
-            except Exception:  # noqa: BLE001 - a screenshot must not hide the real failure
-                pass
+            except Exception as e:  # noqa: BLE001 - a screenshot must not hide the real failure
+                print(f"no failure screenshot of {nb.name}: {e}")
     for ctx in contexts:
         ctx.close()
     left = lab.shutdown_kernels()
@@ -469,7 +493,9 @@ def widget_notebooks() -> list[str]:
         except (OSError, ValueError, KeyError):
             continue
         code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-        if re.search(r"\bipywidgets\b|\bppkit\.widgets\b|from ppkit import[^\n]*\bwidgets\b|\binteract\(", code):
+        if re.search(
+            r"\bipywidgets\b|\bppkit\.widgets\b|from ppkit import[^\n]*\bwidgets\b|\binteract\(", code
+        ):
             found.append(path.name)
     return found
 

@@ -43,8 +43,15 @@ display({"application/vnd.jupyter.widget-view+json": view, "text/plain": "IntSli
 
 def write_notebook(directory, name: str, code: str) -> str:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("# Written by the browser tests"), nbformat.v4.new_code_cell(code)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Written by the browser tests"),
+        nbformat.v4.new_code_cell(code),
+    ]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
     nbformat.write(nb, directory / name)
     return name
 
@@ -90,3 +97,69 @@ def test_widget_notebook_renders(widget_notebook, open_notebook):
 def _need(name: str, lab):
     if not (lab.notebook_dir / name).exists():
         pytest.skip(f"notebooks/{name} is not in this checkout")
+
+
+def _image_sources(locator) -> list[str]:
+    return locator.locator("img").evaluate_all("imgs => imgs.map(i => i.src)")
+
+
+def _set_slider(page, slider, value: int) -> None:
+    """Move an ipywidgets slider with the keyboard, as a learner without a mouse would."""
+    handle = slider.locator("[role=slider]")
+    readout = slider.locator(".widget-readout")
+    handle.focus()
+    for _ in range(20):
+        current = int(readout.inner_text())
+        if current == value:
+            return
+        handle.press("ArrowRight" if current < value else "ArrowLeft")
+    raise AssertionError(f"slider stuck at {readout.inner_text()}, wanted {value}")
+
+
+def _assert_shows_image(output) -> None:
+    """A plot in a widget's Output must arrive as an image, not as "<Figure size ...>" text."""
+    try:
+        output.locator("img").first.wait_for(timeout=30_000)
+    except Exception as e:  # playwright's TimeoutError; the message below says more
+        raise AssertionError(f"no image in the plot area; it shows: {output.inner_text()[:300]!r}") from e
+
+
+def test_collectives_explorer(lab, open_notebook):
+    """02_collectives: pick another collective and world size; the summary and the picture follow."""
+    _need("02_collectives.ipynb", lab)
+    nb = open_notebook("02_collectives.ipynb")
+    nb.run_all(timeout=240)
+    nb.assert_ran_cleanly_and_widgets_render()
+    page = nb.page
+    explorer = page.locator(".ppkit-collectives").first
+    explorer.scroll_into_view_if_needed()
+    op = explorer.locator(".ppkit-collectives-op select")
+    world = explorer.locator(".ppkit-collectives-world-size")
+    summary = explorer.locator(".ppkit-collectives-summary")
+    picture = explorer.locator(".ppkit-collectives-output")
+    _assert_shows_image(picture)
+    nb.screenshot("before", explorer)
+    before_op = op.input_value()
+    before_world = int(world.locator(".widget-readout").inner_text())
+    before_images = _image_sources(picture)
+    assert f"{before_op}" in summary.inner_text() and f"{before_world} ranks" in summary.inner_text()
+
+    new_op = "all_gather" if before_op != "all_gather" else "broadcast"
+    new_world = 6 if before_world != 6 else 3
+    op.select_option(new_op)
+    _set_slider(page, world, new_world)
+    # The kernel redraws on each change; wait for the summary of the final choice, bounded.
+    page.wait_for_function(
+        "([el, op, n]) => el.innerText.includes(op) && el.innerText.includes(n + ' ranks')",
+        arg=[summary.element_handle(), new_op, new_world],
+        timeout=60_000,
+    )
+    nb.wait_kernel_idle()
+    text = summary.inner_text()
+    assert before_op not in text.split(",")[0], text
+    ranks_listed = re.findall(r"rank (\d+):", text)
+    assert ranks_listed == [str(r) for r in range(new_world)], text
+    after_images = _image_sources(picture)
+    assert after_images and after_images != before_images, "the picture did not change with the settings"
+    nb.screenshot("after", explorer)
+    nb.assert_console_clean()
