@@ -281,7 +281,9 @@ def chromium() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+# Module scope: the server and the browser are gone before the rest of the suite runs (its no_leftovers checks
+# would otherwise count a server whose command line names the checkout).
+@pytest.fixture(scope="module")
 def lab(chromium, tmp_path_factory, request):
     server = Lab(tmp_path_factory.mktemp("lab"), request.config)
     try:
@@ -292,7 +294,7 @@ def lab(chromium, tmp_path_factory, request):
         assert not left, f"processes left after JupyterLab stopped: {left}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium, tmp_path_factory):
     from playwright.sync_api import sync_playwright
 

@@ -163,3 +163,90 @@ def test_collectives_explorer(lab, open_notebook):
     assert after_images and after_images != before_images, "the picture did not change with the settings"
     nb.screenshot("after", explorer)
     nb.assert_console_clean()
+
+
+def _table_rows(table) -> list[dict]:
+    """The results table as one {header: cell text} dict per row."""
+    return table.evaluate(
+        """el => {
+            const rows = [...el.querySelectorAll('tr')];
+            if (!rows.length) return [];
+            const heads = [...rows[0].querySelectorAll('th')].map(th => th.innerText.trim());
+            return rows.slice(1).map(tr => Object.fromEntries(
+                [...tr.querySelectorAll('td')].map((td, i) => [heads[i], td.innerText.trim()])));
+        }"""
+    )
+
+
+def _pick_other(select, current: str) -> str:
+    options = select.locator("option").all_inner_texts()
+    others = [o.strip() for o in options if o.strip() != current]
+    assert others, f"only one choice ({options}); nothing to change"
+    return others[0]
+
+
+def test_pipeline_widget(lab, open_notebook):
+    """06_pipeline: a new micro-batch size and a shard moved to another process; Run; table and plots follow."""
+    _need("06_pipeline.ipynb", lab)
+    nb = open_notebook("06_pipeline.ipynb")
+    nb.run_all(timeout=360)
+    nb.assert_ran_cleanly_and_widgets_render()
+    page = nb.page
+    ui = page.locator(".ppkit-pipeline").first
+    ui.scroll_into_view_if_needed()
+    slider = ui.locator(".ppkit-pipeline-microbatch")
+    shard = ui.locator(".ppkit-pipeline-process-1 select")
+    status = ui.locator(".ppkit-pipeline-status")
+    table = ui.locator(".ppkit-pipeline-table")
+    plots = ui.locator(".ppkit-pipeline-sweep-plot, .ppkit-pipeline-timeline-plot")
+    nb.screenshot("before", ui)
+
+    batch = int(ui.locator(".ppkit-pipeline-batch-size input").input_value())
+    size = int(slider.locator(".widget-readout").inner_text())
+    new_size = next(s for s in (8, 2, 16, 1, 4) if s != size and s <= batch)
+    expected_count = -(-batch // new_size)
+    old_process = shard.input_value()
+    new_process = _pick_other(shard, old_process)
+    other_shards = [
+        s.input_value() for s in ui.locator("[class*='ppkit-pipeline-process-'] select").all()[1:]
+    ]
+    before_plots = plots.evaluate_all("imgs => imgs.map(i => i.src)")
+
+    _set_slider(page, slider, new_size)
+    shard.select_option(new_process)
+    counted = ui.locator(".ppkit-pipeline-num-microbatches")
+    page.wait_for_function(
+        "([el, n]) => el.innerText.includes('= ' + n + ' micro-batch')",
+        arg=[counted.element_handle(), expected_count],
+        timeout=30_000,
+    )
+    nb.wait_kernel_idle()
+    # Record every status line, so a passing "building the shards on ..." message is not missed.
+    status.evaluate(
+        """el => { window.ppkitStatus = [el.innerText];
+                   new MutationObserver(() => window.ppkitStatus.push(el.innerText))
+                       .observe(el, {subtree: true, childList: true, characterData: true}); }"""
+    )
+    ui.locator("button.ppkit-pipeline-run").click()
+    page.wait_for_function(
+        "el => /^done|Error/.test(el.innerText.trim())", arg=status.element_handle(), timeout=300_000
+    )
+    nb.wait_kernel_idle(timeout=120)
+    final = status.inner_text().strip()
+    assert final.startswith("done"), f"Run failed: {final}"
+
+    rows = _table_rows(table)
+    # A new placement is a new model: the earlier rows are gone and the one row is the new setting.
+    assert [r["micro-batch size"] for r in rows] == [str(new_size)], rows
+    assert rows[0]["micro-batches"] == str(expected_count), rows
+    assert float(rows[0]["s / batch"]) > 0, rows
+    seen = " | ".join(page.evaluate("window.ppkitStatus"))
+    placed = [f"{new_process}:cpu", *(f"{p}:cpu" for p in other_shards)]
+    assert all(p in seen for p in placed), f"status never named the placement {placed}: {seen}"
+    after_plots = plots.evaluate_all("imgs => imgs.map(i => i.src)")
+    assert len(after_plots) == 2 and all(src.startswith("blob:") or "base64" in src for src in after_plots)
+    assert all(a != b for a, b in zip(after_plots, before_plots)), "the plots did not change"
+    sizes = plots.evaluate_all("imgs => imgs.map(i => [i.naturalWidth, i.naturalHeight])")
+    assert all(w > 100 and h > 100 for w, h in sizes), f"plots are empty images: {sizes}"
+    nb.screenshot("after", ui)
+    nb.assert_console_clean()
