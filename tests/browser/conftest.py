@@ -97,9 +97,26 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in alive if _alive(p)]
+
+
+def _describe(procs: list[psutil.Process]) -> list[str]:
+    described = []
+    for p in procs:
+        try:
+            described.append(f"{p.pid} {' '.join(p.cmdline()[:4])}")
+        except psutil.Error:  # gone while we looked: not a leftover
+            pass
+    return described
 
 
 def _free_port() -> int:
@@ -204,8 +221,7 @@ class Lab:
             self.api("DELETE", f"/api/sessions/{session['id']}")
         for kernel in self.api("GET", "/api/kernels"):
             self.api("DELETE", f"/api/kernels/{kernel['id']}")
-        left = _wait_gone(before, timeout)
-        return [f"{p.pid} {' '.join(p.cmdline()[:4])}" for p in left if p.is_running()]
+        return _describe(_wait_gone(before, timeout))
 
     def stop(self) -> list[str]:
         """Stop the server politely (REST shutdown), then firmly; return descriptions of leftover processes."""
@@ -230,12 +246,11 @@ class Lab:
         left = _wait_gone(tracked, timeout=10)
         owned = [p for p in self._ppkit_children() if p.pid != self.proc.pid]
         left += _wait_gone(owned, timeout=5)
-        report = []
+        report = _describe(left)
         for p in left:
             try:
-                report.append(f"{p.pid} {' '.join(p.cmdline()[:4])}")
                 p.kill()  # leave the machine clean even though the test fails
-            except psutil.NoSuchProcess:
+            except psutil.Error:
                 pass
         self.proc = None
         return report

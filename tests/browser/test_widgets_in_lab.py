@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import nbformat
+import psutil
 import pytest
 
 # Notebooks with a learner test below; every other widget notebook gets test_widget_notebook_renders.
@@ -40,13 +41,19 @@ view = {"model_id": "0123456789abcdef0123456789abcdef", "version_major": 2, "ver
 display({"application/vnd.jupyter.widget-view+json": view, "text/plain": "IntSlider(value=3)"}, raw=True)
 """
 
+# A process that outlives its kernel, as a worker would if its clean-up failed.
+STRAY_PROCESS_CODE = """\
+import subprocess, sys
 
-def write_notebook(directory, name: str, code: str) -> str:
+stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+print(stray.pid)
+"""
+
+
+def write_notebook(directory, name: str, *code: str) -> str:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("# Written by the browser tests"),
-        nbformat.v4.new_code_cell(code),
-    ]
+    nb.cells = [nbformat.v4.new_markdown_cell("# Written by the browser tests")]
+    nb.cells += [nbformat.v4.new_code_cell(c) for c in code]
     nb.metadata["kernelspec"] = {
         "name": "python3",
         "display_name": "Python 3 (ipykernel)",
@@ -76,14 +83,24 @@ def test_widget_round_trip(lab, open_notebook):
     nb.assert_console_clean()
 
 
-def test_missing_widget_model_is_caught(lab, open_notebook):
-    """The render check must fail on the breakage it exists for, or it proves nothing."""
-    nb = open_notebook(write_notebook(lab.notebook_dir, "browser_broken.ipynb", MISSING_MODEL_CODE))
+def test_checks_catch_what_they_exist_for(lab, open_notebook):
+    """The render check and the leftover-process check must fail on the breakage they exist for."""
+    name = write_notebook(lab.notebook_dir, "browser_broken.ipynb", MISSING_MODEL_CODE, STRAY_PROCESS_CODE)
+    nb = open_notebook(name)
     nb.run_all(timeout=120)
     with pytest.raises(AssertionError, match="Error displaying widget: model not found"):
         nb.assert_ran_cleanly_and_widgets_render()
     nb.screenshot("caught", nb.page.locator(".jp-Cell-outputArea").first)
     nb.console_errors.clear()  # the widget manager logs the missing model; expected here
+
+    saved = nbformat.read(lab.notebook_dir / name, as_version=4)
+    stray = psutil.Process(int(saved.cells[2].outputs[0]["text"]))
+    try:
+        left = lab.shutdown_kernels(timeout=5)
+        assert any(entry.startswith(f"{stray.pid} ") for entry in left), left
+    finally:
+        stray.kill()
+        stray.wait(5)
 
 
 def test_widget_notebook_renders(widget_notebook, open_notebook):
