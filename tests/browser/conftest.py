@@ -336,21 +336,30 @@ class Notebook:
     # ---------------------------------------------------------------- learner actions
     def run_all(self, timeout: float = 240) -> None:
         """Run > Run All Cells from the menu bar, then wait until every code cell has run."""
+        before = self._prompts()
         self.page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
         self.page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
-        self.wait_cells_done(timeout)
+        self.wait_cells_done(timeout, before)
 
-    def wait_cells_done(self, timeout: float) -> None:
-        prompts = self.page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt")
+    def _prompts(self) -> list[str]:
+        return [
+            t.strip()
+            for t in self.page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").all_inner_texts()
+        ]
+
+    def wait_cells_done(self, timeout: float, before: list[str]) -> None:
         deadline = time.monotonic() + timeout
         stalled_since = None
+        started = False
         while True:
-            texts = [t.strip() for t in prompts.all_inner_texts()]
+            texts = self._prompts()
+            # Cells show [*] while queued or running; a change from `before` also proves the run began.
+            started = started or texts != before or any("*" in t for t in texts)
             done = [bool(re.fullmatch(r"\[\d+\]:", t)) for t in texts]
-            if texts and all(done):
+            if started and texts and all(done):
                 break
-            if any(done) and not any("*" in t for t in texts):
-                # run-all stops at the first error; the cells after it are no longer queued
+            if started and any(done) and not any("*" in t for t in texts):
+                # run-all stops at the first error (and skips empty cells): nothing is queued any more
                 stalled_since = stalled_since or time.monotonic()
                 if time.monotonic() - stalled_since > 3:
                     break
