@@ -1,7 +1,7 @@
 """A real JupyterLab driven by a real browser (Debian's chromium through Playwright).
 
-Fixtures: `chromium` (path to the browser; skips outside CI when it is missing, fails in CI), `lab` (a JupyterLab
-server on loopback serving a temporary copy of notebooks/), `browser` (one headless chromium for the session) and
+Fixtures: `chromium` (path to the browser; skips outside CI when it is missing, fails in CI), `lab` (a
+JupyterLab server on loopback serving a temporary copy of notebooks/), `browser` (one headless chromium) and
 `open_notebook` (opens a notebook in a fresh page and returns a `Notebook` to drive like a learner).
 
 Screenshots go to artifacts/browser/ (git-ignored). Playwright must never download a browser of its own.
@@ -87,7 +87,7 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{report.when}", report)
 
 
-# --------------------------------------------------------------------------------------------------- processes
+# --- processes
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -224,7 +224,7 @@ class Lab:
         return _describe(_wait_gone(before, timeout))
 
     def stop(self) -> list[str]:
-        """Stop the server politely (REST shutdown), then firmly; return descriptions of leftover processes."""
+        """Stop the server politely (REST shutdown), then firmly; describe any process left behind."""
         if self.proc is None:
             return []
         self.note_processes()
@@ -281,14 +281,15 @@ def _write_settings(settings: Path) -> None:
         path.write_text(json.dumps(content))
 
 
-# ---------------------------------------------------------------------------------------------------- fixtures
+# --- fixtures
 
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
     path = find_chromium()
     if path is None:
-        _missing("chromium is not installed (looked for /usr/bin/chromium and chromium on PATH).")
+        where = os.environ.get("PPKIT_CHROMIUM") or "/usr/bin/chromium and chromium on PATH"
+        _missing(f"chromium is not installed (looked for {where}).")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -445,7 +446,8 @@ class Notebook:
             ".jp-Cell-outputArea > .jp-OutputArea-child > .jp-OutputArea-output"
         ).evaluate_all(
             """outs => outs
-                .map(o => o.classList.contains('jupyter-widgets') ? o : o.querySelector(':scope > .jupyter-widgets'))
+                .map(o => o.classList.contains('jupyter-widgets')
+                          ? o : o.querySelector(':scope > .jupyter-widgets'))
                 .filter(w => w)
                 .map(w => ({cls: w.className, width: w.getBoundingClientRect().width,
                             height: w.getBoundingClientRect().height}))"""
@@ -468,7 +470,7 @@ class Notebook:
 
 @pytest.fixture
 def open_notebook(lab, browser, request):
-    """open_notebook("06_pipeline.ipynb") -> Notebook, in a fresh browser context; cleaned up after the test."""
+    """open_notebook("06_pipeline.ipynb") -> Notebook, in a fresh browser context, cleaned up afterwards."""
     contexts = []
     opened: list[Notebook] = []
 

@@ -1,7 +1,7 @@
 """Widgets as a learner sees them: each widget notebook opened in JupyterLab in chromium, run, and used.
 
-nbval cannot see widgets (model ids are random and the front end is not there), so this is the only check that a
-learner gets working widgets rather than "Error displaying widget: model not found".
+nbval cannot see widgets (model ids are random and the front end is not there), so this is the only check
+that a learner gets working widgets rather than "Error displaying widget: model not found".
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def _pick_other(select, current: str) -> str:
 
 
 def test_pipeline_widget(lab, open_notebook):
-    """06_pipeline: a new micro-batch size and a shard moved to another process; Run; table and plots follow."""
+    """06_pipeline: a new micro-batch size, a shard moved to another process, Run: table and plots follow."""
     _need("06_pipeline.ipynb", lab)
     nb = open_notebook("06_pipeline.ipynb")
     nb.run_all(timeout=360)
