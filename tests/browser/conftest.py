@@ -333,14 +333,38 @@ class Notebook:
         self.shots = shots
         self.console_errors: list[str] = []
         self.blocked: list[str] = []
+        self.held_back = False  # the last code cell was deliberately left unrun (see run_all)
 
     # ---------------------------------------------------------------- learner actions
-    def run_all(self, timeout: float = 240) -> None:
-        """Run > Run All Cells from the menu bar, then wait until every code cell has run."""
+    def run_all(self, timeout: float = 240, hold_back_last: bool = False) -> None:
+        """Run > Run All Cells from the menu bar, then wait until every code cell has run.
+
+        hold_back_last: select the last code cell and use Run > Run All Above Selected Cell instead, as a
+        learner does who wants to play with a widget before the last cell closes the cluster behind it.
+        """
         before = self._prompts()
-        self.page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
-        self.page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+        if hold_back_last:
+            self._select_last_code_cell()
+        self._menu("Run", "notebook:run-all-above" if hold_back_last else "runmenu:run-all")
+        self.held_back = hold_back_last
+        self.wait_cells_done(timeout, before, upto=len(before) - 1 if hold_back_last else None)
+
+    def run_last_cell(self, timeout: float = 120) -> None:
+        """Select the last code cell and Run > Run Selected Cell."""
+        before = self._prompts()
+        self._select_last_code_cell()
+        self._menu("Run", "runmenu:run")
+        self.held_back = False
         self.wait_cells_done(timeout, before)
+
+    def _select_last_code_cell(self) -> None:
+        prompt = self.page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").last
+        prompt.scroll_into_view_if_needed()
+        prompt.click()
+
+    def _menu(self, menu: str, command: str) -> None:
+        self.page.locator(".lm-MenuBar-item", has_text=re.compile(f"^{menu}$")).click()
+        self.page.locator(f".lm-Menu-item[data-command='{command}']").click()
 
     def _prompts(self) -> list[str]:
         return [
@@ -348,14 +372,15 @@ class Notebook:
             for t in self.page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").all_inner_texts()
         ]
 
-    def wait_cells_done(self, timeout: float, before: list[str]) -> None:
+    def wait_cells_done(self, timeout: float, before: list[str], upto: int | None = None) -> None:
+        """Wait until the first `upto` code cells (all by default) show an execution count."""
         deadline = time.monotonic() + timeout
         stalled_since = None
         started = False
         while True:
-            texts = self._prompts()
+            texts = self._prompts()[:upto]
             # Cells show [*] while queued or running; a change from `before` also proves the run began.
-            started = started or texts != before or any("*" in t for t in texts)
+            started = started or texts != before[:upto] or any("*" in t for t in texts)
             done = [bool(re.fullmatch(r"\[\d+\]:", t)) for t in texts]
             if started and texts and all(done):
                 break
@@ -391,8 +416,7 @@ class Notebook:
         """File > Save Notebook, and return what was written to disk."""
         path = self.lab.notebook_dir / self.name
         before = path.stat().st_mtime_ns
-        self.page.locator(".lm-MenuBar-item", has_text=re.compile(r"^File$")).click()
-        self.page.locator(".lm-Menu-item[data-command='docmanager:save']").click()
+        self._menu("File", "docmanager:save")
         deadline = time.monotonic() + 30
         while path.stat().st_mtime_ns == before:
             if time.monotonic() > deadline:
@@ -415,11 +439,11 @@ class Notebook:
             if o.get("output_type") == "error"
         ]
         assert not errors, f"{self.name}: cells raised: {errors}"
-        unrun = [
-            i
-            for i, c in enumerate(saved["cells"])
-            if c["cell_type"] == "code" and "".join(c["source"]).strip() and c.get("execution_count") is None
-        ]
+        cells = saved["cells"]
+        code = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+        if self.held_back:
+            code = code[:-1]
+        unrun = [i for i in code if cells[i].get("execution_count") is None]
         assert not unrun, f"{self.name}: code cells {unrun} did not run"
         expected = sum(WIDGET_VIEW in o.get("data", {}) for c in saved["cells"] for o in c.get("outputs", []))
         # Widgets attach asynchronously after the kernel is idle: wait for all of them, bounded.
@@ -475,7 +499,8 @@ def open_notebook(lab, browser, request):
     opened: list[Notebook] = []
 
     def _open(name: str) -> Notebook:
-        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        # Tall, so that a whole widget fits in one screenshot (the notebook scrolls inside the page).
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
         contexts.append(ctx)
         page = ctx.new_page()
         page.set_default_timeout(30_000)

@@ -206,7 +206,8 @@ def test_pipeline_widget(lab, open_notebook):
     """06_pipeline: a new micro-batch size, a shard moved to another process, Run: table and plots follow."""
     _need("06_pipeline.ipynb", lab)
     nb = open_notebook("06_pipeline.ipynb")
-    nb.run_all(timeout=360)
+    # The last cell closes the RPC world the widget trains on: play first, as a learner would, then close.
+    nb.run_all(timeout=360, hold_back_last=True)
     nb.assert_ran_cleanly_and_widgets_render()
     page = nb.page
     ui = page.locator(".ppkit-pipeline").first
@@ -267,3 +268,6 @@ def test_pipeline_widget(lab, open_notebook):
     assert all(w > 100 and h > 100 for w, h in sizes), f"plots are empty images: {sizes}"
     nb.screenshot("after", ui)
     nb.assert_console_clean()
+
+    nb.run_last_cell()
+    nb.assert_ran_cleanly_and_widgets_render()
