@@ -195,9 +195,10 @@ def _table_rows(table) -> list[dict]:
     )
 
 
-def _pick_other(select, current: str) -> str:
+def _pick_other(select, current: str, avoid: str) -> str:
+    """Another option than `current`, preferring one that is not `avoid`."""
     options = select.locator("option").all_inner_texts()
-    others = [o.strip() for o in options if o.strip() != current]
+    others = sorted((o.strip() for o in options if o.strip() != current), key=lambda o: o == avoid)
     assert others, f"only one choice ({options}); nothing to change"
     return others[0]
 
@@ -224,7 +225,8 @@ def test_pipeline_widget(lab, open_notebook):
     new_size = next(s for s in (8, 2, 16, 1, 4) if s != size and s <= batch)
     expected_count = -(-batch // new_size)
     old_process = shard.input_value()
-    new_process = _pick_other(shard, old_process)
+    # Another worker rather than the kernel ("master"), whose shard would also compete with the kernel.
+    new_process = _pick_other(shard, old_process, avoid="master")
     other_shards = [
         s.input_value() for s in ui.locator("[class*='ppkit-pipeline-process-'] select").all()[1:]
     ]
