@@ -111,9 +111,14 @@ def test_widget_notebook_renders(widget_notebook, open_notebook):
     assert shown > 0, f"{widget_notebook} imports widgets but displayed none"
 
 
-def _need(name: str, lab):
+def _open_and_run(lab, open_notebook, name: str, **run_options):
+    """Open a notebook of the course, run it and check its widgets; skip if this checkout lacks it."""
     if not (lab.notebook_dir / name).exists():
         pytest.skip(f"notebooks/{name} is not in this checkout")
+    nb = open_notebook(name)
+    nb.run_all(**run_options)
+    nb.assert_ran_cleanly_and_widgets_render()
+    return nb
 
 
 def _image_sources(locator) -> list[str]:
@@ -143,10 +148,7 @@ def _assert_shows_image(output) -> None:
 
 def test_collectives_explorer(lab, open_notebook):
     """02_collectives: pick another collective and world size; the summary and the picture follow."""
-    _need("02_collectives.ipynb", lab)
-    nb = open_notebook("02_collectives.ipynb")
-    nb.run_all(timeout=240)
-    nb.assert_ran_cleanly_and_widgets_render()
+    nb = _open_and_run(lab, open_notebook, "02_collectives.ipynb", timeout=240)
     page = nb.page
     explorer = page.locator(".ppkit-collectives").first
     explorer.scroll_into_view_if_needed()
@@ -205,11 +207,8 @@ def _pick_other(select, current: str, avoid: str) -> str:
 
 def test_pipeline_widget(lab, open_notebook):
     """06_pipeline: a new micro-batch size, a shard moved to another process, Run: table and plots follow."""
-    _need("06_pipeline.ipynb", lab)
-    nb = open_notebook("06_pipeline.ipynb")
     # The last cell closes the RPC world the widget trains on: play first, as a learner would, then close.
-    nb.run_all(timeout=360, hold_back_last=True)
-    nb.assert_ran_cleanly_and_widgets_render()
+    nb = _open_and_run(lab, open_notebook, "06_pipeline.ipynb", timeout=360, hold_back_last=True)
     page = nb.page
     ui = page.locator(".ppkit-pipeline").first
     ui.scroll_into_view_if_needed()
