@@ -462,8 +462,22 @@ class Notebook:
         )
         invisible = [f for f in found if not (f["width"] > 0 and f["height"] > 0)]
         assert not invisible, f"{self.name}: widgets with no size: {invisible}"
+        self.assert_no_broken_images()
         self.assert_console_clean()
         return expected
+
+    def assert_no_broken_images(self) -> None:
+        """No output shows the browser's broken-image icon (an empty or undecodable image)."""
+        images = self.page.locator(".jp-Notebook .jp-OutputArea-output img")
+        self.page.wait_for_function(
+            "imgs => imgs.every(i => i.complete)", arg=images.element_handles(), timeout=30_000
+        )
+        broken = images.evaluate_all(
+            """imgs => imgs
+                .filter(i => i.naturalWidth === 0 && i.getBoundingClientRect().width > 0)
+                .map(i => (i.closest('[class*="ppkit-"]') || i.parentElement).className)"""
+        )
+        assert not broken, f"{self.name}: {len(broken)} image(s) shown broken, in elements {broken}"
 
     def _top_level_widgets(self) -> list[dict]:
         return self.page.locator(
