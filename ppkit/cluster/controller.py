@@ -38,7 +38,7 @@ from ppkit.transport import channel, procs
 
 DEFAULT_TIMEOUT_S = 60.0
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
-_live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+_live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
 def _describe_status(status: int | None) -> str:
@@ -64,7 +64,7 @@ class Cluster:
 
     def __init__(self, world_size: int, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT_S,
                  start_timeout: float = 120.0, process_group: bool = True,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, labels: list[str] | None = None):
         self.world_size = launch.check_world_size(world_size)
         # 'auto' counts GPUs, which imports torch (seconds): done below, once the fork server is
         # importing torch too, so that the two imports overlap
@@ -80,7 +80,7 @@ class Cluster:
         self._conns: dict[int, object] = {}
         self._generation = 0
         self._job_ids = itertools.count(1)
-        self._printer = RankPrinter()
+        self._printer = RankPrinter(labels)  # labels: how output is prefixed, "rank N" by default
         self._zygote = None
         self._zygote_conn = None
         self._exit_status: dict[int, int] = {}  # pid -> wait status, as the fork server reports
@@ -206,7 +206,7 @@ class Cluster:
         except OSError:
             return "(no log)"
 
-    def restart(self) -> "Cluster":
+    def restart(self) -> Cluster:
         """Kill every worker and start a clean world with the same settings (the kernel stays)."""
         if self.state == "closed":
             raise ClusterStateError("this cluster is closed; start a new one with ppkit.start(...).")
@@ -219,7 +219,10 @@ class Cluster:
             raise
         return self
 
-    def _kill_workers(self) -> None:
+    def _kill_workers(self, quiet: bool = False) -> None:
+        """Stop this generation's workers; ``quiet`` drops what they print while dying."""
+        if quiet:
+            self._generation += 1
         for conn in list(self._conns.values()):
             try:
                 conn.send(("shutdown",))
@@ -251,7 +254,7 @@ class Cluster:
         shutil.rmtree(self._tmpdir, ignore_errors=True)
         _live_clusters.discard(self)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
