@@ -8,7 +8,11 @@ deleted after the test even when it fails: a finalizer plus try/finally.
 from __future__ import annotations
 
 import os
+import queue
+import re
 import sys
+import threading
+import time
 
 import pytest
 
@@ -43,3 +47,39 @@ def host_env(key: str, **extra) -> dict:
     path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     return {**env, "PYTHONPATH": path, "PPKIT_KEY": key, "PYTHONUNBUFFERED": "1", **extra}
+
+
+class Lines:
+    """Read a process's stdout in a thread, so a test can wait for one line with a deadline."""
+
+    def __init__(self, proc):
+        self.proc, self.seen, self._q = proc, [], queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self._q.put(line)
+        self._q.put(None)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.seen.append(line)
+            match = re.search(pattern, line)
+            if match:
+                return match
+        raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(self.seen)}")
+
+    def rest(self, timeout: float) -> str:
+        self.proc.wait(timeout=timeout)
+        while True:
+            line = self._q.get(timeout=5)
+            if line is None:
+                return "".join(self.seen)
+            self.seen.append(line)

@@ -7,15 +7,13 @@ it ends: with the right answer, or with a clear error within its timeout and no 
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
-import threading
 import time
 
 import netns
 import pytest
-from netns import PY, host_env
+from netns import PY, Lines, host_env
 
 two_hosts = netns.two_hosts  # the fixture
 
@@ -41,42 +39,6 @@ def run_master(hosts, key, *extra, timeout=120):
 def finish(proc, timeout=20) -> tuple[int, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out + err
-
-
-class Lines:
-    """Read a process's stdout in a thread, so a test can wait for one line with a deadline."""
-
-    def __init__(self, proc):
-        self.proc, self.seen, self._q = proc, [], queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            self._q.put(line)
-        self._q.put(None)
-
-    def wait_for(self, pattern: str, timeout: float) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._q.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            self.seen.append(line)
-            match = re.search(pattern, line)
-            if match:
-                return match
-        raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(self.seen)}")
-
-    def rest(self, timeout: float) -> str:
-        self.proc.wait(timeout=timeout)
-        while True:
-            line = self._q.get(timeout=5)
-            if line is None:
-                return "".join(self.seen)
-            self.seen.append(line)
 
 
 def test_allreduce_across_two_hosts(two_hosts, no_leftovers):
