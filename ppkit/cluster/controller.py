@@ -179,8 +179,8 @@ class Cluster:
             self._zygote_conn.send(("spawn", local_ranks))
         ready: set[int] = set()
         while len(ready) < self.world_size:
-            kind, source, msg, generation = self._next(deadline, waiting_for=self._missing(ready),
-                                                       ready=ready)
+            kind, source, msg, generation = self._next(
+                deadline, waiting_for=lambda: self._missing(ready), ready=ready)
             if kind == "remote" and source not in ready:  # a remote worker was refused or left
                 raise LaunchError(msg)
             if kind == "msg" and source != "zygote" and generation == self._generation:
@@ -279,7 +279,7 @@ class Cluster:
         self.close()
 
     # -- the inbox ---------------------------------------------------------------------------
-    def _next(self, deadline: float, waiting_for: str, ready: set[int] = frozenset()):
+    def _next(self, deadline: float, waiting_for, ready: set[int] = frozenset()):
         """The next message that is not output, printing output as it comes."""
         while True:
             left = deadline - time.monotonic()
@@ -288,8 +288,8 @@ class Cluster:
                 hint = self._remote.timeout_hint(ready) if self._remote else (
                     "The machine may be overloaded; close other notebooks or raise start_timeout."
                     f"\nFork server log:\n{self._zygote_log()}")
-                raise LaunchError(
-                    f"timed out after {self.start_timeout:.0f} s waiting for {waiting_for}. {hint}")
+                what = waiting_for() if callable(waiting_for) else waiting_for  # as of now
+                raise LaunchError(f"timed out after {self.start_timeout:.0f} s waiting for {what}. {hint}")
             try:
                 item = self._inbox.get(timeout=min(left, 0.1))
             except queue.Empty:

@@ -386,10 +386,24 @@ class RemoteWorkers:
                 conn.send(("shutdown", "the master closed the cluster"))
             except OSError:
                 pass
-            conn.close()
+            _wake_reader(conn)  # its reader thread closes it (closing it here too would race)
         for proc in self._ssh_procs.values():
             ssh.stop(proc)
         self._store = None
+
+
+def _wake_reader(conn) -> None:
+    """Make a thread blocked in ``conn.recv()`` return (EOF) without closing its descriptor."""
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 def listen_error(exc: OSError, host: str, port: int) -> LaunchError:
