@@ -32,21 +32,8 @@ def add_arguments(parser) -> None:
                         "$PPKIT_KEY, else a new one, printed)")
 
 
-def allreduce_check(rank: int, world_size: int) -> dict:
-    """Runs on every rank: where am I, and does all_reduce(SUM) of rank+1 give the right sum?"""
-    import os
-    import socket
-
-    import torch
-    import torch.distributed as dist
-
-    value = torch.tensor([float(rank + 1)])
-    dist.all_reduce(value)
-    return {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
-            "iface": os.environ.get("GLOO_SOCKET_IFNAME", "(hostname)"), "sum": value.item()}
-
-
 def main(args) -> int:
+    from ppkit.cluster.allreduce_check import check, expected_sum
     from ppkit.cluster.controller import Cluster
 
     if args.local_ranks < 0:
@@ -56,12 +43,12 @@ def main(args) -> int:
     try:
         with Cluster(world_size, "gloo", listen=args.listen, remote=args.workers, key=args.key,
                      start_timeout=args.start_timeout, timeout=60) as cluster:
-            rows = cluster.run(allreduce_check)
+            rows = cluster.run(check)
     except PPKitError as exc:
         print(f"ppkit master: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     names = {args.local_ranks + i: name for i, name in enumerate(args.workers)}  # ranks follow names
-    expected = world_size * (world_size + 1) / 2
+    expected = expected_sum(world_size)
     print(f"{'rank':>4}  {'name':<10} {'host':<12} {'pid':>7}  {'gloo interface':<15} all_reduce")
     for row in rows:
         print(f"{row['rank']:>4}  {names.get(row['rank'], 'master'):<10} {row['host']:<12} "

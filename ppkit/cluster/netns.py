@@ -124,6 +124,21 @@ class TwoHosts:
         self._procs.append(proc)
         return proc
 
+    def run_both(self, master_argv: list[str], worker_argv: list[str], env=None,
+                 timeout: float = 120) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+        """Start ``worker_argv`` on the worker host, run ``master_argv`` on the master host to the
+        end, then wait for the worker; return both results (the worker's stderr is in its stdout)."""
+        worker = self.popen(self.worker, worker_argv, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+        try:
+            master = self.run(self.master, master_argv, env=env, timeout=timeout)
+            out, _ = worker.communicate(timeout=timeout)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+        return master, subprocess.CompletedProcess(worker.args, worker.returncode, out, "")
+
     # -- cleaning up ----------------------------------------------------------------------------
     def _pids_inside(self) -> list[int]:
         pids = []
