@@ -34,7 +34,7 @@ class Check:
     detail: str
 
 
-@dataclass
+@dataclass(repr=False)
 class Report:
     host: str
     checks: list[Check] = field(default_factory=list)
@@ -61,6 +61,8 @@ class Report:
         if self.advice:
             lines += ["", "What to do:"] + [f"  {a}" for a in self.advice]
         return "\n".join(lines)
+
+    __repr__ = __str__  # what a notebook shows where it cannot render HTML
 
     def _repr_html_(self) -> str:
         colours = {"ok": "#1a7f37", "info": "#57606a", "warn": "#9a6700", "FAIL": "#cf222e"}

@@ -91,9 +91,11 @@ class TwoHosts:
             self._made.append(host.netns)
             etc = Path("/etc/netns") / host.netns  # `ip netns exec` mounts these over /etc
             etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(  # the hostname first resolves to 127.0.1.1, as on Debian
-                f"127.0.0.1 localhost\n127.0.1.1 {host.hostname}\n"
-                + "".join(f"{h.address} {h.hostname}\n" for h in self.hosts))
+            # the hostname resolves to 127.0.1.1 first, as on Debian; the other lines answer reverse
+            # lookups (c10d's store asks for the name of each client, in IPv6-mapped form too)
+            names = "".join(f"{a} {h.hostname}\n" for h in self.hosts
+                            for a in (h.address, f"::ffff:{h.address}"))
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {host.hostname}\n{names}")
             _ip("-n", host.netns, "link", "set", "lo", "up")
         _ip("link", "add", tag + "m", "type", "veth", "peer", "name", tag + "w")
         for host, end in ((self.master, tag + "m"), (self.worker, tag + "w")):
