@@ -91,7 +91,7 @@ def test_bad_listen_settings_fail_before_anything_starts(no_leftovers, monkeypat
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     with pytest.raises(ConfigError, match="not an address of this machine"):
         ppkit.Cluster(1, listen="203.0.113.7:0", remote=1)
-    with pytest.raises(ConfigError, match="does not say which interface"):
+    with pytest.raises(ConfigError, match="does not say which address"):
         ppkit.Cluster(1, listen="0.0.0.0:0", remote=1)
     with pytest.raises(ConfigError, match="gloo"):  # no GPU here, or remote workers need gloo
         ppkit.Cluster(1, "nccl", listen="127.0.0.1:0", remote=1)

@@ -147,7 +147,7 @@ class RemoteWorkers:
         self.key = key
         self._inbox = inbox
         self._start_timeout = start_timeout
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # guards self.agents and every send to an agent
         self._spawning = False
         self.agents: dict[str, tuple] = {}  # name -> (conn, info)
         self._store = None
@@ -155,14 +155,12 @@ class RemoteWorkers:
         self._ssh_procs: dict[str, object] = {}
         self.iface = self._master_interface()
 
-    def _master_interface(self) -> str | None:
+    def _master_interface(self) -> str:
         if self.host == "0.0.0.0":
-            if not os.environ.get("GLOO_SOCKET_IFNAME"):
-                raise ConfigError(
-                    "listen='0.0.0.0:PORT' does not say which interface gloo should use. Listen on "
-                    "the address the other machines reach (e.g. listen='10.0.0.1:29600'; "
-                    "`ppkit doctor` lists this machine's addresses), or set GLOO_SOCKET_IFNAME.")
-            return os.environ["GLOO_SOCKET_IFNAME"]
+            raise ConfigError(
+                "listen='0.0.0.0:PORT' does not say which address the workers should use for the "
+                "rendezvous store and gloo. Listen on the address the other machines reach (e.g. "
+                "listen='10.0.0.1:29600'; `ppkit doctor` lists this machine's addresses).")
         iface = ifaces.interface_of(self.host)
         if iface is None and not ifaces.is_loopback(self.host):
             have = ", ".join(f"{n} {' '.join(a)}" for n, a in ifaces.interfaces().items() if a)
@@ -207,24 +205,29 @@ class RemoteWorkers:
     # -- admission (runs in the connection's reader thread) ----------------------------------
     def on_agent(self, conn, info: dict) -> None:
         name = info.get("name")
-        refusal, fatal = self._refusal(name, info)
-        if refusal:
-            try:
-                conn.send(("reject", refusal))
-            except OSError:
-                pass
+        problem = self._problem(name, info)  # slow checks first, outside the lock
+        with self._lock:
+            refusal, fatal = self._refusal(name, info) if problem is None else (problem, True)
+            if refusal is None:
+                self.agents[name] = (conn, info)
+                self._send(conn, ("admitted", {"rank": self.rank_of[name], "world_size": self.world_size,
+                                               "master": f"{self.host}:{self.port}"}))
+                if self._spawning:
+                    self._spawn(name)
+        if refusal is not None:
+            self._send(conn, ("reject", refusal))
             conn.close()
             if fatal:
-                self._inbox.put(("remote", self.rank_of[name], f"the master refused {name}: {refusal}", None))
+                self._inbox.put(("remote", self.rank_of[name], f"the master refused {name}: {refusal}",
+                                 None))
             return
-        rank = self.rank_of[name]
-        conn.send(("admitted", {"rank": rank, "world_size": self.world_size,
-                                "master": f"{self.host}:{self.port}"}))
-        with self._lock:
-            self.agents[name] = (conn, info)
-            if self._spawning:
-                self._spawn(name)
         self._serve_agent(name, conn, info)
+
+    def _problem(self, name, info) -> str | None:
+        """Why an expected worker cannot work with this master (versions, interface), or None."""
+        if name not in self.rank_of:
+            return None
+        return version_problem(worker.versions(), info, name) or interface_problem(info, self.host)
 
     def _refusal(self, name, info) -> tuple[str | None, bool]:
         if name not in self.rank_of:
@@ -236,8 +239,7 @@ class RemoteWorkers:
             why = (f"{name} has already joined from {other.get('host')} (pid {other.get('pid')}). "
                    "Stop that worker first, or give this one another expected name.")
             return why, False
-        problem = version_problem(worker.versions(), info, name) or interface_problem(info, self.host)
-        return problem, problem is not None
+        return None, False
 
     def _serve_agent(self, name: str, conn, info: dict) -> None:
         rank = self.rank_of[name]
@@ -276,11 +278,18 @@ class RemoteWorkers:
             self._spawning = False
 
     def _spawn(self, name: str) -> None:
-        conn = self.agents[name][0]
-        try:
-            conn.send(("spawn", [self.rank_of[name]]))
-        except OSError:
-            pass
+        self._send(self.agents[name][0], ("spawn", [self.rank_of[name]]))
+
+    def _send(self, conn, msg) -> None:
+        with self._lock:
+            try:
+                conn.send(msg)
+            except OSError:
+                pass  # the agent is gone; its reader thread reports that
+
+    def _joined(self) -> dict[str, dict]:
+        with self._lock:
+            return {name: info for name, (_, info) in self.agents.items()}
 
     def _new_store(self) -> None:
         import torch.distributed as dist
@@ -303,12 +312,13 @@ class RemoteWorkers:
         local = [r for r in self.local_ranks if r not in ready]
         if local:
             parts.append(f"local rank(s) {local}")
+        joined = self._joined()
         for name in self.names:
             rank = self.rank_of[name]
             if rank in ready:
                 continue
-            if name in self.agents:
-                info = self.agents[name][1]
+            if name in joined:
+                info = joined[name]
                 parts.append(f"{name} (rank {rank} of {self.world_size}, on {info.get('host')}, "
                              f"interface {info.get('iface')} {' '.join(info.get('iface_addrs') or [])}) "
                              "to join the process group")
@@ -318,8 +328,9 @@ class RemoteWorkers:
 
     def timeout_hint(self, ready: set[int]) -> str:
         where = f"{self.host}:{self.port}"
-        absent = [n for n in self.names if n not in self.agents and self.rank_of[n] not in ready]
-        stuck = [n for n in self.names if n in self.agents and self.rank_of[n] not in ready]
+        joined = self._joined()
+        absent = [n for n in self.names if n not in joined and self.rank_of[n] not in ready]
+        stuck = [n for n in self.names if n in joined and self.rank_of[n] not in ready]
         hints = []
         if absent:
             hints.append(
@@ -340,7 +351,7 @@ class RemoteWorkers:
         """Why a rank may fail to join a process group that spans machines."""
         uses = [f"the master's ranks use {self.iface} ({self.host})"] + [
             f"{name} uses {info.get('iface')} ({' '.join(info.get('iface_addrs') or []) or '?'})"
-            for name, (_, info) in sorted(self.agents.items(), key=lambda kv: self.rank_of[kv[0]])]
+            for name, info in sorted(self._joined().items(), key=lambda kv: self.rank_of[kv[0]])]
         return (
             "Across machines this usually means a rank advertised an address that the others "
             f"cannot reach: {'; '.join(uses)}. Make GLOO_SOCKET_IFNAME (`ppkit worker --iface`) name "
@@ -367,12 +378,8 @@ class RemoteWorkers:
     def stop_ranks(self) -> None:
         """Ask every agent to kill its rank (the controller cannot signal another machine's pids)."""
         with self._lock:
-            conns = [conn for conn, _ in self.agents.values()]
-        for conn in conns:
-            try:
-                conn.send(("kill",))
-            except OSError:
-                pass
+            for conn, _ in self.agents.values():
+                self._send(conn, ("kill",))
 
     def close(self) -> None:
         from ppkit.cluster import ssh
@@ -382,10 +389,7 @@ class RemoteWorkers:
             self.agents.clear()
             self._spawning = False
         for conn, _ in agents:
-            try:
-                conn.send(("shutdown", "the master closed the cluster"))
-            except OSError:
-                pass
+            self._send(conn, ("shutdown", "the master closed the cluster"))
             _wake_reader(conn)  # its reader thread closes it (closing it here too would race)
         for proc in self._ssh_procs.values():
             ssh.stop(proc)
