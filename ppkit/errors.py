@@ -72,3 +72,13 @@ class JobTimeoutError(WorkerError, TimeoutError):
 
 class JobInterrupted(KeyboardInterrupt):
     """Kernel > Interrupt (or Ctrl-C) cancelled a running job."""
+
+
+# --- added on branch `lessons` (issue 3) ---------------------------------------------------------
+
+class ExerciseFailed(PPKitError, AssertionError):
+    """An exercise checker found wrong results. ``failures`` lists each one, precisely."""
+
+    def __init__(self, message: str, failures: list[str] | None = None):
+        super().__init__(message)
+        self.failures = list(failures or [])

@@ -1,0 +1,5 @@
+"""Interactive widgets for the notebooks (ipywidgets)."""
+
+from ppkit.widgets.collectives import CollectivesExplorer
+
+__all__ = ["CollectivesExplorer"]
