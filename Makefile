@@ -7,8 +7,10 @@ STAMP  := $(VENV)/.ppkit-installed
 
 .PHONY: lab test setup browser lint bench clean
 
+# JupyterLab listens on localhost only; root (containers, this kit's CI machine) needs --allow-root.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 test: $(STAMP) browser
 	$(PY) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg $(PYTEST_ARGS)

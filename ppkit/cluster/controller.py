@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import linecache
 import os
 import queue
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -37,7 +39,7 @@ from ppkit.transport import channel, procs
 
 DEFAULT_TIMEOUT_S = 60.0
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
-_live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+_live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
 def _describe_status(status: int | None) -> str:
@@ -63,8 +65,8 @@ class Cluster:
 
     def __init__(self, world_size: int, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT_S,
                  start_timeout: float = 120.0, process_group: bool = True,
-                 env: dict[str, str] | None = None, listen: str | None = None, remote=None,
-                 key: bytes | str | None = None):
+                 env: dict[str, str] | None = None, labels: list[str] | None = None,
+                 listen: str | None = None, remote=None, key: bytes | str | None = None):
         self.world_size = launch.check_world_size(world_size)
         if listen is not None and backend == "auto":
             backend = "gloo"  # the other machines' GPUs are unknown here
@@ -83,10 +85,11 @@ class Cluster:
         self._conns: dict[int, object] = {}
         self._generation = 0
         self._job_ids = itertools.count(1)
-        self._printer = RankPrinter()
+        self._printer = RankPrinter(labels)  # labels: how output is prefixed, "rank N" by default
         self._zygote = None
         self._zygote_conn = None
-        self._exit_status: dict[int, int] = {}
+        self._exit_status: dict[int, int] = {}  # pid -> wait status, as the fork server reports
+        self._spawned: dict[int, int] = {}  # rank -> pid of this generation's process
         self._broken_reason = ""
         self._tmpdir = Path(tempfile.mkdtemp(prefix="ppkit-"))
         host, port = self._remote.server_address() if self._remote else ("127.0.0.1", 0)
@@ -153,7 +156,9 @@ class Cluster:
         config = {
             "rank": rank, "world_size": self.world_size, "backend": self.backend, "device": device,
             "store": ("file", str(store)), "process_group": self.process_group,
-            "env": self._env, "cwd": os.getcwd(), "sys_path": [os.getcwd()],
+            # the kernel's sys.path too, so functions imported from modules the notebook can
+            # import (sys.path.append("..") in a cell, pytest's test dirs) unpickle on the workers
+            "env": self._env, "cwd": os.getcwd(), "sys_path": [os.getcwd(), *filter(None, sys.path)],
             "join_timeout": self.start_timeout, "pg_timeout": 1800,
         }
         return self._remote.init_config(rank, config) if self._remote else config
@@ -163,6 +168,8 @@ class Cluster:
         self.state = "starting"
         self.workers = {}
         self._exit_status = {}
+        self._spawned = {}
+        self._sources_sent: set[str] = set()
         deadline = time.monotonic() + self.start_timeout
         local_ranks = self._remote.local_ranks if self._remote else list(range(self.world_size))
         if self._remote:
@@ -203,7 +210,7 @@ class Cluster:
                 self._drain()
                 raise LaunchError(
                     f"rank {source} died while starting: "
-                    f"{_describe_status(self._exit_status.get(source))}. See its output above.")
+                    f"{_describe_status(self._status_of(source))}. See its output above.")
         self.workers = dict(sorted(self.workers.items()))
         self._printer.flush()
         if self._remote:
@@ -222,7 +229,7 @@ class Cluster:
         except OSError:
             return "(no log)"
 
-    def restart(self) -> "Cluster":
+    def restart(self) -> Cluster:
         """Kill every worker and start a clean world with the same settings (the kernel stays)."""
         if self.state == "closed":
             raise ClusterStateError("this cluster is closed; start a new one with ppkit.start(...).")
@@ -235,7 +242,10 @@ class Cluster:
             raise
         return self
 
-    def _kill_workers(self) -> None:
+    def _kill_workers(self, quiet: bool = False) -> None:
+        """Stop this generation's workers; ``quiet`` drops what they print while dying."""
+        if quiet:
+            self._generation += 1
         for conn in list(self._conns.values()):
             try:
                 conn.send(("shutdown",))
@@ -272,7 +282,7 @@ class Cluster:
         shutil.rmtree(self._tmpdir, ignore_errors=True)
         _live_clusters.discard(self)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -308,9 +318,11 @@ class Cluster:
                 self._printer.write(source, msg[1], msg[2])
             return True
         if kind == "msg" and source == "zygote" and msg[0] == "exited":
-            _, rank, pid, status = msg
-            if rank is not None and self.workers.get(rank, {}).get("pid") in (pid, None):
-                self._exit_status[rank] = status
+            # keyed by pid: a previous generation's worker may be reported after restart()
+            self._exit_status[msg[2]] = msg[3]
+            return True
+        if kind == "msg" and source == "zygote" and msg[0] == "spawned":
+            self._spawned[msg[1]] = msg[2]
             return True
         if kind == "msg" and source == "zygote":
             return True
@@ -319,9 +331,16 @@ class Cluster:
     def _drain(self) -> None:
         while True:
             try:
-                self._handle_common(self._inbox.get_nowait())
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            if self._handle_common(item) or item[0] != "eof" or item[1] == "zygote":
+                continue
+            if self.state == "ready":  # a rank died between jobs (killed, OOM): say so now
+                rank = item[1]
+                self._wait_exit_status(rank)
+                self._break(f"rank {rank} (pid {self.workers.get(rank, {}).get('pid')}) died while "
+                            f"no job was running: {_describe_status(self._status_of(rank))}.")
 
     # -- running jobs ------------------------------------------------------------------------
     def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
@@ -357,9 +376,10 @@ class Cluster:
 
     def _run_payload(self, payload: bytes, timeout: float) -> list:
         job_id = next(self._job_ids)
+        sources = self._cell_sources()
         for rank in range(self.world_size):
             try:
-                self._conns[rank].send(("run", job_id, payload))
+                self._conns[rank].send(("run", job_id, payload, sources))
             except (OSError, KeyError):
                 self._break(f"rank {rank} is gone.")
                 self._check_usable()
@@ -393,6 +413,17 @@ class Cluster:
         if failed:
             self._raise_remote(job_id, results, failed)
         return [cloudpickle.loads(results[r][3]) for r in range(self.world_size)]
+
+    def _cell_sources(self) -> dict:
+        """Notebook cells' source the workers have not had yet.
+
+        IPython keeps each cell's code in ``linecache`` only (mtime None), not on disk; without it
+        a remote traceback or stack would name the cell's line but not show it.
+        """
+        new = {name: entry for name, entry in list(linecache.cache.items())
+               if len(entry) == 4 and entry[1] is None and name not in self._sources_sent}
+        self._sources_sent.update(new)
+        return new
 
     def _break(self, reason: str) -> None:
         self.state = "broken"
@@ -438,15 +469,23 @@ class Cluster:
             "called. Run cluster.restart() for a clean world; pass run(..., timeout=SECONDS) if "
             "the job is just slow.\n" + self._format_stacks(stacks), waiting, stacks)
 
-    def _raise_died(self, rank, job_id, results) -> None:
-        deadline = time.monotonic() + 1.0  # give the fork server a moment to report why
-        while rank not in self._exit_status and time.monotonic() < deadline:
+    def _status_of(self, rank) -> int | None:
+        pid = self._spawned.get(rank, self.workers.get(rank, {}).get("pid"))
+        return self._exit_status.get(pid)
+
+    def _wait_exit_status(self, rank, wait: float = 1.0) -> None:
+        """Give the fork server a moment to report how ``rank`` ended."""
+        deadline = time.monotonic() + wait
+        while self._status_of(rank) is None and time.monotonic() < deadline:
             try:
                 self._handle_common(self._inbox.get(timeout=0.05))
             except queue.Empty:
                 pass
+
+    def _raise_died(self, rank, job_id, results) -> None:
+        self._wait_exit_status(rank)
         self._printer.flush()
-        how = _describe_status(self._exit_status.get(rank))
+        how = _describe_status(self._status_of(rank))
         info = self.workers.get(rank, {})
         label = self._remote.rank_label(rank, info) if self._remote else f"pid {info.get('pid')}"
         self._break(f"rank {rank} died.")

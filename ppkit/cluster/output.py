@@ -6,8 +6,9 @@ import sys
 
 
 class RankPrinter:
-    def __init__(self):
+    def __init__(self, labels: list[str] | None = None):
         self._partial: dict[tuple[int, str], str] = {}
+        self._labels = labels
 
     def write(self, rank: int, stream: str, text: str) -> None:
         key = (rank, stream)
@@ -17,10 +18,11 @@ class RankPrinter:
             self._partial[key] = rest
         if lines:
             out = sys.stderr if stream == "stderr" else sys.stdout
-            out.write("".join(f"[rank {rank}] {line}\n" for line in lines))
+            label = self._labels[rank] if self._labels else f"rank {rank}"
+            out.write("".join(f"[{label}] {line}\n" for line in lines))
             out.flush()
 
     def flush(self) -> None:
-        for (rank, stream), rest in sorted(self._partial.items()):
+        partial, self._partial = self._partial, {}  # write() would prepend it a second time
+        for (rank, stream), rest in sorted(partial.items()):
             self.write(rank, stream, rest + "\n")
-        self._partial.clear()

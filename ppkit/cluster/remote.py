@@ -248,8 +248,11 @@ class RemoteWorkers:
                 msg = conn.recv()
             except (EOFError, OSError):
                 break
-            if msg[0] == "exited":  # in the fork server's words, so the controller reads it as such
-                self._inbox.put(("msg", "zygote", msg, None))
+            if msg[0] in ("spawned", "exited"):
+                # in the fork server's words, so the controller reads them as such; the pid is
+                # tagged with the worker's name, as pids of different machines may coincide
+                kind, rank_, pid, *rest = msg
+                self._inbox.put(("msg", "zygote", (kind, rank_, (name, pid), *rest), None))
         with self._lock:
             if self.agents.get(name, (None,))[0] is conn:
                 del self.agents[name]
