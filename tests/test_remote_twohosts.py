@@ -51,7 +51,7 @@ def test_allreduce_across_two_hosts(two_hosts, no_leftovers):
     assert rows == [("0", "master", "hosta", "eth0", "3"), ("1", "worker1", "hostb", "eth0", "3")]
     assert "(expected 3) OK" in master.stdout
     assert code == 0, worker_out
-    assert "joined 198.51.100.1:29600 as rank 1 of 2" in worker_out
+    assert "joined 198.51.100.1:29600 as rank 1 of the master's 2 worker process(es)" in worker_out
     assert "interface eth0 (198.51.100.2)" in worker_out  # found by routing, not by hostname
 
 

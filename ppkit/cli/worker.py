@@ -103,8 +103,8 @@ def main(args) -> int:
             print(f"ppkit worker: {exc}", file=sys.stderr)
             return 2
         addrs = " ".join(agent.hello()["iface_addrs"])
-        say(f"{name}: joined {where} as rank {joined['rank']} of {joined['world_size']}; gloo and "
-            f"TensorPipe use interface {agent.iface} ({addrs})")
+        say(f"{name}: joined {where} as rank {joined['rank']} of the master's {joined['world_size']} "
+            f"worker process(es); gloo and TensorPipe use interface {agent.iface} ({addrs})")
         clean, why = agent.serve()
         say(f"{name}: {why}; exiting.")
         return 0 if clean else 1

@@ -91,6 +91,27 @@ def remote_names(world_size: int, remote) -> list[str]:
     return names
 
 
+def rpc_remote_names(worker_names: list[str], remote):
+    """Which workers of an RPC world are remote: the last ones (all of them by default).
+
+    RPC names follow ranks (worker1, worker2, ...) and remote ranks come after local ones, so
+    ``remote`` may be a count, or names (or a name -> ssh host mapping) ending the list.
+    """
+    if remote is None:
+        return list(worker_names)
+    names = remote_names(len(worker_names), remote)
+    if names != worker_names[len(worker_names) - len(names):]:
+        raise ConfigError(
+            f"in an RPC world the remote workers are the last ones, named by rank: with "
+            f"{len(worker_names)} workers and {len(names)} remote, remote="
+            f"{worker_names[len(worker_names) - len(names):]}, not {names}.")
+    return remote if isinstance(remote, dict) else names  # a mapping also says where to ssh
+
+
+def without_socket_vars(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in ifaces.SOCKET_ENV_VARS}
+
+
 def version_problem(ours: dict, theirs: dict, name: str) -> str | None:
     """Why a worker with versions ``theirs`` cannot join a master with ``ours``, or None.
 
@@ -193,9 +214,15 @@ class RemoteWorkers:
         config = {**config, "store": ("tcp", self.host, self._store_port)}
         if self.is_remote(rank):
             # the worker's own machine decides its interface (ppkit worker --iface) and paths
-            env = {k: v for k, v in config["env"].items() if k not in ifaces.SOCKET_ENV_VARS}
-            config.update(env=env, cwd=None, sys_path=[], device="cpu", name=self.name_of[rank])
+            config.update(env=without_socket_vars(config["env"]), cwd=None, sys_path=[], device="cpu",
+                          name=self.name_of[rank])
         return config
+
+    def rendezvous_url(self) -> str:
+        """A ``tcp://`` init_method on the listen address, for a rendezvous that rank 0 hosts."""
+        with socket.socket() as sock:
+            sock.bind((self.host, 0))
+            return f"tcp://{self.host}:{sock.getsockname()[1]}"
 
     def rank_label(self, rank: int, info: dict) -> str:
         if not self.is_remote(rank):
