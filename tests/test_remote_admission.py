@@ -273,3 +273,31 @@ def test_agent_with_a_wrong_key_is_refused():
             agent.connect(server.address, os.urandom(32), timeout=5)
     finally:
         server.close()
+
+
+# -- an RPC world with remote workers ------------------------------------------------------------
+def test_rpc_world_remote_workers_are_the_last_ones():
+    names = ["worker1", "worker2", "worker3"]
+    assert remote.rpc_remote_names(names, None) == names
+    assert remote.rpc_remote_names(names, 1) == ["worker3"]
+    assert remote.rpc_remote_names(names, ["worker2", "worker3"]) == ["worker2", "worker3"]
+    hosts = {"worker3": "alice@c"}
+    assert remote.rpc_remote_names(names, hosts) is hosts
+    with pytest.raises(ConfigError, match=r"remote=\['worker3'\], not \['worker1'\]"):
+        remote.rpc_remote_names(names, ["worker1"])
+
+
+def test_rpc_world_with_a_remote_worker_on_loopback(no_leftovers):
+    import torch.distributed.rpc as rpc
+
+    port, key = free_port(), os.urandom(32).hex()
+    proc = worker_cli(port, key)
+    try:
+        with ppkit.start_rpc(1, listen=f"127.0.0.1:{port}", key=key, start_timeout=60) as world:
+            assert world.names == ["master", "worker1"]
+            assert rpc.rpc_sync("worker1", os.getpid) != os.getpid()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "the master closed the cluster" in out

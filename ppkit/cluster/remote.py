@@ -100,6 +100,8 @@ def rpc_remote_names(worker_names: list[str], remote):
     if remote is None:
         return list(worker_names)
     names = remote_names(len(worker_names), remote)
+    if isinstance(remote, int):  # a count: the last ones
+        return worker_names[len(worker_names) - len(names):]
     if names != worker_names[len(worker_names) - len(names):]:
         raise ConfigError(
             f"in an RPC world the remote workers are the last ones, named by rank: with "
