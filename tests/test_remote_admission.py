@@ -301,3 +301,29 @@ def test_rpc_world_with_a_remote_worker_on_loopback(no_leftovers):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and "the master closed the cluster" in out
+
+
+def test_listen_mode_listens_on_the_given_address_only(no_leftovers):
+    import psutil
+
+    def listening():
+        return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN}
+
+    before = listening()
+    port, key = free_port(), os.urandom(32).hex()
+    env = {**os.environ, "PPKIT_KEY": key, "PYTHONPATH": REPO}
+    proc = subprocess.Popen([sys.executable, "-m", "ppkit", "worker", "--connect", f"127.0.0.2:{port}",
+                             "--name", "worker1"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        with ppkit.Cluster(1, listen=f"127.0.0.2:{port}", remote=1, key=key, start_timeout=60) as cluster:
+            assert cluster.run(lambda rank, world_size: world_size) == [1]
+            opened = listening() - before
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the control channel and the TCPStore, both on the listen address and nowhere else
+    assert ("127.0.0.2", port) in opened and len(opened) == 2, opened
+    assert {ip for ip, _ in opened} == {"127.0.0.2"}
