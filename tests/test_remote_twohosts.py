@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 
 import netns
 import pytest
-from netns import PY, Lines, host_env
+from netns import PY, Lines, host_env, skip_without_netns
+
+from ppkit.cluster.netns import TwoHosts
 
 two_hosts = netns.two_hosts  # the fixture
 
@@ -157,3 +160,15 @@ def test_worker_that_dies_mid_job(two_hosts, no_leftovers):
     master_lines.rest(timeout=30)
     assert master.returncode == 0
     assert "the master closed the cluster" in worker_lines.rest(timeout=30)
+
+
+def test_namespaces_and_their_processes_go_even_when_the_body_fails():
+    skip_without_netns()
+    with pytest.raises(RuntimeError, match="boom"), TwoHosts() as hosts:
+        names = [h.netns for h in hosts.hosts]
+        sleeper = hosts.popen(hosts.worker, ["sleep", "60"])
+        raise RuntimeError("boom")
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not any(name in listed for name in names)
+    assert not any(os.path.exists(f"/etc/netns/{name}") for name in names)
+    assert sleeper.poll() is not None
