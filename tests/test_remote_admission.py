@@ -327,3 +327,37 @@ def test_listen_mode_listens_on_the_given_address_only(no_leftovers):
     # the control channel and the TCPStore, both on the listen address and nowhere else
     assert ("127.0.0.2", port) in opened and len(opened) == 2, opened
     assert {ip for ip, _ in opened} == {"127.0.0.2"}
+
+
+MASTER_THAT_WAITS = """
+import sys, time, ppkit
+cluster = ppkit.Cluster(1, listen=sys.argv[1], remote=1, start_timeout=60)
+print("ready", cluster.workers[0]["pid"], flush=True)
+time.sleep(120)
+"""
+
+
+def test_worker_machine_is_left_clean_when_the_master_is_killed(no_leftovers):
+    from conftest import wait_gone
+
+    port, key = free_port(), os.urandom(32).hex()
+    env = {**os.environ, "PPKIT_KEY": key, "PYTHONPATH": REPO}
+    worker = worker_cli(port, key)
+    master = subprocess.Popen([sys.executable, "-c", MASTER_THAT_WAITS, f"127.0.0.1:{port}"], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("ready"):  # after the "Waiting for worker1" lines
+            line = master.stdout.readline()
+            assert line, "the master ended early"
+        rank_pid = int(line.split()[1])
+        master.kill()  # like a notebook kernel killed on machine A
+        out, _ = worker.communicate(timeout=20)
+    finally:
+        for proc in (master, worker):
+            if proc.poll() is None:
+                proc.kill()
+        master.wait()
+    assert worker.returncode == 1
+    assert "the master went away" in out
+    assert not wait_gone([rank_pid], timeout=5), "the remote rank outlived its master"
