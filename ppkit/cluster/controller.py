@@ -61,6 +61,10 @@ class Cluster:
 
     ``run(fn, *args)`` calls ``fn(rank, world_size, *args)`` on every rank at once; ``fn`` may be
     defined in a notebook cell (it is shipped by value with cloudpickle).
+
+    Across machines: ``Cluster(2, listen="10.0.0.1:29600", remote=["worker1"])`` waits for
+    ``ppkit worker --connect 10.0.0.1:29600 --name worker1`` on the other machine (see
+    ppkit/cluster/remote.py; ``key`` defaults to $PPKIT_KEY or a new one, printed).
     """
 
     def __init__(self, world_size: int, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT_S,

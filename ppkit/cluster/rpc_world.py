@@ -286,7 +286,8 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     """Make this kernel the RPC "master" (rank 0) with workers "worker1".."workerN".
 
     Re-running replaces the previous world. Options: ``num_worker_threads`` (16),
-    ``rpc_timeout`` (60 s), ``start_timeout``.
+    ``rpc_timeout`` (60 s), ``start_timeout``; ``listen="ADDR:PORT"`` (with ``remote``, ``key``)
+    to have the workers join from other machines (``ppkit worker``).
     """
     global _active
     if _active is not None:
