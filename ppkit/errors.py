@@ -82,3 +82,19 @@ class ExerciseFailed(PPKitError, AssertionError):
     def __init__(self, message: str, failures: list[str] | None = None):
         super().__init__(message)
         self.failures = list(failures or [])
+
+
+# --- pipeline (branch: pipeline) ---------------------------------------------------------------
+
+class StageError(WorkerError):
+    """A pipeline stage failed: its shard raised, could not be built, or did not answer in time.
+
+    ``stage`` is the stage's index (0 = the first shard), ``process`` the RPC name holding it,
+    ``microbatch`` the micro-batch it failed on (``None`` when it failed outside a micro-batch).
+    """
+
+    def __init__(self, message: str, *, stage: int, process: str, microbatch: int | None = None):
+        super().__init__(message)
+        self.stage = stage
+        self.process = process
+        self.microbatch = microbatch
