@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import wait_gone
+from leftovers import wait_gone
 
 import ppkit
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_gone
+from leftovers import wait_gone
 
 import ppkit
 from ppkit.cluster import session

@@ -338,7 +338,7 @@ time.sleep(120)
 
 
 def test_worker_machine_is_left_clean_when_the_master_is_killed(no_leftovers):
-    from conftest import wait_gone
+    from leftovers import wait_gone
 
     port, key = free_port(), os.urandom(32).hex()
     env = {**os.environ, "PPKIT_KEY": key, "PYTHONPATH": REPO}
