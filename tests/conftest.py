@@ -3,27 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 
-import psutil
 import pytest
+from leftovers import ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
 
 import ppkit
-
-
-def ppkit_children() -> list[psutil.Process]:
-    """Processes started by this test run that are ppkit workers or fork servers."""
-    me = os.getpid()
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-            env = proc.info["environ"] or {}
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if proc.pid != me and "ppkit" in cmd and env.get("PPKIT_TEST_OWNER") == str(me):
-            found.append(proc)
-    return found
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -31,15 +15,6 @@ def _mark_owner():
     # children inherit this, so leftovers from *this* run can be told from other runs' processes
     os.environ["PPKIT_TEST_OWNER"] = str(os.getpid())
     yield
-
-
-def wait_gone(pids, timeout: float = 5.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-        time.sleep(0.05)
-    return alive
 
 
 @pytest.fixture

@@ -49,7 +49,8 @@ def test_nccl_without_a_gpu_per_rank(nothing_may_start):
     too_many = launch.gpu_count() + 1
     with pytest.raises(ppkit.ConfigError) as info:
         ppkit.Cluster(too_many, "nccl")
-    assert f"backend 'nccl' needs one GPU per rank: {too_many} ranks but {too_many - 1} GPU(s)" in str(info.value)
+    expected = f"backend 'nccl' needs one GPU per rank: {too_many} ranks but {too_many - 1} GPU(s)"
+    assert expected in str(info.value)
     assert "backend='gloo'" in str(info.value)
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from leftovers import wait_gone
 
 import ppkit
 
@@ -251,4 +252,22 @@ def test_remote_tracebacks_and_stacks_show_the_lines_of_notebook_cells(fresh):
         fresh.run(namespace["cell_fn"])
     assert "raise KeyError('the line of this raise must show')" in info.value.tracebacks[1]
     assert "dist.recv(torch.zeros(1), src=1)  # and so must this wait" in str(info.value)
+    restart_gives_a_clean_world(fresh)
+
+
+def test_a_killed_fork_server_takes_its_workers_along_and_restart_brings_it_back(fresh):
+    zygote = fresh._zygote.pid
+    os.kill(zygote, signal.SIGKILL)
+    assert wait_gone([w["pid"] for w in fresh.workers.values()], DIED_WITHIN_S) == []
+    with pytest.raises(ppkit.ClusterStateError, match=f"the fork server \\(pid {zygote}\\) .* died"):
+        fresh.run(lambda rank, world_size: rank)
+    restart_gives_a_clean_world(fresh)
+    assert fresh._zygote.pid != zygote
+
+
+def test_a_fork_server_killed_during_a_job_is_reported_as_a_dead_rank(fresh):
+    threading.Timer(0.5, os.kill, (fresh._zygote.pid, signal.SIGKILL)).start()
+    with pytest.raises(ppkit.WorkerDiedError) as info:
+        fresh.run(lambda rank, world_size: time.sleep(60))
+    assert info.value.ranks in ([0], [1])
     restart_gives_a_clean_world(fresh)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_gone
+from leftovers import wait_gone
 
 import ppkit
 from ppkit.cluster import session
@@ -258,3 +258,17 @@ def test_two_clusters_at_once_never_clash(no_leftovers):
         lines = other_learner.read_until(lambda lines: lines[-1].startswith("SUMS"))
         assert lines[-1] == "SUMS [6.0]"
         assert other_learner.proc.wait(timeout=30) == 0
+
+
+def test_starting_a_gloo_cluster_does_not_import_torch_in_the_kernel(no_leftovers):
+    # Start-up time: the fork server imports torch for the workers; if the kernel imported it too
+    # (directly, or by unpickling a torch object a worker sent), a fresh kernel would wait twice.
+    script = """
+        import sys
+        import ppkit
+        with ppkit.Cluster(2, "gloo") as cluster:
+            print("RESULT", cluster.run(lambda rank, world_size: rank), "torch" in sys.modules)
+    """
+    with Kernel(script) as kernel:
+        lines = kernel.read_until(lambda lines: lines[-1].startswith("RESULT"))
+    assert lines[-1] == "RESULT [0, 1] False"

@@ -178,6 +178,7 @@ def test_timeline_from_raw_events():
     (["--plot", "/nonexistent-dir/x.png"], "does not exist"),
     (["--plot", "sweep.txt"], "end the file name with"),
     (["--num-batches", "0"], "num_batches must be"),
+    (["--listen", "127.0.0.1:0", "--placement", "master,master"], "every shard on master"),
 ])
 def test_cli_bad_flags(flags, words, capsys, monkeypatch):
     import ppkit

@@ -6,7 +6,7 @@
 
 The command runs in three steps, each its own function so options can extend one step without
 touching the others: read and check the flags (:func:`config_from_args`; nothing starts if they are
-wrong), start the processes (:func:`start_world`; remote workers would plug in here), and run the
+wrong), start the processes (:func:`start_world`; with --listen, remote workers join there), and run the
 sweep (:func:`run`; another schedule would plug in here).
 """
 
@@ -45,6 +45,12 @@ def add_arguments(parser) -> None:
                         "(default %(default)s)")
     parser.add_argument("--plot", metavar="PATH", help="save the sweep plot and every timeline to PATH "
                         "(.png, .pdf or .svg)")
+    parser.add_argument("--listen", metavar="ADDR:PORT",
+                        help="wait on this address for the placement's workers to join from other "
+                        "machines (on each: ppkit worker --connect ADDR:PORT --name workerN); "
+                        "master's shards stay here")
+    parser.add_argument("--start-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="how long to wait for the workers to start or join (default %(default)s)")
     parser.add_argument("--verify", action="store_true",
                         help="also compare the outputs with a local torchvision ResNet50 holding the "
                         "same weights (eval mode); exit 1 if they differ by more than 1e-4 (relative to "
@@ -67,16 +73,32 @@ def config_from_args(args):
         if not path.parent.is_dir():
             raise ConfigError(f"--plot {args.plot}: the folder {path.parent} does not exist.")
     # Local workers have this machine's devices: refuse cuda:3 before starting anything.
+    listen = getattr(args, "listen", None)
+    if listen is not None:  # the workers are on other machines: only master's devices are known
+        from ppkit.cluster.remote import parse_listen
+
+        parse_listen(listen)
+        if config.num_workers() == 0:
+            raise ConfigError(f"--listen {listen}: the placement puts every shard on master, so no "
+                              "worker would join; name a workerN in --placement or drop --listen.")
+        here = [p for p in config.placement if p.process == "master"]
+        check_placement(here, ["master"], {"master": torch.cuda.device_count()})
+        return config
     local = {name: torch.cuda.device_count() for name in config.processes()}
     check_placement(config.placement, local, local)
     return config
 
 
 def start_world(args, config):
-    """The RPC world the placement needs: this process is master, plus workers 1..N."""
+    """The RPC world the placement needs: this process is master, plus workers 1..N
+    (on other machines with ``--listen``: they join with ``ppkit worker``)."""
     import ppkit
 
-    return ppkit.start_rpc(num_workers=max(1, config.num_workers()))
+    listen = getattr(args, "listen", None)
+    options = {"start_timeout": getattr(args, "start_timeout", 120.0)}
+    if listen is not None:
+        options["listen"] = listen
+    return ppkit.start_rpc(num_workers=max(1, config.num_workers()), **options)
 
 
 class Progress:

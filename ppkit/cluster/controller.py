@@ -25,6 +25,7 @@ import cloudpickle
 
 from ppkit.cluster import launch
 from ppkit.cluster.output import RankPrinter
+from ppkit.cluster.remote import RemoteWorkers, handle_probe, listen_error, parse_key
 from ppkit.errors import (
     ClusterStateError,
     ConfigError,
@@ -60,21 +61,33 @@ class Cluster:
 
     ``run(fn, *args)`` calls ``fn(rank, world_size, *args)`` on every rank at once; ``fn`` may be
     defined in a notebook cell (it is shipped by value with cloudpickle).
+
+    Across machines: ``Cluster(2, listen="10.0.0.1:29600", remote=["worker1"])`` waits for
+    ``ppkit worker --connect 10.0.0.1:29600 --name worker1`` on the other machine (see
+    ppkit/cluster/remote.py; ``key`` defaults to $PPKIT_KEY or a new one, printed).
     """
 
     def __init__(self, world_size: int, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT_S,
                  start_timeout: float = 120.0, process_group: bool = True,
-                 env: dict[str, str] | None = None, labels: list[str] | None = None):
+                 env: dict[str, str] | None = None, labels: list[str] | None = None,
+                 listen: str | None = None, remote=None, key: bytes | str | None = None):
         self.world_size = launch.check_world_size(world_size)
-        self.backend = launch.resolve_backend(backend, self.world_size)
+        if listen is not None and backend == "auto":
+            backend = "gloo"  # the other machines' GPUs are unknown here
+        # 'auto' counts GPUs, which imports torch (seconds): done below, once the fork server is
+        # importing torch too, so that the two imports overlap
+        self.backend = backend if backend == "auto" else launch.resolve_backend(backend, self.world_size)
         self.timeout = _check_timeout(timeout, "timeout")
         self.start_timeout = _check_timeout(start_timeout, "start_timeout")
         self.process_group = bool(process_group)
-        self._env = {**launch.local_env(), **(env or {})}
         self.state = "starting"
         self.workers: dict[int, dict] = {}
-        self._key = channel.new_key()
+        self._key = parse_key(key) if listen is not None else channel.new_key()
         self._inbox: queue.Queue = queue.Queue()
+        # listen mode (remote workers, a TCPStore): ppkit/cluster/remote.py; else 127.0.0.1 only
+        self._remote = (None if listen is None else RemoteWorkers(
+            self.world_size, listen, remote, self._key, self._inbox, self.start_timeout, self.backend))
+        self._env = {**(self._remote.local_env() if self._remote else launch.local_env()), **(env or {})}
         self._conns: dict[int, object] = {}
         self._generation = 0
         self._job_ids = itertools.count(1)
@@ -85,10 +98,20 @@ class Cluster:
         self._spawned: dict[int, int] = {}  # rank -> pid of this generation's process
         self._broken_reason = ""
         self._tmpdir = Path(tempfile.mkdtemp(prefix="ppkit-"))
-        self._server = channel.ChannelServer("127.0.0.1", 0, self._key, self._on_connect)
+        host, port = self._remote.server_address() if self._remote else ("127.0.0.1", 0)
+        try:
+            self._server = channel.ChannelServer(host, port, self._key, self._on_connect)
+        except OSError as exc:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            raise listen_error(exc, host, port) from exc
         self.address = self._server.address
+        if self._remote:
+            self._remote.port = self.address[1]  # the port the system chose for listen='ADDR:0'
         _live_clusters.add(self)
         try:
+            if self.backend == "auto":
+                self._start_zygote()
+                self.backend = launch.resolve_backend("auto", self.world_size)
             self._start_workers()
         except BaseException:
             self.close()
@@ -119,6 +142,12 @@ class Cluster:
             self._conns[rank] = conn
             self._inbox.put(("hello", rank, first, generation))
             source = rank
+        elif first[0] == "agent" and self._remote is not None:
+            self._remote.on_agent(conn, first[1])  # admits or refuses, then serves the agent
+            return
+        elif first[0] == "probe":
+            handle_probe(conn)
+            return
         else:
             conn.close()
             return
@@ -133,7 +162,7 @@ class Cluster:
     def _init_config(self, rank: int) -> dict:
         store = self._tmpdir / f"store-{self._generation}"
         device = f"cuda:{rank}" if self.backend == "nccl" else "cpu"
-        return {
+        config = {
             "rank": rank, "world_size": self.world_size, "backend": self.backend, "device": device,
             "store": ("file", str(store)), "process_group": self.process_group,
             # the kernel's sys.path too, so functions imported from modules the notebook can
@@ -141,6 +170,7 @@ class Cluster:
             "env": self._env, "cwd": os.getcwd(), "sys_path": [os.getcwd(), *filter(None, sys.path)],
             "join_timeout": self.start_timeout, "pg_timeout": 1800,
         }
+        return self._remote.init_config(rank, config) if self._remote else config
 
     # -- start, restart, close ---------------------------------------------------------------
     def _start_workers(self) -> None:
@@ -150,25 +180,35 @@ class Cluster:
         self._spawned = {}
         self._sources_sent: set[str] = set()
         deadline = time.monotonic() + self.start_timeout
-        if self._zygote is None or self._zygote.poll() is not None:
-            self._zygote = launch.start_zygote(self.address, self._key, self._tmpdir / "zygote.log")
-            while self._zygote_conn is None:
-                kind, source, msg, extra = self._next(deadline, waiting_for="the fork server")
-                if kind == "zygote":
-                    self._zygote_conn = extra
-        self._zygote_conn.send(("spawn", list(range(self.world_size))))
+        local_ranks = self._remote.local_ranks if self._remote else list(range(self.world_size))
+        if self._remote:
+            self._remote.begin_start()
+        if local_ranks and (self._zygote is None or self._zygote.poll() is not None):
+            self._start_zygote()
+        while local_ranks and self._zygote_conn is None:
+            kind, source, msg, extra = self._next(deadline, waiting_for="the fork server")
+            if kind == "zygote":
+                self._zygote_conn = extra
+            elif kind == "remote":
+                raise LaunchError(msg)
+        if local_ranks:
+            self._zygote_conn.send(("spawn", local_ranks))
         ready: set[int] = set()
         while len(ready) < self.world_size:
-            kind, source, msg, generation = self._next(deadline, waiting_for=self._missing(ready))
+            kind, source, msg, generation = self._next(
+                deadline, waiting_for=lambda: self._missing(ready), ready=ready)
+            if kind == "remote" and source not in ready:  # a remote worker was refused or left
+                raise LaunchError(msg)
             if kind == "msg" and source != "zygote" and generation == self._generation:
                 if msg[0] == "ready":
                     self.workers[source] = msg[1]
                     ready.add(source)
                 elif msg[0] == "failed":
                     self._printer.flush()
+                    hint = f"\n{self._remote.join_failed_hint()}" if self._remote else ""
                     raise LaunchError(
                         f"rank {source} could not join the process group: {msg[1]['type']}: "
-                        f"{msg[1]['message']}\n\n--- traceback on rank {source} ---\n"
+                        f"{msg[1]['message']}{hint}\n\n--- traceback on rank {source} ---\n"
                         f"{msg[1]['traceback']}")
             elif kind == "eof" and source == "zygote":
                 raise LaunchError(
@@ -182,9 +222,20 @@ class Cluster:
                     f"{_describe_status(self._status_of(source))}. See its output above.")
         self.workers = dict(sorted(self.workers.items()))
         self._printer.flush()
+        if self._remote:
+            self._remote.end_start()
         self.state = "ready"
 
+    def _start_zygote(self) -> None:
+        """Start a fresh fork server (again, if the last one died); it connects back later."""
+        if self._zygote_conn is not None:
+            self._zygote_conn.close()
+            self._zygote_conn = None
+        self._zygote = launch.start_zygote(self.address, self._key, self._tmpdir / "zygote.log")
+
     def _missing(self, ready: set[int]) -> str:
+        if self._remote:
+            return self._remote.describe_missing(ready)
         missing = [r for r in range(self.world_size) if r not in ready]
         return f"rank(s) {missing} to join"
 
@@ -216,7 +267,10 @@ class Cluster:
                 conn.send(("shutdown",))
             except OSError:
                 pass
-        pids = [w["pid"] for w in self.workers.values()]
+        pids = [w["pid"] for r, w in self.workers.items()
+                if not (self._remote and self._remote.is_remote(r))]  # not this machine's pids
+        if self._remote:
+            self._remote.stop_ranks()
         procs.stop_pids(pids, grace=0.5)
         for conn in self._conns.values():
             conn.close()
@@ -238,6 +292,8 @@ class Cluster:
             self._zygote.wait()
         if self._zygote_conn is not None:
             self._zygote_conn.close()
+        if self._remote:
+            self._remote.close()
         self._server.close()
         shutil.rmtree(self._tmpdir, ignore_errors=True)
         _live_clusters.discard(self)
@@ -249,16 +305,17 @@ class Cluster:
         self.close()
 
     # -- the inbox ---------------------------------------------------------------------------
-    def _next(self, deadline: float, waiting_for: str):
+    def _next(self, deadline: float, waiting_for, ready: set[int] = frozenset()):
         """The next message that is not output, printing output as it comes."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._printer.flush()
-                raise LaunchError(
-                    f"timed out after {self.start_timeout:.0f} s waiting for {waiting_for}. "
+                hint = self._remote.timeout_hint(ready) if self._remote else (
                     "The machine may be overloaded; close other notebooks or raise start_timeout."
                     f"\nFork server log:\n{self._zygote_log()}")
+                what = waiting_for() if callable(waiting_for) else waiting_for  # as of now
+                raise LaunchError(f"timed out after {self.start_timeout:.0f} s waiting for {what}. {hint}")
             try:
                 item = self._inbox.get(timeout=min(left, 0.1))
             except queue.Empty:
@@ -270,7 +327,7 @@ class Cluster:
     def _handle_common(self, item) -> bool:
         """Deal with output and exit reports; return True if ``item`` needs nothing more."""
         kind, source, msg, generation = item
-        if kind == "zygote":
+        if kind in ("zygote", "remote"):
             return False
         if kind == "msg" and msg[0] == "out":
             if generation == self._generation:
@@ -293,9 +350,12 @@ class Cluster:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if self._handle_common(item) or item[0] != "eof" or item[1] == "zygote":
+            if self._handle_common(item) or item[0] != "eof":
                 continue
-            if self.state == "ready":  # a rank died between jobs (killed, OOM): say so now
+            if item[1] == "zygote" and self.state in ("ready", "broken"):
+                self._break(f"the fork server (pid {self._zygote.pid}) that starts the workers "
+                            "died, and the workers with it.")
+            elif self.state == "ready":  # a rank died between jobs (killed, OOM): say so now
                 rank = item[1]
                 self._wait_exit_status(rank)
                 self._break(f"rank {rank} (pid {self.workers.get(rank, {}).get('pid')}) died while "
@@ -359,7 +419,7 @@ class Cluster:
                 if self._handle_common(item):
                     continue
                 kind, source, msg, _ = item
-                if kind == "eof":
+                if kind == "eof" and source != "zygote":  # the fork server's ranks report for it
                     self._raise_died(source, job_id, results)
                 if kind == "msg" and msg[0] in ("result", "cancelled") and msg[1] == job_id:
                     results[source] = msg
@@ -435,20 +495,26 @@ class Cluster:
     def _wait_exit_status(self, rank, wait: float = 1.0) -> None:
         """Give the fork server a moment to report how ``rank`` ended."""
         deadline = time.monotonic() + wait
+        unhandled = []
         while self._status_of(rank) is None and time.monotonic() < deadline:
             try:
-                self._handle_common(self._inbox.get(timeout=0.05))
+                item = self._inbox.get(timeout=0.05)
             except queue.Empty:
-                pass
+                continue
+            if not self._handle_common(item):
+                unhandled.append(item)
+        for item in unhandled:  # e.g. the fork server's EOF: for whoever reads the inbox next
+            self._inbox.put(item)
 
     def _raise_died(self, rank, job_id, results) -> None:
         self._wait_exit_status(rank)
         self._printer.flush()
         how = _describe_status(self._status_of(rank))
-        pid = self.workers.get(rank, {}).get("pid")
+        info = self.workers.get(rank, {})
+        label = self._remote.rank_label(rank, info) if self._remote else f"pid {info.get('pid')}"
         self._break(f"rank {rank} died.")
         raise WorkerDiedError(
-            f"rank {rank} (pid {pid}) died during the job: {how}. The other ranks may be "
+            f"rank {rank} ({label}) died during the job: {how}. The other ranks may be "
             "blocked waiting for it. Run cluster.restart() to start a clean world.", [rank])
 
     def _raise_remote(self, job_id, results, failed) -> None:

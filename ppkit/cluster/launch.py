@@ -40,6 +40,8 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
             f"unknown backend {backend!r}. ppkit supports {', '.join(BACKENDS)}: 'gloo' runs "
             "on CPUs everywhere, 'nccl' needs one GPU per rank, 'auto' picks for you."
         )
+    if backend == "gloo":
+        return backend  # no GPU count needed, so no torch import in the kernel
     gpus = gpu_count() if gpus is None else gpus
     if backend == "auto":
         return "nccl" if gpus >= world_size else "gloo"

@@ -26,6 +26,7 @@ import cloudpickle
 
 from ppkit.cluster import launch
 from ppkit.cluster.controller import Cluster, _check_timeout
+from ppkit.cluster.remote import rpc_remote_names, without_socket_vars
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 
 MASTER = "master"
@@ -140,7 +141,8 @@ class RpcWorld:
 
     def __init__(self, num_workers: int = 2, *, num_worker_threads: int = 16,
                  rpc_timeout: float = 60.0, start_timeout: float = 120.0,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, listen: str | None = None, remote=None,
+                 key: bytes | str | None = None):
         launch.check_world_size(num_workers)
         if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, int) \
                 or num_worker_threads < 1:
@@ -154,9 +156,16 @@ class RpcWorld:
         self.worker_names = [f"worker{i}" for i in range(1, num_workers + 1)]
         self.names = [MASTER, *self.worker_names]
         self._env = {**launch.local_env(), **(env or {})}
+        self._worker_env = self._env
+        if listen is not None:  # remote workers (ppkit/cluster/remote.py): the last ones, all by default
+            remote = rpc_remote_names(self.worker_names, remote)
         self.cluster = Cluster(num_workers, "gloo", process_group=False,
                                timeout=self.start_timeout, start_timeout=self.start_timeout,
-                               env=self._env, labels=self.worker_names)
+                               env=self._env if listen is None else env, labels=self.worker_names,
+                               listen=listen, remote=remote, key=key)
+        if listen is not None:  # this process binds to the listen address; each worker to its own
+            self._env = {**self.cluster._remote.local_env(), **(env or {})}
+            self._worker_env = without_socket_vars(env or {})
         self.state = "starting"
         self._generation = 0
         try:
@@ -167,8 +176,9 @@ class RpcWorld:
 
     def _init(self) -> None:
         store = self.cluster._tmpdir / f"rpc-store-{self._generation}-{time.monotonic_ns()}"
+        remote = self.cluster._remote
         options = {"num_worker_threads": self.num_worker_threads, "rpc_timeout": self.rpc_timeout,
-                   "init_method": f"file://{store}"}
+                   "init_method": remote.rendezvous_url() if remote else f"file://{store}"}
         world_size = self.num_workers + 1
         kernel_error: list = []
         from torch.distributed import rpc
@@ -183,7 +193,7 @@ class RpcWorld:
 
         thread = threading.Thread(target=init_kernel, daemon=True, name="ppkit-rpc-init")
         thread.start()
-        self.cluster.run(_worker_init, world_size, options, self._env, init_counter,
+        self.cluster.run(_worker_init, world_size, options, self._worker_env, init_counter,
                          timeout=self.start_timeout)
         thread.join(self.start_timeout)
         if thread.is_alive() or kernel_error:
@@ -276,7 +286,8 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     """Make this kernel the RPC "master" (rank 0) with workers "worker1".."workerN".
 
     Re-running replaces the previous world. Options: ``num_worker_threads`` (16),
-    ``rpc_timeout`` (60 s), ``start_timeout``.
+    ``rpc_timeout`` (60 s), ``start_timeout``; ``listen="ADDR:PORT"`` (with ``remote``, ``key``)
+    to have the workers join from other machines (``ppkit worker``).
     """
     global _active
     if _active is not None:

@@ -40,7 +40,10 @@ def versions() -> dict:
 
     import ppkit
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "ppkit": ppkit.__version__}
+    # str(): torch.__version__ is a TorchVersion, and unpickling one would make the controller
+    # import all of torch (seconds) just to read the hello message
+    return {"python": platform.python_version(), "torch": str(torch.__version__),
+            "ppkit": ppkit.__version__}
 
 
 class _OutputPipe:

@@ -1,0 +1,136 @@
+"""The remote agent: what ``ppkit worker`` runs on another machine.
+
+It is the fork server (``zygote``) of a remote host. It connects to the master's control channel,
+says who it is (its name, host and Python/torch/ppkit versions), and once admitted forks one
+worker process per rank the master asks for. The workers connect back to the master like local
+ones. The agent reports how each worker ended ("killed by SIGKILL"), kills its workers when the
+master restarts the world, and exits when the master closes the cluster or goes away.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+import time
+
+from ppkit.errors import AuthenticationError, LaunchError
+from ppkit.transport import channel, ifaces, procs, worker, zygote
+
+RETRY_EVERY_S = 1.0
+_FATAL_ERRNOS = (errno.ENETUNREACH,)  # no route at all: retrying will not help
+
+
+def connect(address: tuple[str, int], key: bytes, timeout: float):
+    """Connect to the master, retrying while it is not up yet; raise ``LaunchError`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    where = f"{address[0]}:{address[1]}"
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return channel.connect(address, key, timeout=max(0.5, min(5.0, left)))
+        except AuthenticationError:
+            raise
+        except OSError as exc:
+            last = exc
+            if exc.errno in _FATAL_ERRNOS or left <= RETRY_EVERY_S:
+                break
+        time.sleep(RETRY_EVERY_S)
+    reason = last.strerror or str(last)
+    raise LaunchError(
+        f"could not reach the master at {where}: {reason} (tried for {timeout:.0f} s). Check that "
+        f"the master is running and listening on that address, that this machine has a route to "
+        f"it and that no firewall blocks port {address[1]}: run `ppkit doctor --master {where}` "
+        "here.") from last
+
+
+def choose_interface(requested: str | None, local_address: str) -> str | None:
+    """The interface gloo and TensorPipe should use: the one asked for, else the one that reached
+    the master (``GLOO_SOCKET_IFNAME`` already set in the environment is kept)."""
+    if requested:
+        if requested not in ifaces.interfaces():
+            raise LaunchError(
+                f"there is no network interface {requested!r} on this machine; it has "
+                f"{', '.join(ifaces.interfaces())}. Run `ppkit doctor` to see their addresses.")
+        return requested
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return os.environ["GLOO_SOCKET_IFNAME"]
+    return ifaces.interface_of(local_address)
+
+
+class Agent:
+    def __init__(self, address: tuple[str, int], key: bytes, name: str, *, iface: str | None = None,
+                 connect_timeout: float = 60.0, say=print):
+        self.address, self.key, self.name, self.say = address, key, name, say
+        self.conn = connect(address, key, connect_timeout)
+        sock = socket.socket(fileno=os.dup(self.conn.fileno()))
+        try:
+            self.local_address = sock.getsockname()[0]
+        finally:
+            sock.close()
+        self.iface = choose_interface(iface, self.local_address)
+        if self.iface:
+            os.environ.update(ifaces.socket_env(self.iface))  # inherited by every worker we fork
+        self._lock = threading.Lock()
+        self._children: dict[int, int] = {}
+        self._have_children = threading.Condition()
+
+    def hello(self) -> dict:
+        addrs = ifaces.interfaces().get(self.iface, []) if self.iface else []
+        return {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
+                **worker.versions(), "iface": self.iface, "iface_addrs": addrs,
+                "local_address": self.local_address}
+
+    def join(self) -> dict:
+        """Introduce ourselves; return the master's answer or raise ``LaunchError`` if refused."""
+        self.conn.send(("agent", self.hello()))
+        try:
+            reply = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise LaunchError(
+                f"the master at {self.address[0]}:{self.address[1]} closed the connection before "
+                "admitting this worker.") from exc
+        if reply[0] == "reject":
+            raise LaunchError(f"the master refused {self.name}: {reply[1]}")
+        return reply[1]
+
+    def serve(self) -> tuple[bool, str]:
+        """Fork workers on request until the master closes; return (closed cleanly?, why we stopped)."""
+        threading.Thread(target=zygote._reap, args=(self.conn, self._children, self._lock,
+                                                     self._have_children), daemon=True).start()
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.stop_children()
+                return False, "the master went away (its connection closed)"
+            if msg[0] == "spawn":
+                self.stop_children()
+                for rank in msg[1]:
+                    self._fork(rank)
+            elif msg[0] == "kill":
+                self.stop_children()
+            elif msg[0] == "shutdown":
+                self.stop_children()
+                return True, msg[1] if len(msg) > 1 else "the master closed the cluster"
+
+    def _fork(self, rank: int) -> None:
+        with self._have_children:  # held across fork so the reaper cannot miss the pid
+            pid = os.fork()
+            if pid == 0:
+                zygote._child(self.conn, self.address, self.key, rank, os.getppid())
+            self._children[pid] = rank
+            self._have_children.notify()
+        self.say(f"{self.name}: started rank {rank} (pid {pid})")
+        with self._lock:
+            self.conn.send(("spawned", rank, pid))
+
+    def stop_children(self) -> None:
+        with self._have_children:
+            pids = list(self._children)
+        procs.stop_pids(pids, grace=1.0)
+
+    def close(self) -> None:
+        self.stop_children()
+        self.conn.close()

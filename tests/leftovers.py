@@ -1,0 +1,36 @@
+"""Finding ppkit processes a test left behind (a plain module: test files import it by name).
+
+It is not in conftest.py because tests/ and tests/browser/ each have a conftest, and
+``from conftest import ...`` then picks whichever pytest imported first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+
+def ppkit_children() -> list[psutil.Process]:
+    """Processes started by this test run that are ppkit workers or fork servers."""
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            env = proc.info["environ"] or {}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if proc.pid != me and "ppkit" in cmd and env.get("PPKIT_TEST_OWNER") == str(me):
+            found.append(proc)
+    return found
+
+
+def wait_gone(pids, timeout: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        time.sleep(0.05)
+    return alive
