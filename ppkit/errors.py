@@ -72,3 +72,8 @@ class JobTimeoutError(WorkerError, TimeoutError):
 
 class JobInterrupted(KeyboardInterrupt):
     """Kernel > Interrupt (or Ctrl-C) cancelled a running job."""
+
+
+# --- added on branch pipelining ---------------------------------------------------------------
+class StageTimeoutError(PPKitError, TimeoutError):
+    """A pipeline stage waited too long for a tensor from its neighbour stage (raised on the rank)."""

@@ -1,0 +1,282 @@
+"""The same two ResNet50 shards as stages of ``torch.distributed.pipelining`` (GPipe, 1F1B).
+
+Each rank of a ppkit cluster is one stage (a manual ``PipelineStage``); ``ScheduleGPipe`` or
+``Schedule1F1B`` feeds it micro-batches. The stages talk over a gloo group of their own, created
+with a short timeout, so a stage waiting for a tensor that never comes raises
+``StageTimeoutError`` instead of hanging for the default process group's 30 minutes.
+
+    x, y = make_batch(batch_size=8, image_size=32)
+    ranks = cluster.run(train_step, x, y, schedule="1f1b", num_microbatches=4)
+    run = merge_ranks(ranks)      # loss, gradients, timeline and activation peak of each stage
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from ppkit.errors import ConfigError, StageTimeoutError
+from ppkit.models.resnet import DEFAULT_CUT, check_cut, resnet50, split_resnet50
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+NUM_CLASSES = 1000  # torchvision's ResNet50 head, as in the RPC tutorial
+
+
+def check_schedule(schedule: str) -> str:
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"unknown schedule {schedule!r}; torch.distributed.pipelining schedules "
+                          f"here are {', '.join(SCHEDULES)}.")
+    return schedule
+
+
+def microbatch_size_of(batch_size: int, num_microbatches: int) -> int:
+    """The micro-batch size; the batch must split into equal micro-batches."""
+    if num_microbatches < 1 or batch_size % num_microbatches:
+        raise ConfigError(
+            f"a batch of {batch_size} does not split into {num_microbatches} equal micro-batches. "
+            "Equal micro-batches keep the mean of the micro-batch losses equal to the batch loss; "
+            "pick num_microbatches that divides the batch size.")
+    return batch_size // num_microbatches
+
+
+def make_batch(batch_size: int = 8, image_size: int = 32, seed: int = 0,
+               num_classes: int = NUM_CLASSES) -> tuple[torch.Tensor, torch.Tensor]:
+    """A deterministic random batch of images and class labels."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)
+    y = torch.randint(0, num_classes, (batch_size,), generator=gen)
+    return x, y
+
+
+def stage_example_tensors(cut: str, microbatch_size: int, image_size: int) -> list[torch.Tensor]:
+    """Meta tensors of one micro-batch at each stage boundary: [input, activation at cut, logits].
+
+    A ``PipelineStage`` given these shapes skips its run-time shape inference (an extra forward and
+    backward of the first micro-batch). Meta tensors cost no memory and no compute.
+    """
+    with torch.device("meta"):
+        first, second = split_resnet50(resnet50(), cut)
+        x = torch.empty(microbatch_size, 3, image_size, image_size)
+        act = first.eval()(x)
+        logits = second.eval()(act)
+    # the received activation must require grad, or no gradient flows back to stage 0
+    return [x, act.detach().requires_grad_(True), logits.detach().requires_grad_(True)]
+
+
+class ActivationMeter:
+    """Bytes of tensors autograd keeps for backward (activations), live now and at the peak.
+
+    ``with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):`` counts every tensor
+    a forward saves, once per memory region, until autograd frees it after its backward. Parameters
+    and buffers are not counted: they are there whichever schedule runs.
+    """
+
+    def __init__(self, module: nn.Module):
+        self._exclude = {t.data_ptr() for t in [*module.parameters(), *module.buffers()]}
+        self._live: dict[tuple, list[int]] = {}  # region -> [saves alive, bytes]
+        self.current = 0
+        self.peak = 0
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def pack(self, tensor: torch.Tensor):
+        if tensor.data_ptr() in self._exclude:
+            return tensor
+        return _Saved(self, tensor)
+
+    @staticmethod
+    def unpack(saved):
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def _add(self, key: tuple, nbytes: int) -> None:
+        entry = self._live.setdefault(key, [0, nbytes])
+        if entry[0] == 0:
+            self.current += nbytes
+            self.peak = max(self.peak, self.current)
+        entry[0] += 1
+
+    def _remove(self, key: tuple) -> None:
+        entry = self._live[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.current -= entry[1]
+            del self._live[key]
+
+
+class _Saved:
+    """What autograd stores instead of a saved tensor; freed when autograd lets go of it."""
+
+    __slots__ = ("key", "meter", "tensor")
+
+    def __init__(self, meter: ActivationMeter, tensor: torch.Tensor):
+        self.meter, self.tensor = meter, tensor
+        self.key = (tensor.data_ptr(), tensor.numel(), tensor.element_size())
+        meter._add(self.key, tensor.numel() * tensor.element_size())
+
+    def __del__(self):
+        self.meter._remove(self.key)
+
+
+class TimedStage(PipelineStage):
+    """A ``PipelineStage`` that records when each forward and backward of a micro-batch ran."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.events: list[tuple[str, int, float, float]] = []  # (F or B, micro-batch, start, end)
+
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+        start = time.perf_counter()
+        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        self.events.append(("F", fwd_chunk_id, start, time.perf_counter()))
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+        start = time.perf_counter()
+        super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        self.events.append(("B", bwd_chunk_id, start, time.perf_counter()))
+
+
+def _pipeline_group(world_size: int, p2p_timeout: float):
+    """A gloo group for the stages' send/recv whose operations give up after ``p2p_timeout`` s.
+
+    The timeout must be set when the group is made: ``dist.set_timeout`` on an existing gloo group
+    did not shorten a pending recv in torch 2.14.1.
+    """
+    group = dist.new_group(list(range(world_size)), timeout=timedelta(seconds=p2p_timeout),
+                           backend="gloo")
+    dist.barrier(group=group)
+    return group
+
+
+def _explain_timeout(exc: Exception, stage: TimedStage, schedule: str, p2p_timeout: float):
+    """A StageTimeoutError that says what the stage waited for, or None if ``exc`` is another error."""
+    text = str(exc)
+    if "Timed out" in text and "for send" in text:
+        what = f"waited more than {p2p_timeout:g} s for its neighbour stage to receive a tensor it sent"
+    elif "Timed out" in text:
+        what = f"waited more than {p2p_timeout:g} s for a tensor from its neighbour stage"
+    elif "Connection closed" in text:
+        what = "lost its connection to its neighbour stage, which gave up or died"
+    else:
+        return None
+    last = stage.events[-1] if stage.events else None
+    done = (f"its last finished step: {'forward' if last[0] == 'F' else 'backward'} of micro-batch "
+            f"{last[1]}" if last else "it had not finished any micro-batch")
+    return StageTimeoutError(
+        f"stage {stage.stage_index} (rank {dist.get_rank()}) of the {schedule} pipeline {what} "
+        f"({done}). Usually the stages disagree (num_microbatches, batch or image size, cut) or "
+        "the neighbour stage failed: see its error. Run cluster.restart() before the next pipeline "
+        f"step, or raise p2p_timeout if the stages are only slow.\ngloo said: {text.splitlines()[0]}")
+
+
+def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, schedule: str = "gpipe", *,
+               num_microbatches: int = 4, cut: str = DEFAULT_CUT, seed: int = 0, steps: int = 1,
+               p2p_timeout: float = 30.0, num_threads: int | None = 1, return_grads: bool = True) -> dict:
+    """One stage (this rank's) of a two-stage ResNet50 pipeline: ``steps`` forward+backward steps.
+
+    Run it on every rank with ``cluster.run(train_step, x, y, schedule=...)``. BatchNorm is in
+    eval mode, so cutting the batch into micro-batches does not change the result: the loss and
+    gradients equal a local model's (see ``reference_step``). No optimizer step is taken.
+    ``num_threads`` (default 1: a core per stage, as a GPU per stage would be) is restored after.
+    Returns this stage's loss (last stage), gradients, step times, forward/backward timeline and the
+    peak bytes of activations kept for backward.
+    """
+    check_schedule(schedule)
+    check_cut(cut)
+    if world_size != 2:
+        raise ConfigError(f"the ResNet50 split has 2 stages, so it needs a 2-rank cluster, not {world_size}.")
+    if steps < 1:
+        raise ConfigError(f"steps must be at least 1, got {steps}.")
+    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                    or num_threads < 1):
+        raise ConfigError(f"num_threads must be a positive number of threads or None, got {num_threads!r}.")
+    microbatch_size = microbatch_size_of(len(x), num_microbatches)
+    examples = stage_example_tensors(cut, microbatch_size, x.shape[-1])
+    module = split_resnet50(resnet50(seed), cut)[rank].eval()
+    group = _pipeline_group(world_size, p2p_timeout)
+    stage = TimedStage(module, rank, world_size, torch.device("cpu"), input_args=examples[rank],
+                       output_args=examples[rank + 1], group=group)
+    sched = SCHEDULES[schedule](stage, num_microbatches, loss_fn=nn.functional.cross_entropy)
+    meter = ActivationMeter(module)
+    step_times, losses = [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads or threads)
+    try:
+        for _ in range(steps):
+            module.zero_grad(set_to_none=True)
+            stage.events = []
+            meter.reset_peak()
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            losses = []
+            with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+                if stage.is_first:
+                    sched.step(x)
+                else:
+                    sched.step(target=y, losses=losses)
+            step_times.append(time.perf_counter() - start)
+        dist.barrier(group=group)
+    except RuntimeError as exc:
+        better = _explain_timeout(exc, stage, schedule, p2p_timeout)
+        if better is None:
+            raise
+        raise better from exc  # the group is left alone: destroying it could block
+    finally:
+        torch.set_num_threads(threads)
+    dist.destroy_process_group(group)
+    return {
+        "rank": rank, "stage": rank, "schedule": schedule, "num_microbatches": num_microbatches,
+        "microbatch_size": microbatch_size, "step_times": step_times,
+        "step_start": start, "events": stage.events, "peak_activation_bytes": meter.peak,
+        "loss": torch.stack(losses).mean().item() if losses else None,
+        "grads": ({name: p.grad.clone() for name, p in module.named_parameters()}
+                  if return_grads else None),
+    }
+
+
+def merge_ranks(ranks: list[dict]) -> dict:
+    """One pipeline run from the per-rank results of ``train_step`` (in rank order).
+
+    ``step_times`` are the slowest rank's time of each step; ``timeline`` is the last step's
+    ``(stage, kind, micro-batch, start, end)`` in seconds from the moment the first stage started.
+    """
+    zero = min(r["step_start"] for r in ranks)
+    timeline = sorted((r["stage"], kind, mb, t0 - zero, t1 - zero)
+                      for r in ranks for kind, mb, t0, t1 in r["events"])
+    step_times = [max(times) for times in zip(*(r["step_times"] for r in ranks))]
+    return {
+        "schedule": ranks[0]["schedule"], "num_stages": len(ranks),
+        "num_microbatches": ranks[0]["num_microbatches"], "microbatch_size": ranks[0]["microbatch_size"],
+        "loss": ranks[-1]["loss"], "grads": [r["grads"] for r in ranks], "step_times": step_times,
+        "timeline": timeline, "peak_activation_bytes": [r["peak_activation_bytes"] for r in ranks],
+    }
+
+
+def reference_step(x: torch.Tensor, y: torch.Tensor, cut: str = DEFAULT_CUT, seed: int = 0) -> dict:
+    """The same step on one local model (eval-mode BN, whole batch): loss and gradients per shard."""
+    model = resnet50(seed).eval()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    return {"loss": loss.item(),
+            "grads": [{name: p.grad for name, p in shard.named_parameters()}
+                      for shard in split_resnet50(model, cut)]}
+
+
+def grad_difference(grads: list[dict], reference: list[dict]) -> float:
+    """The largest gradient difference, relative to the largest reference gradient (0 = identical)."""
+    worst = scale = 0.0
+    if len(grads) != len(reference):
+        raise ConfigError(f"{len(grads)} stages of gradients against {len(reference)} reference stages.")
+    for mine, ref in zip(grads, reference):
+        if mine.keys() != ref.keys():
+            raise ConfigError("the two gradient sets are for different parameters; compare the same cut.")
+        for name, g in ref.items():
+            worst = max(worst, (mine[name] - g).abs().max().item())
+            scale = max(scale, g.abs().max().item())
+    return worst / scale
