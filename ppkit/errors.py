@@ -74,6 +74,26 @@ class JobInterrupted(KeyboardInterrupt):
     """Kernel > Interrupt (or Ctrl-C) cancelled a running job."""
 
 
+# --- pipeline (branch: pipeline) ---------------------------------------------------------------
+
+class StageError(WorkerError):
+    """A pipeline stage failed: its shard raised, could not be built, or did not answer in time.
+
+    ``stage`` is the stage's index (0 = the first shard), ``process`` the RPC name holding it,
+    ``microbatch`` the micro-batch it failed on (``None`` when it failed outside a micro-batch).
+    """
+
+    def __init__(self, message: str, *, stage: int, process: str, microbatch: int | None = None):
+        super().__init__(message)
+        self.stage = stage
+        self.process = process
+        self.microbatch = microbatch
+
+
 # --- added on branch pipelining ---------------------------------------------------------------
-class StageTimeoutError(PPKitError, TimeoutError):
-    """A pipeline stage waited too long for a tensor from its neighbour stage (raised on the rank)."""
+class StageTimeoutError(StageError, TimeoutError):
+    """A torch.distributed.pipelining stage waited longer than its p2p timeout for its neighbour.
+
+    Raised on the stage's rank (the notebook sees it inside a ``RemoteError``); ``process`` is
+    ``"rank N"``.
+    """

@@ -1,0 +1,16 @@
+"""Pipeline parallelism over torch.distributed.rpc: ResNet50 in two shards, fed micro-batches.
+
+    from ppkit.pipeline import PipelineModel, PipelineOptimizer, PipelineConfig, run_sweep
+"""
+
+from ppkit.pipeline.config import PipelineConfig, Placement, num_microbatches, parse_placement
+from ppkit.pipeline.model import PipelineModel, PipelineOptimizer
+
+__all__ = [
+    "PipelineConfig",
+    "PipelineModel",
+    "PipelineOptimizer",
+    "Placement",
+    "num_microbatches",
+    "parse_placement",
+]

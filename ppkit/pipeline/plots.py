@@ -1,0 +1,74 @@
+"""Plots of a sweep: time per batch over micro-batch sizes, and the Gantt timeline of one batch
+beside the bubble model's ideal schedule. Each function draws on a matplotlib ``Axes``."""
+
+from __future__ import annotations
+
+from ppkit.pipeline.timeline import Event
+
+FORWARD, BACKWARD = "tab:blue", "tab:orange"
+
+
+def plot_gantt(ax, events: list[Event], labels: list[str], title: str, xlim: float | None = None) -> None:
+    """One row per stage; forward bars blue, backward orange, micro-batch number inside."""
+    for event in events:
+        color = FORWARD if event.phase == "forward" else BACKWARD
+        y = len(labels) - 1 - event.stage
+        ax.barh(y, event.duration, left=event.start, height=0.6, color=color, alpha=0.75,
+                edgecolor="black", linewidth=0.4)
+        if xlim and event.duration > 0.03 * xlim:
+            ax.text(event.start + event.duration / 2, y, str(event.microbatch), ha="center",
+                    va="center", fontsize=7)
+    ax.set_yticks(range(len(labels)), list(reversed(labels)))
+    ax.set_xlabel("seconds")
+    ax.set_title(title, fontsize=10)
+    if xlim:
+        ax.set_xlim(0, xlim * 1.02)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=FORWARD, label="forward"), Patch(color=BACKWARD, label="backward")],
+              loc="lower right", fontsize=7)
+
+
+def plot_run(axes, run) -> None:
+    """Measured timeline of ``run``'s last batch (left) beside the bubble model (right)."""
+    timeline, prediction = run.timeline, run.prediction
+    start = min((e.start for e in timeline.events), default=0.0)
+    measured = [Event(e.stage, e.microbatch, e.phase, e.start - start, e.end - start)
+                for e in timeline.events]
+    xlim = max([e.end for e in measured] + [prediction.total if prediction else 0.0] + [1e-3])
+    plot_gantt(axes[0], measured, timeline.labels,
+               f"measured: {run.num_microbatches} micro-batches of {run.microbatch_size}, "
+               f"{timeline.span():.2f} s", xlim)
+    if prediction is not None:
+        plot_gantt(axes[1], prediction.schedule, timeline.labels,
+                   f"bubble model: {prediction.total:.2f} s, bubble {prediction.bubble:.0%}", xlim)
+
+
+def plot_sweep(ax, runs) -> None:
+    """Seconds per batch (measured) and the bubble model's fwd+bwd time, over micro-batch sizes."""
+    sizes = [run.microbatch_size for run in runs]
+    ax.plot(sizes, [run.seconds_per_batch for run in runs], "o-", label="measured, whole step")
+    ax.plot(sizes, [run.measured_span for run in runs], "s--", label="measured, stages fwd+bwd")
+    predicted = [run.prediction.total if run.prediction else float("nan") for run in runs]
+    ax.plot(sizes, predicted, "^:", label="bubble model fwd+bwd")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [f"{s}\n({run.num_microbatches})" for s, run in zip(sizes, runs)])
+    ax.set_xlabel("micro-batch size (number of micro-batches)")
+    ax.set_ylabel("seconds per batch")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("time per batch over micro-batch sizes", fontsize=10)
+
+
+def sweep_figure(result, run_index: int | None = -1):
+    """The sweep plot on top, then measured timeline | bubble model for one run (``run_index``)
+    or for every run (``None``)."""
+    import matplotlib.pyplot as plt
+
+    runs = result.runs if run_index is None else [result.runs[run_index]]
+    fig = plt.figure(figsize=(11, 3.2 * (1 + len(runs))), layout="constrained")
+    panels = fig.subfigures(1 + len(runs), 1)
+    plot_sweep(panels[0].subplots(), result.runs)
+    for panel, run in zip(panels[1:], runs):
+        plot_run(panel.subplots(1, 2, sharey=True), run)
+    return fig

@@ -1,0 +1,1 @@
+"""Notebook widgets (ipywidgets) for ppkit lessons."""
