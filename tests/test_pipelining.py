@@ -8,7 +8,10 @@ import torch
 from torch import nn
 
 import ppkit
-from ppkit.pipeline import pipelining as pp
+from ppkit.pipeline.bubble import predict
+from ppkit.pipelining import compare as cmp
+from ppkit.pipelining import stage as pp
+from ppkit.pipelining.memory import ActivationMeter
 
 BATCH, MICROBATCHES, IMAGE = 8, 4, 32
 RUN_TIMEOUT = 180  # the machine is shared; a pipeline error must come from p2p_timeout, well before this
@@ -21,15 +24,14 @@ def batch():
 
 @pytest.fixture(scope="module")
 def reference(batch):
-    return pp.reference_step(*batch)
+    return cmp.reference_step(*batch)
 
 
 @pytest.fixture(scope="module")
 def runs(cluster2, batch):
     """One GPipe and one 1F1B step of the same batch, on the module's 2-rank cluster."""
-    return {name: pp.merge_ranks(cluster2.run(pp.train_step, *batch, schedule=name,
-                                              num_microbatches=MICROBATCHES, timeout=RUN_TIMEOUT))
-            for name in pp.SCHEDULES}
+    return {name: cmp.run_schedule(cluster2, *batch, name, num_microbatches=MICROBATCHES,
+                                   timeout=RUN_TIMEOUT) for name in pp.SCHEDULES}
 
 
 # -- pieces that need no cluster ---------------------------------------------------------------
@@ -63,7 +65,7 @@ def test_stage_example_tensors_are_the_shapes_at_the_cut():
 def test_activation_meter_counts_saved_tensors_until_backward_frees_them():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
-    meter = pp.ActivationMeter(model)
+    meter = ActivationMeter(model)
     x = torch.randn(8, 16)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
         out = model(x)
@@ -78,32 +80,59 @@ def test_activation_meter_counts_saved_tensors_until_backward_frees_them():
 
 def test_grad_difference():
     a = [{"w": torch.tensor([1.0, -2.0])}]
-    assert pp.grad_difference(a, a) == 0
-    assert pp.grad_difference([{"w": torch.tensor([1.0, -1.5])}], a) == pytest.approx(0.25)
+    assert cmp.grad_difference(a, a) == 0
+    assert cmp.grad_difference([{"w": torch.tensor([1.0, -1.5])}], a) == pytest.approx(0.25)
     with pytest.raises(ppkit.ConfigError, match="different parameters"):
-        pp.grad_difference([{"v": torch.zeros(2)}], a)
+        cmp.grad_difference([{"v": torch.zeros(2)}], a)
+
+
+@pytest.mark.parametrize("times", [([1.0, 1.0], [2.0, 2.0]), ([0.3, 1.1], [0.9, 2.5]), ([2.0, 0.5], [1.0, 0.2])])
+def test_ideal_gpipe_timeline_agrees_with_the_rpc_pipelines_bubble_model(times):
+    forward, backward = times
+    events = cmp.ideal_timeline(cmp.schedule_orders("gpipe", 2, 5), forward, backward)
+    assert max(e.end for e in events) == pytest.approx(predict(forward, backward, 5).total)
+
+
+@pytest.mark.parametrize("stages, m", [(2, 2), (2, 4), (2, 8), (3, 6), (4, 4)])
+def test_ideal_1f1b_with_equal_stages_has_the_textbook_bubble(stages, m):
+    f, b = 1.0, 2.0
+    events = cmp.ideal_timeline(cmp.schedule_orders("1f1b", stages, m), [f] * stages, [b] * stages)
+    total = max(e.end for e in events)
+    assert total == pytest.approx((m + stages - 1) * (f + b))
+    idle = 1 - sum(e.duration for e in events) / (stages * total)
+    assert idle == pytest.approx((stages - 1) / (m + stages - 1))  # = bubble / (bubble + work)
+    # the bubble against the work alone is the (p - 1) / m of the GPipe and Megatron papers
+    assert idle / (1 - idle) == pytest.approx((stages - 1) / m)
+
+
+def test_orders_that_wait_on_each_other_are_refused():
+    deadlock = [[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]]
+    with pytest.raises(ppkit.ConfigError, match="deadlock"):
+        cmp.ideal_timeline(deadlock, [1.0, 1.0], [1.0, 1.0])
+    with pytest.raises(ppkit.ConfigError, match="unknown schedule"):
+        cmp.schedule_orders("interleaved", 2, 4)
 
 
 # -- the pipeline on a real 2-rank gloo cluster ------------------------------------------------
 @pytest.mark.parametrize("schedule", list(pp.SCHEDULES))
 def test_loss_and_gradients_equal_one_local_model(runs, reference, schedule):
     run = runs[schedule]
-    assert run["loss"] == pytest.approx(reference["loss"], rel=1e-5)
-    assert pp.grad_difference(run["grads"], reference["grads"]) < 1e-5
+    assert run.loss == pytest.approx(reference["loss"], rel=1e-5)
+    assert cmp.grad_difference(run.grads, reference["grads"]) < 1e-5
     # and not trivially: the gradients are not all zero
-    assert max(g.abs().max().item() for stage in run["grads"] for g in stage.values()) > 0
+    assert max(g.abs().max().item() for stage in run.grads for g in stage.values()) > 0
 
 
 def test_each_stage_runs_every_microbatch_forward_and_backward(runs):
     for run in runs.values():
         for stage in range(2):
-            kinds = [(kind, mb) for s, kind, mb, _, _ in run["timeline"] if s == stage]
-            assert sorted(kinds) == sorted((k, mb) for k in "FB" for mb in range(MICROBATCHES))
+            done = sorted((e.phase, e.microbatch) for e in run.timeline.select(stage))
+            assert done == sorted((p, mb) for p in ("forward", "backward") for mb in range(MICROBATCHES))
 
 
 def _order(run, stage):
-    return [f"{kind}{mb}" for s, kind, mb, start, _ in sorted(run["timeline"], key=lambda e: e[3])
-            if s == stage]
+    return [f"{e.phase[0].upper()}{e.microbatch}" for e in sorted(run.timeline.select(stage),
+                                                                  key=lambda e: e.start)]
 
 
 def test_gpipe_runs_all_forwards_first_and_1f1b_interleaves(runs):
@@ -111,10 +140,26 @@ def test_gpipe_runs_all_forwards_first_and_1f1b_interleaves(runs):
     # stage 0 of 2 warms up with 2 forwards, then alternates one backward, one forward
     assert _order(runs["1f1b"], 0) == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
     assert _order(runs["1f1b"], 1) == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    # and the bubble model runs the same orders
+    for name, run in runs.items():
+        orders = cmp.schedule_orders(name, 2, MICROBATCHES)
+        assert [[f"{k}{mb}" for k, mb in order] for order in orders] == [_order(run, 0), _order(run, 1)]
+
+
+def test_measured_runs_have_step_times_idle_share_and_an_ideal_timeline(runs):
+    for run in runs.values():
+        assert len(run.step_times) == 1 and run.step_time == run.step_times[0] > 0
+        assert 0 <= run.idle_share() < 1
+        ideal = run.ideal()
+        assert len(ideal) == 2 * 2 * MICROBATCHES
+        assert sorted((e.stage, e.phase, e.microbatch) for e in ideal) == sorted(
+            (e.stage, e.phase, e.microbatch) for e in run.timeline.events)
+    table = cmp.format_table(runs)
+    assert "gpipe" in table and "1f1b" in table and "MiB" in table
 
 
 def test_1f1b_keeps_fewer_microbatches_of_activations_alive(runs):
-    gpipe, one_f_one_b = runs["gpipe"]["peak_activation_bytes"], runs["1f1b"]["peak_activation_bytes"]
+    gpipe, one_f_one_b = runs["gpipe"].peak_activation_bytes, runs["1f1b"].peak_activation_bytes
     # GPipe holds all 4 micro-batches; 1F1B holds 2 on stage 0 (its warm-up) and 1 on stage 1
     assert gpipe[0] == 2 * one_f_one_b[0] > 0
     assert gpipe[1] == 4 * one_f_one_b[1] > 0

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 import ppkit
-from ppkit.pipeline import pipelining as pp
+from ppkit.pipelining import compare as cmp
+from ppkit.pipelining import stage as pp
 
 RUN_TIMEOUT = 180  # a pipeline error must come from p2p_timeout (3 s here), long before this
 
@@ -31,9 +32,8 @@ def test_stages_that_disagree_end_in_a_clear_error_and_restart_recovers(batch, n
         assert "cluster.restart()" in str(info.value)
         assert "num_microbatches" in str(info.value)
         cluster.restart()
-        run = pp.merge_ranks(cluster.run(pp.train_step, *batch, schedule="1f1b", timeout=RUN_TIMEOUT,
-                                         return_grads=False))
-        assert run["loss"] == pytest.approx(pp.reference_step(*batch)["loss"], rel=1e-5)
+        run = cmp.run_schedule(cluster, *batch, "1f1b", timeout=RUN_TIMEOUT, return_grads=False)
+        assert run.loss == pytest.approx(cmp.reference_step(*batch)["loss"], rel=1e-5)
 
 
 def test_a_failing_stage_does_not_leave_its_neighbour_hanging(batch, no_leftovers):

@@ -7,11 +7,12 @@ with a short timeout, so a stage waiting for a tensor that never comes raises
 
     x, y = make_batch(batch_size=8, image_size=32)
     ranks = cluster.run(train_step, x, y, schedule="1f1b", num_microbatches=4)
-    run = merge_ranks(ranks)      # loss, gradients, timeline and activation peak of each stage
+    run = merge_ranks(ranks)      # ppkit.pipelining.compare: one ScheduleRun from both stages
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import timedelta
 
@@ -22,6 +23,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from ppkit.errors import ConfigError, StageTimeoutError
 from ppkit.models.resnet import DEFAULT_CUT, check_cut, resnet50, split_resnet50
+from ppkit.pipelining.memory import ActivationMeter
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 NUM_CLASSES = 1000  # torchvision's ResNet50 head, as in the RPC tutorial
@@ -68,61 +70,6 @@ def stage_example_tensors(cut: str, microbatch_size: int, image_size: int) -> li
     return [x, act.detach().requires_grad_(True), logits.detach().requires_grad_(True)]
 
 
-class ActivationMeter:
-    """Bytes of tensors autograd keeps for backward (activations), live now and at the peak.
-
-    ``with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):`` counts every tensor
-    a forward saves, once per memory region, until autograd frees it after its backward. Parameters
-    and buffers are not counted: they are there whichever schedule runs.
-    """
-
-    def __init__(self, module: nn.Module):
-        self._exclude = {t.data_ptr() for t in [*module.parameters(), *module.buffers()]}
-        self._live: dict[tuple, list[int]] = {}  # region -> [saves alive, bytes]
-        self.current = 0
-        self.peak = 0
-
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
-    def pack(self, tensor: torch.Tensor):
-        if tensor.data_ptr() in self._exclude:
-            return tensor
-        return _Saved(self, tensor)
-
-    @staticmethod
-    def unpack(saved):
-        return saved.tensor if isinstance(saved, _Saved) else saved
-
-    def _add(self, key: tuple, nbytes: int) -> None:
-        entry = self._live.setdefault(key, [0, nbytes])
-        if entry[0] == 0:
-            self.current += nbytes
-            self.peak = max(self.peak, self.current)
-        entry[0] += 1
-
-    def _remove(self, key: tuple) -> None:
-        entry = self._live[key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            self.current -= entry[1]
-            del self._live[key]
-
-
-class _Saved:
-    """What autograd stores instead of a saved tensor; freed when autograd lets go of it."""
-
-    __slots__ = ("key", "meter", "tensor")
-
-    def __init__(self, meter: ActivationMeter, tensor: torch.Tensor):
-        self.meter, self.tensor = meter, tensor
-        self.key = (tensor.data_ptr(), tensor.numel(), tensor.element_size())
-        meter._add(self.key, tensor.numel() * tensor.element_size())
-
-    def __del__(self):
-        self.meter._remove(self.key)
-
-
 class TimedStage(PipelineStage):
     """A ``PipelineStage`` that records when each forward and backward of a micro-batch ran."""
 
@@ -140,6 +87,12 @@ class TimedStage(PipelineStage):
         start = time.perf_counter()
         super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
         self.events.append(("B", bwd_chunk_id, start, time.perf_counter()))
+
+
+@functools.lru_cache(maxsize=2)
+def _stage_module(cut: str, seed: int, index: int) -> nn.Module:
+    """This rank's shard, built once per worker (building ResNet50 takes about a second)."""
+    return split_resnet50(resnet50(seed), cut)[index].eval()
 
 
 def _pipeline_group(world_size: int, p2p_timeout: float):
@@ -168,11 +121,13 @@ def _explain_timeout(exc: Exception, stage: TimedStage, schedule: str, p2p_timeo
     last = stage.events[-1] if stage.events else None
     done = (f"its last finished step: {'forward' if last[0] == 'F' else 'backward'} of micro-batch "
             f"{last[1]}" if last else "it had not finished any micro-batch")
+    rank = dist.get_rank()
     return StageTimeoutError(
-        f"stage {stage.stage_index} (rank {dist.get_rank()}) of the {schedule} pipeline {what} "
+        f"stage {stage.stage_index} (rank {rank}) of the {schedule} pipeline {what} "
         f"({done}). Usually the stages disagree (num_microbatches, batch or image size, cut) or "
         "the neighbour stage failed: see its error. Run cluster.restart() before the next pipeline "
-        f"step, or raise p2p_timeout if the stages are only slow.\ngloo said: {text.splitlines()[0]}")
+        f"step, or raise p2p_timeout if the stages are only slow.\ngloo said: {text.splitlines()[0]}",
+        stage=stage.stage_index, process=f"rank {rank}")
 
 
 def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, schedule: str = "gpipe", *,
@@ -198,7 +153,7 @@ def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, sch
         raise ConfigError(f"num_threads must be a positive number of threads or None, got {num_threads!r}.")
     microbatch_size = microbatch_size_of(len(x), num_microbatches)
     examples = stage_example_tensors(cut, microbatch_size, x.shape[-1])
-    module = split_resnet50(resnet50(seed), cut)[rank].eval()
+    module = _stage_module(cut, seed, rank)
     group = _pipeline_group(world_size, p2p_timeout)
     stage = TimedStage(module, rank, world_size, torch.device("cpu"), input_args=examples[rank],
                        output_args=examples[rank + 1], group=group)
@@ -238,45 +193,3 @@ def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, sch
         "grads": ({name: p.grad.clone() for name, p in module.named_parameters()}
                   if return_grads else None),
     }
-
-
-def merge_ranks(ranks: list[dict]) -> dict:
-    """One pipeline run from the per-rank results of ``train_step`` (in rank order).
-
-    ``step_times`` are the slowest rank's time of each step; ``timeline`` is the last step's
-    ``(stage, kind, micro-batch, start, end)`` in seconds from the moment the first stage started.
-    """
-    zero = min(r["step_start"] for r in ranks)
-    timeline = sorted((r["stage"], kind, mb, t0 - zero, t1 - zero)
-                      for r in ranks for kind, mb, t0, t1 in r["events"])
-    step_times = [max(times) for times in zip(*(r["step_times"] for r in ranks))]
-    return {
-        "schedule": ranks[0]["schedule"], "num_stages": len(ranks),
-        "num_microbatches": ranks[0]["num_microbatches"], "microbatch_size": ranks[0]["microbatch_size"],
-        "loss": ranks[-1]["loss"], "grads": [r["grads"] for r in ranks], "step_times": step_times,
-        "timeline": timeline, "peak_activation_bytes": [r["peak_activation_bytes"] for r in ranks],
-    }
-
-
-def reference_step(x: torch.Tensor, y: torch.Tensor, cut: str = DEFAULT_CUT, seed: int = 0) -> dict:
-    """The same step on one local model (eval-mode BN, whole batch): loss and gradients per shard."""
-    model = resnet50(seed).eval()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    return {"loss": loss.item(),
-            "grads": [{name: p.grad for name, p in shard.named_parameters()}
-                      for shard in split_resnet50(model, cut)]}
-
-
-def grad_difference(grads: list[dict], reference: list[dict]) -> float:
-    """The largest gradient difference, relative to the largest reference gradient (0 = identical)."""
-    worst = scale = 0.0
-    if len(grads) != len(reference):
-        raise ConfigError(f"{len(grads)} stages of gradients against {len(reference)} reference stages.")
-    for mine, ref in zip(grads, reference):
-        if mine.keys() != ref.keys():
-            raise ConfigError("the two gradient sets are for different parameters; compare the same cut.")
-        for name, g in ref.items():
-            worst = max(worst, (mine[name] - g).abs().max().item())
-            scale = max(scale, g.abs().max().item())
-    return worst / scale
