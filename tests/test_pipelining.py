@@ -52,6 +52,12 @@ def test_bad_arguments_are_refused_before_anything_starts(batch):
         pp.train_step(0, 2, *batch, cut="layer9")
     with pytest.raises(ppkit.ConfigError, match="num_threads"):
         pp.train_step(0, 2, *batch, num_threads=0)
+    with pytest.raises(ppkit.ConfigError, match="learning rate"):
+        pp.train_step(0, 2, *batch, lr=0)
+    with pytest.raises(ppkit.ConfigError, match="unknown loss 'l1'"):
+        pp.train_step(0, 2, *batch, loss="l1")
+    with pytest.raises(ppkit.ConfigError, match="1F1B needs at least as many micro-batches"):
+        pp.train_step(0, 2, *batch, schedule="1f1b", num_microbatches=1)
 
 
 def test_stage_example_tensors_are_the_shapes_at_the_cut():
@@ -123,6 +129,16 @@ def test_loss_and_gradients_equal_one_local_model(runs, reference, schedule):
     assert max(g.abs().max().item() for stage in run.grads for g in stage.values()) > 0
 
 
+def test_the_tutorials_loss_and_an_sgd_step(cluster2, batch):
+    # MSE on one-hot labels, as the RPC tutorial trains; the SGD step comes after the gradients
+    x, y = batch
+    one_hot = nn.functional.one_hot(y, pp.NUM_CLASSES).float()
+    run = cmp.run_schedule(cluster2, x, one_hot, "gpipe", loss="mse", lr=0.05, timeout=RUN_TIMEOUT)
+    expected = cmp.reference_step(x, one_hot, loss="mse")
+    assert run.loss == pytest.approx(expected["loss"], rel=1e-5)
+    assert cmp.grad_difference(run.grads, expected["grads"]) < 1e-5
+
+
 def test_each_stage_runs_every_microbatch_forward_and_backward(runs):
     for run in runs.values():
         for stage in range(2):
@@ -150,10 +166,10 @@ def test_measured_runs_have_step_times_idle_share_and_an_ideal_timeline(runs):
     for run in runs.values():
         assert len(run.step_times) == 1 and run.step_time == run.step_times[0] > 0
         assert 0 <= run.idle_share() < 1
-        ideal = run.ideal()
-        assert len(ideal) == 2 * 2 * MICROBATCHES
-        assert sorted((e.stage, e.phase, e.microbatch) for e in ideal) == sorted(
+        model = run.prediction()
+        assert sorted((e.stage, e.phase, e.microbatch) for e in model.schedule) == sorted(
             (e.stage, e.phase, e.microbatch) for e in run.timeline.events)
+        assert model.total == max(e.end for e in model.schedule) > 0 and 0 <= model.bubble < 1
     table = cmp.format_table(runs)
     assert "gpipe" in table and "1f1b" in table and "MiB" in table
 

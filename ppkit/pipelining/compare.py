@@ -20,9 +20,9 @@ from torch import nn
 
 from ppkit.errors import ConfigError
 from ppkit.models.resnet import DEFAULT_CUT, resnet50, split_resnet50
-from ppkit.pipeline.bubble import bubble_fraction
+from ppkit.pipeline.bubble import BubblePrediction, bubble_fraction
 from ppkit.pipeline.timeline import Event, Timeline
-from ppkit.pipelining.stage import SCHEDULES, check_schedule, microbatch_size_of, train_step
+from ppkit.pipelining.stage import LOSSES, SCHEDULES, check_schedule, microbatch_size_of, train_step
 
 KINDS = ("rpc", *SCHEDULES)  # every schedule a comparison can run
 PHASE = {"F": "forward", "B": "backward"}
@@ -40,11 +40,12 @@ class ScheduleRun:
     step_times: list[float]  # seconds, slowest stage, every step
     timeline: Timeline
     peak_activation_bytes: list[int] | None = None  # per stage; None where not measured (RPC)
+    warmup_steps: int = 1  # leading step_times that also set the pipeline up
 
     @property
     def step_time(self) -> float:
-        """Median seconds per step, leaving out the first (it also sets the pipeline up) if we can."""
-        return statistics.median(self.step_times[1:] or self.step_times)
+        """Median seconds per step, without the warm-up steps (unless there is nothing else)."""
+        return statistics.median(self.step_times[self.warmup_steps:] or self.step_times)
 
     @property
     def num_stages(self) -> int:
@@ -56,13 +57,18 @@ class ScheduleRun:
         busy = sum(self.timeline.busy(s, phase) for s in range(self.num_stages) for phase in PHASE.values())
         return 1.0 - busy / (self.num_stages * span) if span > 0 else 0.0
 
-    def ideal(self) -> list[Event]:
-        """This schedule's order of work with the measured stage times and no cost of waiting or
-        sending: the bubble model's timeline."""
+    def prediction(self) -> BubblePrediction:
+        """The bubble model: this schedule's order of work with the measured time per micro-batch of
+        each stage, and sending and waiting costing nothing (``prediction().schedule`` draws it)."""
         stages = range(self.num_stages)
-        return ideal_timeline(schedule_orders(self.schedule, self.num_stages, self.num_microbatches),
-                              [self.timeline.stage_time(s, "forward") for s in stages],
-                              [self.timeline.stage_time(s, "backward") for s in stages])
+        forward = [self.timeline.stage_time(s, "forward") for s in stages]
+        backward = [self.timeline.stage_time(s, "backward") for s in stages]
+        ideal = ideal_timeline(schedule_orders(self.schedule, self.num_stages, self.num_microbatches),
+                               forward, backward)
+        forward_end = max(e.end for e in ideal if e.phase == "forward")
+        total = max(e.end for e in ideal)
+        return BubblePrediction(forward, backward, self.num_microbatches, forward_end, total - forward_end,
+                                ideal)
 
 
 def merge_ranks(ranks: list[dict]) -> ScheduleRun:
@@ -114,10 +120,11 @@ def rpc_step(model, x: torch.Tensor, y: torch.Tensor, num_microbatches: int = 4,
                        timeline)
 
 
-def reference_step(x: torch.Tensor, y: torch.Tensor, cut: str = DEFAULT_CUT, seed: int = 0) -> dict:
+def reference_step(x: torch.Tensor, y: torch.Tensor, cut: str = DEFAULT_CUT, seed: int = 0,
+                   loss: str = "cross_entropy") -> dict:
     """The same step on one local model (eval-mode BN, whole batch): loss and gradients per shard."""
     model = resnet50(seed).eval()
-    loss = nn.functional.cross_entropy(model(x), y)
+    loss = LOSSES[loss](model(x), y)
     loss.backward()
     return {"loss": loss.item(),
             "grads": [{name: p.grad for name, p in shard.named_parameters()}
@@ -194,16 +201,33 @@ def ideal_timeline(orders, forward_times, backward_times) -> list[Event]:
 
 
 def compare_schedules(cluster, model, x: torch.Tensor, y: torch.Tensor, num_microbatches: int = 4, *,
-            steps: int = 3, schedules=KINDS, timeout: float | None = None) -> dict[str, ScheduleRun]:
-    """Run ``steps`` steps of every schedule on the same batch and micro-batches, one after the
-    other: RPC through ``model`` (a ``PipelineModel``), GPipe and 1F1B on the 2-rank ``cluster``."""
-    runs = {}
+                      steps: int = 2, rounds: int = 1, schedules=KINDS,
+                      timeout: float | None = None) -> dict[str, ScheduleRun]:
+    """Every schedule on the same batch and micro-batches: RPC through ``model`` (a
+    ``PipelineModel``), GPipe and 1F1B on the 2-rank ``cluster``.
+
+    Each round runs every schedule in turn for one warm-up step and ``steps`` timed steps, so a
+    machine that gets busier or quieter affects all of them alike. The result keeps the last
+    round's gradients and timeline and the timed steps of every round.
+    """
+    if steps < 1 or rounds < 1:
+        raise ConfigError(f"steps and rounds must be at least 1, got steps={steps}, rounds={rounds}.")
     for schedule in schedules:
-        if schedule == "rpc":
-            runs[schedule] = rpc_step(model, x, y, num_microbatches, steps=steps)
-        else:
-            runs[schedule] = run_schedule(cluster, x, y, schedule, num_microbatches=num_microbatches,
-                                          steps=steps, timeout=timeout)
+        if schedule not in KINDS:
+            raise ConfigError(f"unknown schedule {schedule!r}; choose from {', '.join(KINDS)}.")
+    runs: dict[str, ScheduleRun] = {}
+    timed: dict[str, list[float]] = {schedule: [] for schedule in schedules}
+    for _ in range(rounds):
+        for schedule in schedules:
+            if schedule == "rpc":
+                run = rpc_step(model, x, y, num_microbatches, steps=steps + 1)
+            else:
+                run = run_schedule(cluster, x, y, schedule, num_microbatches=num_microbatches,
+                                   steps=steps + 1, timeout=timeout)
+            timed[schedule] += run.step_times[1:]
+            runs[schedule] = run
+    for schedule, run in runs.items():
+        run.step_times, run.warmup_steps = timed[schedule], 0
     return runs
 
 
@@ -242,11 +266,10 @@ def plot_timelines(runs: dict[str, ScheduleRun]):
         start = min(e.start for e in run.timeline.events)
         measured = [Event(e.stage, e.microbatch, e.phase, e.start - start, e.end - start)
                     for e in run.timeline.events]
-        ideal = run.ideal()
-        xlim = max(e.end for e in measured + ideal)
+        model = run.prediction()
+        xlim = max(model.total, *(e.end for e in measured))
         plot_gantt(row[0], measured, run.timeline.labels,
                    f"{name}: measured step, {run.timeline.span():.2f} s, idle {run.idle_share():.0%}", xlim)
-        ideal_idle = 1 - sum(e.duration for e in ideal) / (run.num_stages * max(e.end for e in ideal))
-        plot_gantt(row[1], ideal, run.timeline.labels,
-                   f"{name}: bubble model, {max(e.end for e in ideal):.2f} s, idle {ideal_idle:.0%}", xlim)
+        plot_gantt(row[1], model.schedule, run.timeline.labels,
+                   f"{name}: bubble model, {model.total:.2f} s, idle {model.bubble:.0%}", xlim)
     return fig

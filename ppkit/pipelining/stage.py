@@ -26,6 +26,8 @@ from ppkit.models.resnet import DEFAULT_CUT, check_cut, resnet50, split_resnet50
 from ppkit.pipelining.memory import ActivationMeter
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+LOSSES = {"cross_entropy": nn.functional.cross_entropy,  # labels are class numbers
+          "mse": nn.functional.mse_loss}  # labels are one-hot rows (the RPC tutorial's loss)
 NUM_CLASSES = 1000  # torchvision's ResNet50 head, as in the RPC tutorial
 
 
@@ -90,9 +92,16 @@ class TimedStage(PipelineStage):
 
 
 @functools.lru_cache(maxsize=2)
-def _stage_module(cut: str, seed: int, index: int) -> nn.Module:
-    """This rank's shard, built once per worker (building ResNet50 takes about a second)."""
+def _eval_shard(cut: str, seed: int, index: int) -> nn.Module:
+    """This rank's shard in eval mode, built once per worker (building ResNet50 takes a second);
+    steps that change no weights and no BatchNorm statistics can share it."""
     return split_resnet50(resnet50(seed), cut)[index].eval()
+
+
+def _shard(cut: str, seed: int, index: int, train_mode: bool, lr: float | None) -> nn.Module:
+    if train_mode or lr is not None:
+        return split_resnet50(resnet50(seed), cut)[index].train(train_mode)
+    return _eval_shard(cut, seed, index)
 
 
 def _pipeline_group(world_size: int, p2p_timeout: float):
@@ -132,18 +141,25 @@ def _explain_timeout(exc: Exception, stage: TimedStage, schedule: str, p2p_timeo
 
 def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, schedule: str = "gpipe", *,
                num_microbatches: int = 4, cut: str = DEFAULT_CUT, seed: int = 0, steps: int = 1,
-               p2p_timeout: float = 30.0, num_threads: int | None = 1, return_grads: bool = True) -> dict:
+               p2p_timeout: float = 30.0, num_threads: int | None = 1, return_grads: bool = True,
+               loss: str = "cross_entropy", train_mode: bool = False, lr: float | None = None) -> dict:
     """One stage (this rank's) of a two-stage ResNet50 pipeline: ``steps`` forward+backward steps.
 
-    Run it on every rank with ``cluster.run(train_step, x, y, schedule=...)``. BatchNorm is in
-    eval mode, so cutting the batch into micro-batches does not change the result: the loss and
-    gradients equal a local model's (see ``reference_step``). No optimizer step is taken.
+    Run it on every rank with ``cluster.run(train_step, x, y, schedule=...)``. By default
+    BatchNorm is in eval mode, so cutting the batch into micro-batches does not change the result:
+    the loss and gradients equal a local model's (``compare.reference_step``), and no optimizer
+    step is taken. ``train_mode=True`` and ``lr`` (an SGD step per shard after every backward) do
+    the RPC tutorial's training instead, on fresh shards; ``loss="mse"`` takes one-hot labels.
     ``num_threads`` (default 1: a core per stage, as a GPU per stage would be) is restored after.
     Returns this stage's loss (last stage), gradients, step times, forward/backward timeline and the
     peak bytes of activations kept for backward.
     """
     check_schedule(schedule)
     check_cut(cut)
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+        raise ConfigError(f"lr must be a positive learning rate or None, got {lr!r}.")
+    if loss not in LOSSES:
+        raise ConfigError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}.")
     if world_size != 2:
         raise ConfigError(f"the ResNet50 split has 2 stages, so it needs a 2-rank cluster, not {world_size}.")
     if steps < 1:
@@ -153,11 +169,15 @@ def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, sch
         raise ConfigError(f"num_threads must be a positive number of threads or None, got {num_threads!r}.")
     microbatch_size = microbatch_size_of(len(x), num_microbatches)
     examples = stage_example_tensors(cut, microbatch_size, x.shape[-1])
-    module = _stage_module(cut, seed, rank)
+    if schedule == "1f1b" and num_microbatches < world_size:
+        raise ConfigError(f"1F1B needs at least as many micro-batches as stages ({world_size}), got "
+                          f"{num_microbatches}: use smaller micro-batches, or GPipe.")
+    module = _shard(cut, seed, rank, train_mode, lr)
+    optimizer = None if lr is None else torch.optim.SGD(module.parameters(), lr=lr)
     group = _pipeline_group(world_size, p2p_timeout)
     stage = TimedStage(module, rank, world_size, torch.device("cpu"), input_args=examples[rank],
                        output_args=examples[rank + 1], group=group)
-    sched = SCHEDULES[schedule](stage, num_microbatches, loss_fn=nn.functional.cross_entropy)
+    sched = SCHEDULES[schedule](stage, num_microbatches, loss_fn=LOSSES[loss])
     meter = ActivationMeter(module)
     step_times, losses = [], []
     threads = torch.get_num_threads()
@@ -175,6 +195,8 @@ def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, sch
                     sched.step(x)
                 else:
                     sched.step(target=y, losses=losses)
+            if optimizer is not None:
+                optimizer.step()
             step_times.append(time.perf_counter() - start)
         dist.barrier(group=group)
     except RuntimeError as exc:
