@@ -9,6 +9,7 @@
 __version__ = "0.1.0"
 
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.rpc_world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
 from ppkit.errors import (
     AuthenticationError,
@@ -41,8 +42,11 @@ __all__ = [
     "LaunchError",
     "PPKitError",
     "RemoteError",
+    "RpcWorld",
     "WorkerDiedError",
     "WorkerError",
     "__version__",
+    "by_value",
     "start",
+    "start_rpc",
 ]

@@ -36,7 +36,7 @@ from ppkit.transport import channel, procs
 
 DEFAULT_TIMEOUT_S = 60.0
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
-_live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+_live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
 def _describe_status(status: int | None) -> str:
@@ -62,7 +62,7 @@ class Cluster:
 
     def __init__(self, world_size: int, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT_S,
                  start_timeout: float = 120.0, process_group: bool = True,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, labels: list[str] | None = None):
         self.world_size = launch.check_world_size(world_size)
         self.backend = launch.resolve_backend(backend, self.world_size)
         self.timeout = _check_timeout(timeout, "timeout")
@@ -76,7 +76,7 @@ class Cluster:
         self._conns: dict[int, object] = {}
         self._generation = 0
         self._job_ids = itertools.count(1)
-        self._printer = RankPrinter()
+        self._printer = RankPrinter(labels)  # labels: how output is prefixed, "rank N" by default
         self._zygote = None
         self._zygote_conn = None
         self._exit_status: dict[int, int] = {}
@@ -187,7 +187,7 @@ class Cluster:
         except OSError:
             return "(no log)"
 
-    def restart(self) -> "Cluster":
+    def restart(self) -> Cluster:
         """Kill every worker and start a clean world with the same settings (the kernel stays)."""
         if self.state == "closed":
             raise ClusterStateError("this cluster is closed; start a new one with ppkit.start(...).")
@@ -200,7 +200,10 @@ class Cluster:
             raise
         return self
 
-    def _kill_workers(self) -> None:
+    def _kill_workers(self, quiet: bool = False) -> None:
+        """Stop this generation's workers; ``quiet`` drops what they print while dying."""
+        if quiet:
+            self._generation += 1
         for conn in list(self._conns.values()):
             try:
                 conn.send(("shutdown",))
@@ -232,7 +235,7 @@ class Cluster:
         shutil.rmtree(self._tmpdir, ignore_errors=True)
         _live_clusters.discard(self)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:

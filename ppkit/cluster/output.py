@@ -6,8 +6,9 @@ import sys
 
 
 class RankPrinter:
-    def __init__(self):
+    def __init__(self, labels: list[str] | None = None):
         self._partial: dict[tuple[int, str], str] = {}
+        self._labels = labels
 
     def write(self, rank: int, stream: str, text: str) -> None:
         key = (rank, stream)
@@ -17,7 +18,8 @@ class RankPrinter:
             self._partial[key] = rest
         if lines:
             out = sys.stderr if stream == "stderr" else sys.stdout
-            out.write("".join(f"[rank {rank}] {line}\n" for line in lines))
+            label = self._labels[rank] if self._labels else f"rank {rank}"
+            out.write("".join(f"[{label}] {line}\n" for line in lines))
             out.flush()
 
     def flush(self) -> None:

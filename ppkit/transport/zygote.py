@@ -64,7 +64,7 @@ def main() -> None:
     procs.die_with_parent(int(os.environ.pop("PPKIT_PARENT")))
 
     import cloudpickle  # noqa: F401  (preloaded so that forked workers start warm)
-    import torch  # noqa: F401
+    import torch
     import torch.distributed  # noqa: F401
 
     import ppkit.transport.worker  # noqa: F401

@@ -1,0 +1,269 @@
+"""An RPC world whose rank 0 is the notebook kernel itself, as in the RPC tutorial.
+
+``ppkit.start_rpc(2)`` makes this process the RPC "master" and starts "worker1", "worker2" as
+background workers, so notebook cells call ``torch.distributed.rpc`` directly.
+
+Three things this module takes care of, because learners hit them at once:
+- RPC can be initialised once per process at a time: starting a new world shuts the old one down
+  first, and ``close()`` never hangs, even after a failed or timed-out RPC.
+- Every process uses TensorPipe's ``uv`` transport only. With the default transports each idle
+  process busy-polls a full core (the shared-memory reactor); the option only works when given
+  at construction.
+- RPC pickles functions *by reference* (module + name), so a function defined in a notebook cell
+  cannot be found on a worker. ``ppkit.by_value(fn)`` ships it by value instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+
+import cloudpickle
+
+from ppkit.cluster import launch
+from ppkit.cluster.controller import Cluster, _check_timeout
+from ppkit.errors import ClusterStateError, ConfigError, LaunchError
+
+MASTER = "master"
+_active: RpcWorld | None = None
+_kernel_rpc_stuck = False  # set if a shutdown never returned: RPC cannot start again here
+
+
+def _loads(data: bytes):
+    return cloudpickle.loads(data)
+
+
+class _ByValue:
+    def __init__(self, obj):
+        self.obj = obj
+        self.__name__ = getattr(obj, "__name__", type(obj).__name__)
+        self.__qualname__ = getattr(obj, "__qualname__", self.__name__)
+        self.__doc__ = getattr(obj, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        return self.obj(*args, **kwargs)
+
+    def __reduce__(self):
+        # Unpickles to the bare function or class on the other side.
+        return (_loads, (cloudpickle.dumps(self.obj),))
+
+    def __repr__(self) -> str:
+        return f"ppkit.by_value({self.obj!r})"
+
+
+def by_value(obj):
+    """Wrap a function or class defined in a notebook cell so RPC sends it by value.
+
+    >>> def square(x):
+    ...     return x * x
+    >>> rpc.rpc_sync("worker1", ppkit.by_value(square), args=(3,))
+    9
+    """
+    if not callable(obj):
+        raise ConfigError(f"by_value() wraps a function or class, got {type(obj).__name__}.")
+    return _ByValue(obj)
+
+
+def backend_options(num_worker_threads: int, rpc_timeout: float, init_method: str):
+    from torch.distributed import rpc
+
+    return rpc.TensorPipeRpcBackendOptions(
+        num_worker_threads=num_worker_threads, rpc_timeout=rpc_timeout,
+        init_method=init_method, _transports=["uv"])
+
+
+def _init_rpc(name: str, rank: int, world_size: int, options: dict, env: dict,
+              init_counter: int | None = None) -> str:
+    from torch.distributed import rpc
+
+    os.environ.update(env)
+    if init_counter is not None:
+        # torch prefixes the rendezvous keys with a per-process count of init_rpc calls
+        # ("rpc_prefix_N"). A kernel that re-initialises RPC is at N > 0 while fresh workers
+        # are at 0, and gloo then waits forever for keys nobody writes. Align the counts.
+        with rpc._init_counter_lock:
+            rpc._init_counter = init_counter
+    # Likewise rpc's internal all_gather numbers its rounds per process and keeps the
+    # states of rounds a dead world never finished. Every world starts from a clean slate.
+    rpc.api._all_gather_sequence_id.clear()
+    rpc.api._all_gather_sequence_id_to_states.clear()
+    with warnings.catch_warnings():
+        # init_rpc trips torch's own "ProcessGroupGloo as a ProcessGroup" deprecation warning
+        warnings.filterwarnings("ignore", message="You are using a Backend")
+        rpc.init_rpc(name, rank=rank, world_size=world_size,
+                     rpc_backend_options=backend_options(**options))
+    return name
+
+
+def _worker_init(rank: int, world_size: int, rpc_world_size: int, options: dict, env: dict,
+                 init_counter: int) -> str:
+    return _init_rpc(f"worker{rank + 1}", rank + 1, rpc_world_size, options, env, init_counter)
+
+
+def _run_with_deadline(fn, seconds: float) -> tuple[bool, BaseException | None]:
+    """Run ``fn`` in a daemon thread; (finished?, exception). A hung call is left behind."""
+    outcome: list = []
+
+    def target():
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True, name="ppkit-rpc")
+    thread.start()
+    thread.join(seconds)
+    return (bool(outcome), outcome[0] if outcome else None)
+
+
+class RpcWorld:
+    """This process as RPC rank 0 ("master") plus ``num_workers`` background workers."""
+
+    def __init__(self, num_workers: int = 2, *, num_worker_threads: int = 16,
+                 rpc_timeout: float = 60.0, start_timeout: float = 120.0,
+                 env: dict[str, str] | None = None):
+        launch.check_world_size(num_workers)
+        if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, int) \
+                or num_worker_threads < 1:
+            raise ConfigError(f"num_worker_threads must be a positive whole number, got "
+                              f"{num_worker_threads!r}.")
+        self.rpc_timeout = _check_timeout(rpc_timeout, "rpc_timeout")
+        self.start_timeout = _check_timeout(start_timeout, "start_timeout")
+        _check_kernel_free()
+        self.num_workers = num_workers
+        self.num_worker_threads = num_worker_threads
+        self.worker_names = [f"worker{i}" for i in range(1, num_workers + 1)]
+        self.names = [MASTER, *self.worker_names]
+        self._env = {**launch.local_env(), **(env or {})}
+        self.cluster = Cluster(num_workers, "gloo", process_group=False,
+                               timeout=self.start_timeout, start_timeout=self.start_timeout,
+                               env=self._env, labels=self.worker_names)
+        self.state = "starting"
+        self._generation = 0
+        try:
+            self._init()
+        except BaseException:
+            self.close()
+            raise
+
+    def _init(self) -> None:
+        store = self.cluster._tmpdir / f"rpc-store-{self._generation}-{time.monotonic_ns()}"
+        options = {"num_worker_threads": self.num_worker_threads, "rpc_timeout": self.rpc_timeout,
+                   "init_method": f"file://{store}"}
+        world_size = self.num_workers + 1
+        kernel_error: list = []
+        from torch.distributed import rpc
+
+        init_counter = rpc._init_counter
+
+        def init_kernel():
+            try:
+                _init_rpc(MASTER, 0, world_size, options, self._env)
+            except BaseException as exc:  # noqa: BLE001
+                kernel_error.append(exc)
+
+        thread = threading.Thread(target=init_kernel, daemon=True, name="ppkit-rpc-init")
+        thread.start()
+        self.cluster.run(_worker_init, world_size, options, self._env, init_counter,
+                         timeout=self.start_timeout)
+        thread.join(self.start_timeout)
+        if thread.is_alive() or kernel_error:
+            cause = kernel_error[0] if kernel_error else None
+            raise LaunchError(
+                "the notebook kernel could not join the RPC world as 'master'"
+                + (f": {cause}" if cause else f" within {self.start_timeout:g} s")
+                + ". Restart the kernel if this repeats.") from cause
+        self.state = "ready"
+
+    def restart(self) -> RpcWorld:
+        """Shut RPC down everywhere, restart the workers and form a fresh RPC world."""
+        if self.state == "closed":
+            raise ClusterStateError("this RPC world is closed; start a new one with ppkit.start_rpc().")
+        self._shutdown_rpc()
+        self.cluster.restart()
+        self._generation += 1
+        self._init()
+        return self
+
+    def _shutdown_rpc(self) -> None:
+        """Stop RPC everywhere without ever blocking the kernel.
+
+        A graceful ``rpc.shutdown()`` is a barrier over every rank: it hangs for good after a
+        timed-out RPC, and in torch 2.14 a kernel's *second* graceful shutdown hangs in the
+        agent's join even when all is well. The workers are about to be killed anyway, so:
+        kill them first, then drop the kernel's agent with ``graceful=False``.
+        """
+        global _kernel_rpc_stuck
+        from torch.distributed import rpc
+
+        if self.state not in ("ready", "broken"):
+            return
+        self.state = "stopping"
+        # Our agent first, so the kernel does not log an "EOF" per worker it loses.
+        finished, _ = _run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
+        self.cluster._kill_workers(quiet=True)
+        self.cluster._break("its RPC world was shut down.")
+        if not finished:
+            _kernel_rpc_stuck = True
+
+    def close(self) -> None:
+        """Shut RPC down on every rank and stop the workers. Never hangs; safe to call twice."""
+        global _active
+        if self.state == "closed":
+            return
+        try:
+            self._shutdown_rpc()
+        finally:
+            self.state = "closed"
+            self.cluster.close()
+            if _active is self:
+                _active = None
+
+    def mark_broken(self) -> None:
+        """Tell the world an RPC failed, so ``close``/``restart`` skip the graceful shutdown."""
+        if self.state == "ready":
+            self.state = "broken"
+
+    def __enter__(self) -> RpcWorld:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None:
+            self.mark_broken()
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ppkit.RpcWorld names={self.names} state={self.state!r}>"
+
+
+def _check_kernel_free() -> None:
+    from torch.distributed import rpc
+
+    if _kernel_rpc_stuck:
+        raise ClusterStateError(
+            "an earlier RPC shutdown in this kernel never returned, so RPC cannot start again in "
+            "this process. Restart the kernel (Kernel > Restart), then run the cell again.")
+    if rpc.api._is_current_rpc_agent_set():
+        raise ClusterStateError(
+            "RPC is already running in this kernel (rpc.init_rpc was called outside ppkit). "
+            "Call rpc.shutdown() first, or restart the kernel.")
+
+
+def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
+    """Make this kernel the RPC "master" (rank 0) with workers "worker1".."workerN".
+
+    Re-running replaces the previous world. Options: ``num_worker_threads`` (16),
+    ``rpc_timeout`` (60 s), ``start_timeout``.
+    """
+    global _active
+    if _active is not None:
+        _active.close()
+    _active = RpcWorld(num_workers, **options)
+    return _active
+
+
+def active() -> RpcWorld | None:
+    return _active
