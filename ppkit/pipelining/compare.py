@@ -93,28 +93,44 @@ def run_schedule(cluster, x: torch.Tensor, y: torch.Tensor, schedule: str = "gpi
     return merge_ranks(cluster.run(train_step, x, y, schedule, timeout=timeout, **options))
 
 
+def _set_num_threads(num_threads: int) -> int:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    return previous
+
+
 def rpc_step(model, x: torch.Tensor, y: torch.Tensor, num_microbatches: int = 4, *, steps: int = 1,
-             return_grads: bool = True) -> ScheduleRun:
+             num_threads: int | None = 1, return_grads: bool = True) -> ScheduleRun:
     """The same steps through the RPC ``PipelineModel`` (eval mode, no optimizer step).
 
     The driver (this process) sends every micro-batch, gathers the logits, computes the loss and
-    runs ``dist_autograd.backward``; the shards' timing events give the timeline.
+    runs ``dist_autograd.backward``; the shards' timing events give the timeline. ``num_threads``
+    per stage process, as in ``train_step`` (restored after).
     """
     import torch.distributed.autograd as dist_autograd
+    import torch.distributed.rpc as rpc
 
     model.eval()
     model.microbatch_size = microbatch_size_of(len(x), num_microbatches)
+    processes = dict.fromkeys(p.process for p in model.placement)
+    if num_threads is not None:
+        processes = {name: rpc.rpc_sync(name, _set_num_threads, args=(num_threads,)) for name in processes}
     model.drain_events()
     step_times, grads = [], None
-    for i in range(steps):
-        start = time.time()
-        with dist_autograd.context() as context_id:
-            loss = nn.functional.cross_entropy(model(x), y)
-            dist_autograd.backward(context_id, [loss])
-            step_times.append(time.time() - start)
-            if return_grads and i == steps - 1:
-                grads = model.gradients(context_id)
-        raw = model.drain_events()
+    try:
+        for i in range(steps):
+            start = time.time()
+            with dist_autograd.context() as context_id:
+                loss = nn.functional.cross_entropy(model(x), y)
+                dist_autograd.backward(context_id, [loss])
+                step_times.append(time.time() - start)
+                if return_grads and i == steps - 1:
+                    grads = model.gradients(context_id)
+            raw = model.drain_events()
+    finally:
+        for name, previous in processes.items():
+            if previous is not None:
+                rpc.rpc_sync(name, _set_num_threads, args=(previous,))
     timeline = Timeline.from_raw(raw, model.stage_labels(), num_microbatches, origin=start)
     return ScheduleRun("rpc", num_microbatches, model.microbatch_size, loss.item(), grads, step_times,
                        timeline)
@@ -231,19 +247,20 @@ def compare_schedules(cluster, model, x: torch.Tensor, y: torch.Tensor, num_micr
     return runs
 
 
-COLUMNS = ("schedule", "s / step", "vs rpc", "idle share measured", "idle share model",
+COLUMNS = ("schedule", "s / step", "vs rpc", "idle: measured", "bubble model", "equal stages",
            "activations stage 1", "activations stage 2")
 
 
 def table_rows(runs: dict[str, ScheduleRun]) -> list[list[str]]:
-    """One row per run: time per step, idle shares (measured, and the equal-stage model
-    ``(S-1)/(m+S-1)``), activation peaks per stage."""
+    """One row per run: time per step; the stages' idle share measured, in the bubble model with
+    the measured stage times, and for equal stages ``(S-1)/(m+S-1)``; activation peaks per stage."""
     base = runs["rpc"].step_time if "rpc" in runs else None
     rows = []
     for name, run in runs.items():
         peaks = run.peak_activation_bytes or [None] * run.num_stages
+        equal = bubble_fraction(run.num_stages, run.num_microbatches)
         rows.append([name, f"{run.step_time:.3f}", "-" if base is None else f"{run.step_time / base:.2f}x",
-                     f"{run.idle_share():.0%}", f"{bubble_fraction(run.num_stages, run.num_microbatches):.0%}",
+                     f"{run.idle_share():.0%}", f"{run.prediction().bubble:.0%}", f"{equal:.0%}",
                      *("not measured" if p is None else f"{p / 2**20:.1f} MiB" for p in peaks)])
     return rows
 

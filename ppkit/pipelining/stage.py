@@ -139,6 +139,42 @@ def _explain_timeout(exc: Exception, stage: TimedStage, schedule: str, p2p_timeo
         stage=stage.stage_index, process=f"rank {rank}")
 
 
+def _check_options(schedule, cut, world_size, steps, num_threads, loss, lr) -> None:
+    check_schedule(schedule)
+    check_cut(cut)
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+        raise ConfigError(f"lr must be a positive learning rate or None, got {lr!r}.")
+    if loss not in LOSSES:
+        raise ConfigError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}.")
+    if world_size != 2:
+        raise ConfigError(f"the ResNet50 split has 2 stages, so it needs a 2-rank cluster, not {world_size}.")
+    if steps < 1:
+        raise ConfigError(f"steps must be at least 1, got {steps}.")
+    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                    or num_threads < 1):
+        raise ConfigError(f"num_threads must be a positive number of threads or None, got {num_threads!r}.")
+
+
+def build_schedule(module: nn.Module, rank: int, world_size: int, examples: list[torch.Tensor], group,
+                   schedule: str, num_microbatches: int, loss_fn):
+    """This rank's ``PipelineStage`` and the schedule that drives it."""
+    stage = TimedStage(module, stage_index=rank, num_stages=world_size, device=torch.device("cpu"),
+                       input_args=examples[rank],       # what this stage receives, and what it
+                       output_args=examples[rank + 1],  # sends (meta tensors: only the shapes)
+                       group=group)                     # gloo, with a short timeout
+    return stage, SCHEDULES[schedule](stage, n_microbatches=num_microbatches, loss_fn=loss_fn)
+
+
+def step_once(stage, schedule, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """One step on this rank; the last stage returns its micro-batches' losses."""
+    losses: list[torch.Tensor] = []
+    if stage.is_first:
+        schedule.step(x)  # cut into micro-batches and fed through the pipeline
+    else:
+        schedule.step(target=y, losses=losses)  # the labels live on the last stage
+    return losses
+
+
 def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, schedule: str = "gpipe", *,
                num_microbatches: int = 4, cut: str = DEFAULT_CUT, seed: int = 0, steps: int = 1,
                p2p_timeout: float = 30.0, num_threads: int | None = 1, return_grads: bool = True,
@@ -154,30 +190,17 @@ def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, sch
     Returns this stage's loss (last stage), gradients, step times, forward/backward timeline and the
     peak bytes of activations kept for backward.
     """
-    check_schedule(schedule)
-    check_cut(cut)
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
-        raise ConfigError(f"lr must be a positive learning rate or None, got {lr!r}.")
-    if loss not in LOSSES:
-        raise ConfigError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}.")
-    if world_size != 2:
-        raise ConfigError(f"the ResNet50 split has 2 stages, so it needs a 2-rank cluster, not {world_size}.")
-    if steps < 1:
-        raise ConfigError(f"steps must be at least 1, got {steps}.")
-    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
-                                    or num_threads < 1):
-        raise ConfigError(f"num_threads must be a positive number of threads or None, got {num_threads!r}.")
-    microbatch_size = microbatch_size_of(len(x), num_microbatches)
-    examples = stage_example_tensors(cut, microbatch_size, x.shape[-1])
+    _check_options(schedule, cut, world_size, steps, num_threads, loss, lr)
     if schedule == "1f1b" and num_microbatches < world_size:
         raise ConfigError(f"1F1B needs at least as many micro-batches as stages ({world_size}), got "
                           f"{num_microbatches}: use smaller micro-batches, or GPipe.")
+    microbatch_size = microbatch_size_of(len(x), num_microbatches)
+    examples = stage_example_tensors(cut, microbatch_size, x.shape[-1])
     module = _shard(cut, seed, rank, train_mode, lr)
     optimizer = None if lr is None else torch.optim.SGD(module.parameters(), lr=lr)
     group = _pipeline_group(world_size, p2p_timeout)
-    stage = TimedStage(module, rank, world_size, torch.device("cpu"), input_args=examples[rank],
-                       output_args=examples[rank + 1], group=group)
-    sched = SCHEDULES[schedule](stage, num_microbatches, loss_fn=LOSSES[loss])
+    stage, sched = build_schedule(module, rank, world_size, examples, group, schedule, num_microbatches,
+                                  LOSSES[loss])
     meter = ActivationMeter(module)
     step_times, losses = [], []
     threads = torch.get_num_threads()
@@ -189,12 +212,8 @@ def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, sch
             meter.reset_peak()
             dist.barrier(group=group)
             start = time.perf_counter()
-            losses = []
             with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
-                if stage.is_first:
-                    sched.step(x)
-                else:
-                    sched.step(target=y, losses=losses)
+                losses = step_once(stage, sched, x, y)
             if optimizer is not None:
                 optimizer.step()
             step_times.append(time.perf_counter() - start)
