@@ -34,6 +34,23 @@ def runs(cluster2, batch):
                                    timeout=RUN_TIMEOUT) for name in pp.SCHEDULES}
 
 
+@pytest.fixture(scope="module")
+def rpc_run(batch):
+    """The same step through the RPC pipeline (this process is the RPC master)."""
+    import torch.distributed.rpc as rpc
+
+    from ppkit.pipeline import PipelineModel
+
+    with ppkit.start_rpc(num_workers=2) as world, PipelineModel("worker1:cpu,worker2:cpu") as model:
+        names = ("worker1", "worker2")
+        threads = [rpc.rpc_sync(name, cmp._set_num_threads, args=(3,)) for name in names]
+        run = cmp.rpc_step(model, *batch, MICROBATCHES, steps=2)
+        after = [rpc.rpc_sync(name, cmp._set_num_threads, args=(t,)) for name, t in zip(names, threads)]
+        assert after == [3, 3]  # rpc_step ran its stages on one thread each, then put 3 back
+        assert world.state == "ready"
+    return run
+
+
 # -- pieces that need no cluster ---------------------------------------------------------------
 def test_microbatch_size_must_divide_the_batch():
     assert pp.microbatch_size_of(8, 4) == 2
@@ -92,7 +109,8 @@ def test_grad_difference():
         cmp.grad_difference([{"v": torch.zeros(2)}], a)
 
 
-@pytest.mark.parametrize("times", [([1.0, 1.0], [2.0, 2.0]), ([0.3, 1.1], [0.9, 2.5]), ([2.0, 0.5], [1.0, 0.2])])
+@pytest.mark.parametrize("times", [([1.0, 1.0], [2.0, 2.0]), ([0.3, 1.1], [0.9, 2.5]),
+                                   ([2.0, 0.5], [1.0, 0.2])])
 def test_ideal_gpipe_timeline_agrees_with_the_rpc_pipelines_bubble_model(times):
     forward, backward = times
     events = cmp.ideal_timeline(cmp.schedule_orders("gpipe", 2, 5), forward, backward)
@@ -137,6 +155,16 @@ def test_the_tutorials_loss_and_an_sgd_step(cluster2, batch):
     expected = cmp.reference_step(x, one_hot, loss="mse")
     assert run.loss == pytest.approx(expected["loss"], rel=1e-5)
     assert cmp.grad_difference(run.grads, expected["grads"]) < 1e-5
+
+
+def test_the_rpc_pipeline_computes_the_same_loss_and_gradients(rpc_run, reference):
+    assert rpc_run.schedule == "rpc" and len(rpc_run.step_times) == 2
+    assert rpc_run.loss == pytest.approx(reference["loss"], rel=1e-5)
+    assert cmp.grad_difference(rpc_run.grads, reference["grads"]) < 1e-5
+    assert sorted((e.stage, e.phase, e.microbatch) for e in rpc_run.timeline.events) == sorted(
+        (s, p, mb) for s in range(2) for p in ("forward", "backward") for mb in range(MICROBATCHES))
+    table = cmp.format_table({"rpc": rpc_run})
+    assert "not measured" in table  # no activation meter inside the RPC stages
 
 
 def test_each_stage_runs_every_microbatch_forward_and_backward(runs):
