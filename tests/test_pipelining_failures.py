@@ -47,4 +47,5 @@ def test_a_failing_stage_does_not_leave_its_neighbour_hanging(batch, no_leftover
             cluster.run(_failing_loss, *batch, timeout=RUN_TIMEOUT)
         assert info.value.exc_types[1] != "StageTimeoutError"  # the real cause is reported...
         assert info.value.exc_types[0] == "StageTimeoutError"  # ...and its neighbour gave up in time
+        assert "stage 1 of 2 (rank 0) of the 1f1b pipeline waited more than 3 s" in str(info.value)
         assert cluster.state == "ready"

@@ -132,7 +132,8 @@ def _explain_timeout(exc: Exception, stage: TimedStage, schedule: str, p2p_timeo
             f"{last[1]}" if last else "it had not finished any micro-batch")
     rank = dist.get_rank()
     return StageTimeoutError(
-        f"stage {stage.stage_index} (rank {rank}) of the {schedule} pipeline {what} "
+        f"stage {stage.stage_index + 1} of {stage.num_stages} (rank {rank}) of the {schedule} pipeline "
+        f"{what} "
         f"({done}). Usually the stages disagree (num_microbatches, batch or image size, cut) or "
         "the neighbour stage failed: see its error. Run cluster.restart() before the next pipeline "
         f"step, or raise p2p_timeout if the stages are only slow.\ngloo said: {text.splitlines()[0]}",
