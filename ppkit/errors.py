@@ -74,6 +74,16 @@ class JobInterrupted(KeyboardInterrupt):
     """Kernel > Interrupt (or Ctrl-C) cancelled a running job."""
 
 
+# --- added on branch `lessons` (issue 3) ---------------------------------------------------------
+
+class ExerciseFailed(PPKitError, AssertionError):
+    """An exercise checker found wrong results. ``failures`` lists each one, precisely."""
+
+    def __init__(self, message: str, failures: list[str] | None = None):
+        super().__init__(message)
+        self.failures = list(failures or [])
+
+
 # --- pipeline (branch: pipeline) ---------------------------------------------------------------
 
 class StageError(WorkerError):

@@ -14,6 +14,7 @@ import sys
 
 
 def clean(nb: dict) -> dict:
+    count = 0
     for cell in nb["cells"]:
         cell.get("metadata", {}).pop("execution", None)
         if cell["cell_type"] != "code":
@@ -21,11 +22,12 @@ def clean(nb: dict) -> dict:
         source = "".join(cell["source"])
         if "NBVAL_CHECK_OUTPUT" not in source:
             cell["outputs"] = []
-        cell["execution_count"] = None
-        for out in cell.get("outputs", []):
-            out.pop("execution_count", None)
-            if "execution_count" in out or out.get("output_type") == "execute_result":
-                out["execution_count"] = None
+        # nbval refuses a cell with outputs but no execution count ("unrun reference cell")
+        count += bool(cell["outputs"])
+        cell["execution_count"] = count if cell["outputs"] else None
+        for out in cell["outputs"]:
+            if out.get("output_type") == "execute_result":
+                out["execution_count"] = cell["execution_count"]
     nb.get("metadata", {}).pop("widgets", None)
     return nb
 

@@ -23,7 +23,6 @@ from ppkit.pipeline.config import (
 )
 from ppkit.pipeline.timeline import Event, Timeline, union_length
 
-
 # -- placement and configuration -------------------------------------------------------------------
 
 def test_parse_placement():

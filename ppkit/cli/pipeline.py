@@ -140,7 +140,7 @@ def main(args) -> int:
             from ppkit.pipeline.verify import EVAL_ATOL, max_abs_diff
 
             batches = [make_batch(config, i)[0] for i in range(config.num_batches)]
-            worst = max_abs_diff(model, batches, config.microbatch_sizes, config.num_classes)
+            worst = max_abs_diff(model, batches, config.microbatch_sizes)
             ok = worst <= EVAL_ATOL
             print(f"verify: max |pipeline - local torchvision ResNet50| = {worst:.2e} over "
                   f"{len(batches)} batches x micro-batch sizes {' '.join(map(str, config.microbatch_sizes))}"

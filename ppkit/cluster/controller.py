@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import linecache
 import os
 import queue
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -79,7 +81,8 @@ class Cluster:
         self._printer = RankPrinter(labels)  # labels: how output is prefixed, "rank N" by default
         self._zygote = None
         self._zygote_conn = None
-        self._exit_status: dict[int, int] = {}
+        self._exit_status: dict[int, int] = {}  # pid -> wait status, as the fork server reports
+        self._spawned: dict[int, int] = {}  # rank -> pid of this generation's process
         self._broken_reason = ""
         self._tmpdir = Path(tempfile.mkdtemp(prefix="ppkit-"))
         self._server = channel.ChannelServer("127.0.0.1", 0, self._key, self._on_connect)
@@ -133,7 +136,9 @@ class Cluster:
         return {
             "rank": rank, "world_size": self.world_size, "backend": self.backend, "device": device,
             "store": ("file", str(store)), "process_group": self.process_group,
-            "env": self._env, "cwd": os.getcwd(), "sys_path": [os.getcwd()],
+            # the kernel's sys.path too, so functions imported from modules the notebook can
+            # import (sys.path.append("..") in a cell, pytest's test dirs) unpickle on the workers
+            "env": self._env, "cwd": os.getcwd(), "sys_path": [os.getcwd(), *filter(None, sys.path)],
             "join_timeout": self.start_timeout, "pg_timeout": 1800,
         }
 
@@ -142,6 +147,8 @@ class Cluster:
         self.state = "starting"
         self.workers = {}
         self._exit_status = {}
+        self._spawned = {}
+        self._sources_sent: set[str] = set()
         deadline = time.monotonic() + self.start_timeout
         if self._zygote is None or self._zygote.poll() is not None:
             self._zygote = launch.start_zygote(self.address, self._key, self._tmpdir / "zygote.log")
@@ -172,7 +179,7 @@ class Cluster:
                 self._drain()
                 raise LaunchError(
                     f"rank {source} died while starting: "
-                    f"{_describe_status(self._exit_status.get(source))}. See its output above.")
+                    f"{_describe_status(self._status_of(source))}. See its output above.")
         self.workers = dict(sorted(self.workers.items()))
         self._printer.flush()
         self.state = "ready"
@@ -270,9 +277,11 @@ class Cluster:
                 self._printer.write(source, msg[1], msg[2])
             return True
         if kind == "msg" and source == "zygote" and msg[0] == "exited":
-            _, rank, pid, status = msg
-            if rank is not None and self.workers.get(rank, {}).get("pid") in (pid, None):
-                self._exit_status[rank] = status
+            # keyed by pid: a previous generation's worker may be reported after restart()
+            self._exit_status[msg[2]] = msg[3]
+            return True
+        if kind == "msg" and source == "zygote" and msg[0] == "spawned":
+            self._spawned[msg[1]] = msg[2]
             return True
         if kind == "msg" and source == "zygote":
             return True
@@ -281,9 +290,16 @@ class Cluster:
     def _drain(self) -> None:
         while True:
             try:
-                self._handle_common(self._inbox.get_nowait())
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            if self._handle_common(item) or item[0] != "eof" or item[1] == "zygote":
+                continue
+            if self.state == "ready":  # a rank died between jobs (killed, OOM): say so now
+                rank = item[1]
+                self._wait_exit_status(rank)
+                self._break(f"rank {rank} (pid {self.workers.get(rank, {}).get('pid')}) died while "
+                            f"no job was running: {_describe_status(self._status_of(rank))}.")
 
     # -- running jobs ------------------------------------------------------------------------
     def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
@@ -319,9 +335,10 @@ class Cluster:
 
     def _run_payload(self, payload: bytes, timeout: float) -> list:
         job_id = next(self._job_ids)
+        sources = self._cell_sources()
         for rank in range(self.world_size):
             try:
-                self._conns[rank].send(("run", job_id, payload))
+                self._conns[rank].send(("run", job_id, payload, sources))
             except (OSError, KeyError):
                 self._break(f"rank {rank} is gone.")
                 self._check_usable()
@@ -355,6 +372,17 @@ class Cluster:
         if failed:
             self._raise_remote(job_id, results, failed)
         return [cloudpickle.loads(results[r][3]) for r in range(self.world_size)]
+
+    def _cell_sources(self) -> dict:
+        """Notebook cells' source the workers have not had yet.
+
+        IPython keeps each cell's code in ``linecache`` only (mtime None), not on disk; without it
+        a remote traceback or stack would name the cell's line but not show it.
+        """
+        new = {name: entry for name, entry in list(linecache.cache.items())
+               if len(entry) == 4 and entry[1] is None and name not in self._sources_sent}
+        self._sources_sent.update(new)
+        return new
 
     def _break(self, reason: str) -> None:
         self.state = "broken"
@@ -400,15 +428,23 @@ class Cluster:
             "called. Run cluster.restart() for a clean world; pass run(..., timeout=SECONDS) if "
             "the job is just slow.\n" + self._format_stacks(stacks), waiting, stacks)
 
-    def _raise_died(self, rank, job_id, results) -> None:
-        deadline = time.monotonic() + 1.0  # give the fork server a moment to report why
-        while rank not in self._exit_status and time.monotonic() < deadline:
+    def _status_of(self, rank) -> int | None:
+        pid = self._spawned.get(rank, self.workers.get(rank, {}).get("pid"))
+        return self._exit_status.get(pid)
+
+    def _wait_exit_status(self, rank, wait: float = 1.0) -> None:
+        """Give the fork server a moment to report how ``rank`` ended."""
+        deadline = time.monotonic() + wait
+        while self._status_of(rank) is None and time.monotonic() < deadline:
             try:
                 self._handle_common(self._inbox.get(timeout=0.05))
             except queue.Empty:
                 pass
+
+    def _raise_died(self, rank, job_id, results) -> None:
+        self._wait_exit_status(rank)
         self._printer.flush()
-        how = _describe_status(self._exit_status.get(rank))
+        how = _describe_status(self._status_of(rank))
         pid = self.workers.get(rank, {}).get("pid")
         self._break(f"rank {rank} died.")
         raise WorkerDiedError(

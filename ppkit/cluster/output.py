@@ -23,6 +23,6 @@ class RankPrinter:
             out.flush()
 
     def flush(self) -> None:
-        for (rank, stream), rest in sorted(self._partial.items()):
+        partial, self._partial = self._partial, {}  # write() would prepend it a second time
+        for (rank, stream), rest in sorted(partial.items()):
             self.write(rank, stream, rest + "\n")
-        self._partial.clear()

@@ -15,7 +15,9 @@ Three things this module takes care of, because learners hit them at once:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
 import time
 import warnings
@@ -119,6 +121,20 @@ def _run_with_deadline(fn, seconds: float) -> tuple[bool, BaseException | None]:
     return (bool(outcome), outcome[0] if outcome else None)
 
 
+@contextlib.contextmanager
+def _muted_stderr():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 class RpcWorld:
     """This process as RPC rank 0 ("master") plus ``num_workers`` background workers."""
 
@@ -202,9 +218,13 @@ class RpcWorld:
         if self.state not in ("ready", "broken"):
             return
         self.state = "stopping"
-        # Our agent first, so the kernel does not log an "EOF" per worker it loses.
-        finished, _ = _run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
-        self.cluster._kill_workers(quiet=True)
+        # Our agent first, so the kernel does not log an "EOF" per worker it loses; TensorPipe
+        # still logs "pipe closed" from C++ for each, which would look like an error in the
+        # notebook, so fd 2 is muted meanwhile.
+        with _muted_stderr():
+            finished, _ = _run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
+            self.cluster._kill_workers(quiet=True)
+            time.sleep(0.1)  # TensorPipe logs from its own threads
         self.cluster._break("its RPC world was shut down.")
         if not finished:
             _kernel_rpc_stuck = True

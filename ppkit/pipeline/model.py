@@ -62,9 +62,16 @@ def _module_of(builder) -> str | None:
     return name if name and name != "__main__" else None
 
 
+_NOISE = ("Got the following error when running the callback: ",)
+
+
 def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    """The first line of an error that crossed RPC, without torch's wrapping."""
+    lines = str(exc).strip().splitlines()
+    line = lines[0] if lines else type(exc).__name__
+    for noise in _NOISE:
+        line = line.replace(noise, "")
+    return line
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -78,8 +85,9 @@ class PipelineModel(nn.Module):
     ``placement``: one ``NAME:DEVICE`` per shard (``"worker1:cpu,worker2:cpu"``; ``master`` is
     this process). ``microbatch_size``: images per micro-batch (``None``: the whole batch, i.e.
     plain model parallelism). ``shards``: zero-argument callables that build each shard on its
-    process (default: ResNet50 cut after ``cut`` with weights from ``seed``). ``timeout``: seconds
-    before an unanswered stage counts as failed (default: the RPC world's timeout).
+    process (default: ResNet50 cut after ``cut`` with weights from ``seed``, in ``dtype``; float64
+    makes exact comparisons possible). ``timeout``: seconds before an unanswered stage counts as
+    failed (default: the RPC world's timeout).
 
     Needs an RPC world in this process (``ppkit.start_rpc``). Checks the placement against it
     (names, devices, importable modules) before building anything.
@@ -87,12 +95,12 @@ class PipelineModel(nn.Module):
 
     def __init__(self, placement="worker1:cpu,worker2:cpu", *, microbatch_size: int | None = None,
                  cut: str = DEFAULT_CUT, seed: int = 0, num_classes: int = 1000, shards=None,
-                 timeout: float | None = None):
+                 dtype: torch.dtype | None = None, timeout: float | None = None):
         super().__init__()
         self.placement: tuple[Placement, ...] = parse_placement(placement)
         if shards is None:
             check_cut(cut)
-            shards = [functools.partial(stages.resnet_shard, i, cut, seed, num_classes)
+            shards = [functools.partial(stages.resnet_shard, i, cut, seed, num_classes, dtype)
                       for i in range(len(self.placement))]
             if len(self.placement) != 2:
                 raise ConfigError(
@@ -109,6 +117,7 @@ class PipelineModel(nn.Module):
             raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}.")
         self.cut = cut
         self.seed = seed
+        self.num_classes = num_classes
         self.microbatch_size = microbatch_size
         self.timeout = timeout
         self._rpc_timeout = rpc.constants.UNSET_RPC_TIMEOUT if timeout is None else timeout
@@ -223,12 +232,15 @@ class PipelineModel(nn.Module):
         if errors:
             i, mb, exc = min(errors, key=lambda e: (e[0], e[1]))  # the earliest stage to fail
             p = self.placement[i]
-            limit = f"{self.timeout:g} s" if self.timeout else "the RPC world's timeout"
-            what = f"did not answer within {limit}" if _is_timeout(exc) else f"failed: {_short(exc)}"
-            raise StageError(
-                f"stage {i + 1} ({p.process}:{p.device}) {what} on micro-batch {mb} of {len(calls)}. "
-                "The model and the RPC world are still usable; if processes died, world.restart() "
-                "brings fresh ones.", stage=i, process=p.process, microbatch=mb) from exc
+            where = f"stage {i + 1} ({p.process}:{p.device})"
+            if _is_timeout(exc):
+                limit = f"{self.timeout:g} s" if self.timeout else "the RPC world's timeout"
+                what = (f"{where} did not answer within {limit} on micro-batch {mb} of {len(calls)}. "
+                        "It may still be busy: world.restart() gives fresh processes.")
+            else:
+                what = (f"{where} failed: {_short(exc)} (micro-batch {mb} of {len(calls)}). The "
+                        "stage's traceback is in this error's __cause__; the model stays usable.")
+            raise StageError(what, stage=i, process=p.process, microbatch=mb) from exc
         return outputs
 
     def _call_all(self, fn, *args, what: str) -> list:
@@ -287,7 +299,8 @@ class PipelineModel(nn.Module):
         self.close()
 
     def extra_repr(self) -> str:
-        return f"placement={item_list(self.placement)}, microbatch_size={self.microbatch_size}, cut={self.cut!r}"
+        return (f"placement={item_list(self.placement)}, microbatch_size={self.microbatch_size}, "
+                f"cut={self.cut!r}")
 
 
 def _release(processes_and_ids) -> None:

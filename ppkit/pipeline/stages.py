@@ -36,6 +36,9 @@ MAX_EVENTS = 100_000  # per stage; the driver drains them after every batch
 # Stages living in this process, by id. The driver (PipelineModel) creates and releases them.
 _stages: dict[str, "Stage"] = {}
 _stages_lock = threading.Lock()
+# Builders draw initial weights from the global RNG: two stages built at once in one process
+# (both shards on one worker) would interleave their draws and get different weights.
+_build_lock = threading.Lock()
 
 
 class _OnBackward(torch.autograd.Function):
@@ -52,14 +55,16 @@ class _OnBackward(torch.autograd.Function):
         return grad, None
 
 
-def resnet_shard(index: int, cut: str, seed: int, num_classes: int = 1000) -> nn.Sequential:
+def resnet_shard(index: int, cut: str, seed: int, num_classes: int = 1000,
+                 dtype: torch.dtype | None = None) -> nn.Sequential:
     """Shard ``index`` (0 or 1) of ``ppkit.models.resnet.resnet50(seed)`` cut after ``cut``.
 
     Every process builds the same weights from the seed, so nothing large crosses the wire.
     """
     from ppkit.models.resnet import resnet50, split_resnet50
 
-    return split_resnet50(resnet50(seed, num_classes), cut)[index]
+    shard = split_resnet50(resnet50(seed, num_classes), cut)[index]
+    return shard if dtype is None else shard.to(dtype)
 
 
 class Stage:
@@ -69,7 +74,8 @@ class Stage:
         self.id = stage_id
         self.index = index
         self.device = torch.device(device)
-        self.module = builder().to(self.device)
+        with _build_lock:
+            self.module = builder().to(self.device)
         self.previous: tuple[str, str] | None = None  # (process, stage id) this stage pulls from
         self.optimizer = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -278,7 +284,14 @@ def run(stage_id: str, key: tuple[int, int], x, grad: bool, keep: bool, timeout:
         process, previous_id = stage.previous
         # Issued here, in the handler, so it carries the caller's distributed-autograd context.
         rpc.rpc_async(process, take, args=(previous_id, key), timeout=timeout).add_done_callback(compute)
-    return result
+    return result.then(_value)
+
+
+def _value(future):
+    # A Python future's set_exception() stores the exception as its *value*, and RPC would send
+    # that value back as if it were a result. Reading it here raises it, and the future this
+    # callback completes carries a real error, which RPC sends as one.
+    return future.value()
 
 
 def _failed(exc: BaseException) -> torch.futures.Future:

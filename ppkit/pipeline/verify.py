@@ -16,20 +16,20 @@ from ppkit.pipeline.model import PipelineModel
 EVAL_ATOL = 1e-4  # eval-mode outputs, any micro-batch size; measured differences stay below 6e-5
 
 
-def local_copy(model: PipelineModel, num_classes: int = 1000) -> torch.nn.Module:
+def local_copy(model: PipelineModel) -> torch.nn.Module:
     """A local torchvision ResNet50 with the pipeline's current weights (and BN statistics)."""
-    local = resnet50(model.seed, num_classes)
+    local = resnet50(model.seed, model.num_classes)
     for shard, state in zip(split_resnet50(local, model.cut), model.state_dicts()):
         shard.load_state_dict(state)
     return local
 
 
-def max_abs_diff(model: PipelineModel, batches, microbatch_sizes=None, num_classes: int = 1000) -> float:
+def max_abs_diff(model: PipelineModel, batches, microbatch_sizes=None) -> float:
     """Largest |pipeline - local| over ``batches`` (inputs) and micro-batch sizes, in eval mode.
 
     Restores the pipeline's train/eval mode and micro-batch size afterwards.
     """
-    local = local_copy(model, num_classes).eval()
+    local = local_copy(model).eval()
     was_training, size = model.training, model.microbatch_size
     worst = 0.0
     model.eval()

@@ -203,7 +203,8 @@ class Worker:
     def serve(self) -> None:
         while True:
             try:
-                job_id, payload = self._jobs.get()
+                job_id, payload, sources = self._jobs.get()
+                linecache.cache.update(sources)  # notebook cells, for tracebacks and stacks
                 with self._current_lock:
                     self._current = job_id
                 msg = self._run_job(job_id, payload)

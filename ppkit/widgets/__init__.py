@@ -1,1 +1,5 @@
-"""Notebook widgets (ipywidgets) for ppkit lessons."""
+"""Interactive widgets for the notebooks (ipywidgets)."""
+
+from ppkit.widgets.collectives import CollectivesExplorer
+
+__all__ = ["CollectivesExplorer"]

@@ -1,0 +1,1 @@
+"""Benchmarks: ``comm`` measures collectives and point-to-point transfers like nccl-tests."""

@@ -1,0 +1,289 @@
+"""Communication benchmark in the manner of nccl-tests, plus raw loopback TCP as the ceiling.
+
+For each operation and message size: the time of one operation (max over ranks of the mean over
+``iters`` runs), the algorithm bandwidth ``algbw = size / time`` and the bus bandwidth, which
+nccl-tests defines so that it is comparable across world sizes:
+
+    all_reduce  busbw = algbw * 2 (n - 1) / n
+    all_gather  busbw = algbw * (n - 1) / n      (size = the gathered output, n pieces)
+    broadcast   busbw = algbw
+    p2p         busbw = algbw                    (rank 0 sends to rank 1, one direction)
+    tcp         busbw = algbw                    (the same pattern over a plain Python socket)
+
+"tcp" is the ceiling for gloo on one machine: gloo moves bytes over loopback TCP too, so its
+p2p can approach but not beat a plain socket between the same two processes.
+
+    with ppkit.Cluster(2, "gloo") as cluster:
+        rows = run(cluster, sizes=sizes(4 << 10, 1 << 20))
+    print(table(rows))
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+from ppkit.errors import ConfigError
+
+OPS = ("p2p", "all_reduce", "all_gather", "broadcast")
+MIN_BYTES, MAX_BYTES = 4 << 10, 256 << 20
+TARGET_BYTES, TARGET_RATIO = 64 << 20, 0.5  # issue 3: gloo p2p at >= 64 MB reaches >= 50% of raw TCP
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """nccl-tests' factor from algbw to busbw."""
+    n = world_size
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op == "all_gather":
+        return (n - 1) / n
+    return 1.0
+
+
+def sizes(min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES, factor: int = 2) -> list[int]:
+    """Message sizes from ``min_bytes`` to ``max_bytes``, each ``factor`` times the last."""
+    if min_bytes < 4 or max_bytes < min_bytes:
+        raise ConfigError(f"need 4 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}.")
+    if factor < 2:
+        raise ConfigError(f"factor must be 2 or more (each size is factor times the last), got {factor}.")
+    out, size = [], min_bytes
+    while size <= max_bytes:
+        out.append(size)
+        size *= factor
+    return out
+
+
+def parse_size(text: str) -> int:
+    """``"4K"`` -> 4096, ``"256M"`` -> 268435456, ``"1G"``, or plain bytes."""
+    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B") if text.strip() else ""
+    number, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        value = int(float(number) * units[unit])
+    except ValueError:
+        raise ConfigError(f"cannot read the size {text!r}; write it like 4096, 4K, 64M or 1G.") from None
+    if value <= 0:
+        raise ConfigError(f"a message size must be positive, got {text!r}.")
+    return value
+
+
+def default_iters(size: int) -> tuple[int, int]:
+    """(warmup, iters): many runs of small messages, a few of large ones."""
+    iters = max(3, min(20, (512 << 20) // size))
+    return (1 if size >= (16 << 20) else 3), iters
+
+
+# -- what every rank runs ---------------------------------------------------------------------
+
+def _timed(fn, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start) / iters
+
+
+def measure(rank, world_size, op: str, size: int, warmup: int, iters: int) -> dict:
+    """Time ``op`` on ``size`` bytes on this rank (run through ``cluster.run``)."""
+    if op not in OPS + ("tcp",):
+        raise ConfigError(f"unknown benchmark operation {op!r}; choose from {', '.join(OPS + ('tcp',))}.")
+    if op in ("p2p", "tcp") and world_size < 2:
+        raise ConfigError(f"{op} needs at least 2 ranks (rank 0 sends to rank 1).")
+    n = world_size
+    if op == "tcp":
+        seconds = _tcp(rank, size, warmup, iters)
+        return {"op": op, "bytes": size, "seconds": seconds}
+    numel = size // 4
+    if op == "all_gather":
+        per_rank = size // (4 * n)
+        inp, out = torch.ones(per_rank), torch.empty(per_rank * n)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        seconds = _timed(lambda: gather(out, inp), warmup, iters)
+        return {"op": op, "bytes": per_rank * n * 4, "seconds": seconds}
+    buf = torch.ones(numel)
+    if op == "all_reduce":
+        seconds = _timed(lambda: dist.all_reduce(buf), warmup, iters)
+    elif op == "broadcast":
+        seconds = _timed(lambda: dist.broadcast(buf, src=0), warmup, iters)
+    else:
+        seconds = _p2p(rank, buf, warmup, iters)
+    return {"op": op, "bytes": numel * 4, "seconds": seconds}
+
+
+def _p2p(rank: int, buf: torch.Tensor, warmup: int, iters: int) -> float:
+    """Rank 0 sends ``iters`` messages to rank 1, which acknowledges the last one."""
+    ack = torch.zeros(1)
+
+    def burst(count):
+        for _ in range(count):
+            if rank == 0:
+                dist.send(buf, dst=1)
+            elif rank == 1:
+                dist.recv(buf, src=0)
+        if rank == 0:
+            dist.recv(ack, src=1)
+        elif rank == 1:
+            dist.send(ack, dst=0)
+
+    burst(warmup)
+    dist.barrier()
+    start = time.perf_counter()
+    burst(iters)
+    return (time.perf_counter() - start) / iters
+
+
+def _tcp(rank: int, size: int, warmup: int, iters: int) -> float:
+    """The same pattern as ``_p2p`` over one plain loopback socket between ranks 0 and 1."""
+    port = torch.zeros(1, dtype=torch.int64)
+    listener = conn = None
+    if rank == 0:
+        listener = socket.create_server(("127.0.0.1", 0))
+        port[0] = listener.getsockname()[1]
+    dist.broadcast(port, src=0)
+    try:
+        if rank == 0:
+            conn, _ = listener.accept()
+        elif rank == 1:
+            conn = socket.create_connection(("127.0.0.1", int(port)))
+        if conn is not None:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data = bytearray(size) if rank in (0, 1) else None
+        view = memoryview(data) if data is not None else None
+
+        def burst(count):
+            if rank == 0:
+                for _ in range(count):
+                    conn.sendall(view)
+                _recv_exactly(conn, memoryview(bytearray(1)))
+            elif rank == 1:
+                for _ in range(count):
+                    _recv_exactly(conn, view)
+                conn.sendall(b"k")
+
+        burst(warmup)
+        dist.barrier()
+        start = time.perf_counter()
+        burst(iters)
+        return (time.perf_counter() - start) / iters
+    finally:
+        for s in (conn, listener):
+            if s is not None:
+                s.close()
+
+
+def _recv_exactly(conn: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("the sending rank closed the benchmark socket early")
+        got += n
+
+
+# -- the controller side ----------------------------------------------------------------------
+
+def run(cluster, ops=OPS, sizes_bytes=None, *, tcp: bool = True, iters: int | None = None,
+        warmup: int | None = None, timeout: float = 600, on_row=None) -> list[dict]:
+    """Benchmark ``ops`` (and raw TCP) at every size on ``cluster``; one row per (op, size).
+
+    ``on_row(row)`` is called as each row is ready (the CLI prints it at once).
+    """
+    sizes_bytes = list(sizes_bytes or sizes())
+    ops = list(ops)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise ConfigError(f"unknown benchmark operation(s) {unknown}; choose from {', '.join(OPS)}.")
+    if cluster.backend != "gloo" and tcp:
+        tcp = False  # a socket is no ceiling for NCCL over NVLink or PCIe
+    n = cluster.world_size
+    rows = []
+    for op in ops + (["tcp"] if tcp else []):
+        if op in ("p2p", "tcp") and n < 2:
+            continue
+        for size in sizes_bytes:
+            auto_warmup, auto_iters = default_iters(size)
+            w = auto_warmup if warmup is None else warmup
+            i = auto_iters if iters is None else iters
+            results = cluster.run(measure, op, size, w, i, timeout=timeout)
+            seconds = max(r["seconds"] for r in results)
+            nbytes = results[0]["bytes"]
+            algbw = nbytes / seconds / 1e9
+            row = {"op": op, "bytes": nbytes, "world_size": n, "backend": cluster.backend, "iters": i,
+                   "time_us": seconds * 1e6, "algbw_GBps": algbw,
+                   "busbw_GBps": algbw * bus_factor(op, n)}
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return rows
+
+
+def format_row(row: dict) -> str:
+    return (f"{row['op']:>11} {row['bytes']:>12} {_human(row['bytes']):>8} {row['time_us']:>12.1f} "
+            f"{row['algbw_GBps']:>9.3f} {row['busbw_GBps']:>9.3f}")
+
+
+HEADER = (f"{'op':>11} {'size (B)':>12} {'':>8} {'time (us)':>12} {'algbw':>9} {'busbw':>9}\n"
+          f"{'':>11} {'':>12} {'':>8} {'':>12} {'(GB/s)':>9} {'(GB/s)':>9}")
+
+
+def table(rows) -> str:
+    """The rows as nccl-tests-style text (GB/s = 1e9 bytes per second, as nccl-tests uses)."""
+    return "\n".join([HEADER] + [format_row(r) for r in rows])
+
+
+def _human(size: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift}{unit}"
+    return f"{size}B"
+
+
+def p2p_vs_tcp(rows, min_bytes: int = TARGET_BYTES) -> list[dict]:
+    """For each size >= ``min_bytes`` measured both ways: gloo p2p algbw / raw TCP algbw."""
+    tcp = {r["bytes"]: r["algbw_GBps"] for r in rows if r["op"] == "tcp"}
+    return [{"bytes": r["bytes"], "p2p_GBps": r["algbw_GBps"], "tcp_GBps": tcp[r["bytes"]],
+             "ratio": r["algbw_GBps"] / tcp[r["bytes"]]}
+            for r in rows if r["op"] == "p2p" and r["bytes"] >= min_bytes and r["bytes"] in tcp]
+
+
+def summary(rows, min_bytes: int = TARGET_BYTES, target: float = TARGET_RATIO) -> str:
+    """One line per large size: how close gloo p2p comes to raw TCP, against the target."""
+    compared = p2p_vs_tcp(rows, min_bytes)
+    if not compared:
+        return (f"no p2p and tcp rows at >= {_human(min_bytes)} to compare; run up to at least "
+                f"{_human(min_bytes)} (e.g. ppkit bench -e 256M).")
+    lines = []
+    for c in compared:
+        verdict = "meets" if c["ratio"] >= target else "misses"
+        lines.append(f"p2p at {_human(c['bytes'])}: {c['p2p_GBps']:.2f} GB/s = {c['ratio']:.0%} of raw TCP "
+                     f"({c['tcp_GBps']:.2f} GB/s); {verdict} the {target:.0%} target")
+    return "\n".join(lines)
+
+
+def plot(rows, title: str | None = None):
+    """busbw against message size, one line per operation, raw TCP dashed. Returns a Figure."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.2))
+    ax = fig.add_subplot()
+    for op in dict.fromkeys(r["op"] for r in rows):
+        mine = [r for r in rows if r["op"] == op]
+        style = {"linestyle": "--", "color": "black"} if op == "tcp" else {"marker": "o"}
+        ax.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine],
+                label="raw TCP (ceiling)" if op == "tcp" else op, **style)
+    ax.set_xscale("log", base=2)
+    ticks = sorted({r["bytes"] for r in rows})
+    ax.set_xticks(ticks, [_human(t) for t in ticks], rotation=45, fontsize=8)
+    ax.set_xlabel("message size")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    if rows:
+        ax.set_title(title or f"{rows[0]['backend']}, {rows[0]['world_size']} ranks")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

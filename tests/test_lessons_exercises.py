@@ -1,0 +1,200 @@
+"""The exercise checkers accept correct solutions and reject wrong ones with a precise message."""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+
+from ppkit.errors import ConfigError, ExerciseFailed
+from ppkit.lessons import data_parallel, exercises
+
+# the workers cannot import this test module: ship its functions by value, as a notebook's are
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# -- solutions a learner might write ----------------------------------------------------------
+
+
+def ring_all_reduce(rank, world_size, tensor):
+    chunks = list(tensor.tensor_split(world_size))  # views: updating a chunk updates tensor
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    for step in range(world_size - 1):  # reduce-scatter
+        send_i, recv_i = (rank - step) % world_size, (rank - step - 1) % world_size
+        incoming = torch.empty_like(chunks[recv_i])
+        req = dist.isend(chunks[send_i], dst=right)
+        dist.recv(incoming, src=left)
+        req.wait()
+        chunks[recv_i] += incoming
+    for step in range(world_size - 1):  # all-gather
+        send_i, recv_i = (rank - step + 1) % world_size, (rank - step) % world_size
+        req = dist.isend(chunks[send_i], dst=right)
+        dist.recv(chunks[recv_i], src=left)
+        req.wait()
+    return tensor
+
+
+def uses_all_reduce(rank, world_size, tensor):
+    dist.all_reduce(tensor)
+    return tensor
+
+
+def forgets_own_values(rank, world_size, tensor):
+    total = torch.zeros_like(tensor)
+    for other in range(world_size):
+        if other == rank:
+            continue
+        incoming = torch.empty_like(tensor)
+        req = dist.isend(tensor, other)
+        dist.recv(incoming, other)
+        req.wait()
+        total += incoming
+    return total
+
+
+def ring_shift(rank, world_size, tensor):
+    incoming = torch.empty_like(tensor)
+    req = dist.isend(tensor, (rank + 1) % world_size)
+    dist.recv(incoming, (rank - 1) % world_size)
+    req.wait()
+    return incoming
+
+
+def everyone_sends_first(rank, world_size, tensor):
+    incoming = torch.empty_like(tensor)
+    dist.send(tensor, (rank + 1) % world_size)
+    dist.recv(incoming, (rank - 1) % world_size)
+    return incoming
+
+
+def swaps_with_partner(rank, world_size, tensor):  # right for 2 ranks only
+    if rank > 1:
+        return tensor
+    incoming = torch.empty_like(tensor)
+    req = dist.isend(tensor, 1 - rank)
+    dist.recv(incoming, 1 - rank)
+    req.wait()
+    return incoming
+
+
+def raises_on_rank_1(rank, world_size, tensor):
+    if rank == 1:
+        raise ValueError("oops on rank 1")
+    return ring_shift(rank, world_size, tensor)
+
+
+def _flat_average(model, divide=True):
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    if divide:
+        flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def bucketed_average(model):
+    _flat_average(model)
+
+
+def bucketed_sum(model):
+    _flat_average(model, divide=False)
+
+
+# -- ring all_reduce --------------------------------------------------------------------------
+
+def test_ring_all_reduce_passes_for_world_sizes_2_to_6(no_leftovers, capsys):
+    report = exercises.check_ring_all_reduce(ring_all_reduce)
+    assert report.passed and len(report.cases) == 5
+    assert "ring all_reduce: passed all 5 cases" in capsys.readouterr().out
+
+
+def test_ring_all_reduce_rejects_builtin_collectives(no_leftovers):
+    with pytest.raises(ExerciseFailed) as info:
+        exercises.check_ring_all_reduce(uses_all_reduce, world_sizes=(2,), sizes=(3,))
+    assert info.value.failures == [
+        "world_size 2: rank 0 raised ExerciseFailed: dist.all_reduce was called, but ring all_reduce "
+        "must be built from send/recv (or isend/irecv) only."]
+
+
+def test_ring_all_reduce_names_rank_index_and_values(no_leftovers):
+    with pytest.raises(ExerciseFailed) as info:
+        exercises.check_ring_all_reduce(forgets_own_values, world_sizes=(3,), sizes=(7,))
+    failures = info.value.failures
+    assert len(failures) == 3  # one per rank
+    want = sum(exercises._reduce_input(r, 7, 0) for r in range(3))
+    got = want - exercises._reduce_input(2, 7, 0)
+    i = int((got != want).nonzero()[0])
+    assert failures[2].startswith(
+        f"world_size 3, 7 element(s): rank 2 is wrong at {int((got != want).sum())} of 7 position(s); "
+        f"first at index {i}: expected {want[i].item():g}, got {got[i].item():g}")
+    assert failures[2].endswith("(exactly this rank's own values are missing from the sum)")
+    assert "ring all_reduce: 3 problem(s) in 1 cases" in str(info.value)
+
+
+# -- ring shift -------------------------------------------------------------------------------
+
+def test_ring_shift_passes(no_leftovers):
+    assert exercises.check_ring_shift(ring_shift, world_sizes=(2, 3, 5)).passed
+
+
+def test_ring_shift_wrong_beyond_two_ranks(no_leftovers):
+    with pytest.raises(ExerciseFailed) as info:
+        exercises.check_ring_shift(swaps_with_partner, world_sizes=(2, 3), sizes=(1,))
+    assert info.value.failures == [
+        "world_size 3, 1 element(s): rank 0 is wrong at 1 of 1 position(s); first at index 0: expected "
+        "200, got 100 (it should hold rank 2's tensor)",
+        "world_size 3, 1 element(s): rank 2 is wrong at 1 of 1 position(s); first at index 0: expected "
+        "100, got 200 (the tensor is unchanged: did the function return the tensor it worked on?) "
+        "(it should hold rank 1's tensor)"]
+
+
+def test_ring_shift_deadlock_is_explained(no_leftovers):
+    with pytest.raises(ExerciseFailed) as info:
+        exercises.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3)
+    (failure,) = info.value.failures
+    assert failure.startswith("world_size 2: did not finish within 3 s (rank 0 is blocked in dist.send, "
+                              "called from everyone_sends_first() line")
+    assert "Every rank is in dist.send and none has posted its recv" in failure
+
+
+def test_ring_shift_reports_an_exception_and_goes_on(no_leftovers):
+    with pytest.raises(ExerciseFailed) as info:
+        exercises.check_ring_shift(raises_on_rank_1, world_sizes=(2, 3), sizes=(1,), timeout=10)
+    first, second = info.value.failures
+    assert first.startswith("world_size 2: rank 1 raised ValueError: oops on rank 1")
+    assert second.startswith("world_size 3: rank 1 raised ValueError: oops on rank 1")
+
+
+def test_checker_refuses_a_non_function():
+    with pytest.raises(ConfigError, match="pass your function itself"):
+        exercises.check_ring_shift(42)
+
+
+# -- bucketed averaging -----------------------------------------------------------------------
+
+def test_bucketed_average_passes(no_leftovers):
+    assert exercises.check_bucketed_average(bucketed_average).passed
+
+
+def test_bucketed_average_finds_missing_division(no_leftovers):
+    with pytest.raises(ExerciseFailed) as info:
+        exercises.check_bucketed_average(bucketed_sum, world_sizes=(3,))
+    failures = info.value.failures
+    assert len(failures) == 3 * 4  # 3 ranks x 4 parameters
+    assert failures[0].startswith("world_size 3: rank 0, gradient of '0.weight' differs from the "
+                                  "whole-batch gradient by up to")
+    assert failures[0].endswith("(it is 3 times too large: summed but not divided by world_size)")
+
+
+def test_bucketed_average_wants_a_single_all_reduce(no_leftovers):
+    with pytest.raises(ExerciseFailed) as info:
+        exercises.check_bucketed_average(data_parallel.average_gradients, world_sizes=(2,))
+    assert info.value.failures == [
+        f"world_size 2: rank {r} called dist.all_reduce 4 times (on [64, 16, 48, 3] elements); the "
+        "exercise asks for one call on one flat tensor that holds every gradient (torch.cat of the "
+        "flattened grads)" for r in (0, 1)]
