@@ -4,11 +4,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ppkit-installed
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
 .PHONY: lab test setup browser lint bench clean
 
+# JupyterLab listens on localhost only; root (containers, this kit's CI machine) needs --allow-root.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 test: $(STAMP) browser
 	$(PY) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg $(PYTEST_ARGS)
@@ -23,10 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Debian's chromium for the browser tests (Playwright drives it; it never downloads a browser).
 browser:
-	@command -v chromium >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  else echo "chromium is missing: install it (e.g. sudo apt-get install chromium); browser tests will be skipped"; fi; }
+	bash scripts/install_chromium.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ppkit tests benchmarks

@@ -117,8 +117,8 @@ def test_ring_all_reduce_rejects_builtin_collectives(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         exercises.check_ring_all_reduce(uses_all_reduce, world_sizes=(2,), sizes=(3,))
     assert info.value.failures == [
-        "world_size 2: rank 0 raised ExerciseFailed: dist.all_reduce was called, but ring all_reduce "
-        "must be built from send/recv (or isend/irecv) only."]
+        ("world_size 2: rank 0 raised ExerciseFailed: dist.all_reduce was called, but ring all_reduce "
+         "must be built from send/recv (or isend/irecv) only. (rank(s) [1] raised the same)")]
 
 
 def test_ring_all_reduce_names_rank_index_and_values(no_leftovers):
@@ -146,11 +146,11 @@ def test_ring_shift_wrong_beyond_two_ranks(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         exercises.check_ring_shift(swaps_with_partner, world_sizes=(2, 3), sizes=(1,))
     assert info.value.failures == [
-        "world_size 3, 1 element(s): rank 0 is wrong at 1 of 1 position(s); first at index 0: expected "
-        "200, got 100 (it should hold rank 2's tensor)",
-        "world_size 3, 1 element(s): rank 2 is wrong at 1 of 1 position(s); first at index 0: expected "
-        "100, got 200 (the tensor is unchanged: did the function return the tensor it worked on?) "
-        "(it should hold rank 1's tensor)"]
+        ("world_size 3, 1 element(s): rank 0 is wrong at 1 of 1 position(s); first at index 0: expected "
+         "200, got 100 (it should hold rank 2's tensor)"),
+        ("world_size 3, 1 element(s): rank 2 is wrong at 1 of 1 position(s); first at index 0: expected "
+         "100, got 200 (the tensor is unchanged: did the function return the tensor it worked on?) "
+         "(it should hold rank 1's tensor)")]
 
 
 def test_ring_shift_deadlock_is_explained(no_leftovers):
@@ -168,6 +168,27 @@ def test_ring_shift_reports_an_exception_and_goes_on(no_leftovers):
     first, second = info.value.failures
     assert first.startswith("world_size 2: rank 1 raised ValueError: oops on rank 1")
     assert second.startswith("world_size 3: rank 1 raised ValueError: oops on rank 1")
+
+
+def test_checker_runs_on_a_given_cluster_and_leaves_it_usable(no_leftovers):
+    import ppkit
+
+    with ppkit.Cluster(3, "gloo", process_group=False) as bare:
+        with pytest.raises(ExerciseFailed, match="did not finish within 3 s"):
+            exercises.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3,
+                                       cluster=bare)
+        assert bare.state == "ready"
+        assert exercises.check_ring_shift(ring_shift, world_sizes=(2, 3), cluster=bare).passed
+        assert bare.state == "ready"
+
+
+def test_checker_refuses_an_unsuitable_cluster(no_leftovers):
+    import ppkit
+
+    # this cluster has a process group, and too few ranks
+    with ppkit.Cluster(2, "gloo") as with_group, pytest.raises(
+            ConfigError, match="at least 3 ranks started without a process group"):
+        exercises.check_ring_shift(ring_shift, world_sizes=(2, 3), cluster=with_group)
 
 
 def test_checker_refuses_a_non_function():

@@ -21,6 +21,7 @@ p2p can approach but not beat a plain socket between the same two processes.
 from __future__ import annotations
 
 import socket
+import statistics
 import time
 
 import torch
@@ -78,13 +79,27 @@ def default_iters(size: int) -> tuple[int, int]:
 
 # -- what every rank runs ---------------------------------------------------------------------
 
+def _device() -> torch.device:
+    """NCCL moves GPU tensors (ppkit's workers have set their device already); gloo, CPU ones."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        torch.cuda.synchronize()  # NCCL calls return before the GPU has finished
+
+
 def _timed(fn, warmup: int, iters: int) -> float:
     for _ in range(warmup):
         fn()
+    _sync()
     dist.barrier()
     start = time.perf_counter()
     for _ in range(iters):
         fn()
+    _sync()
     return (time.perf_counter() - start) / iters
 
 
@@ -99,13 +114,14 @@ def measure(rank, world_size, op: str, size: int, warmup: int, iters: int) -> di
         seconds = _tcp(rank, size, warmup, iters)
         return {"op": op, "bytes": size, "seconds": seconds}
     numel = size // 4
+    device = _device()
     if op == "all_gather":
         per_rank = size // (4 * n)
-        inp, out = torch.ones(per_rank), torch.empty(per_rank * n)
+        inp, out = torch.ones(per_rank, device=device), torch.empty(per_rank * n, device=device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         seconds = _timed(lambda: gather(out, inp), warmup, iters)
         return {"op": op, "bytes": per_rank * n * 4, "seconds": seconds}
-    buf = torch.ones(numel)
+    buf = torch.ones(numel, device=device)
     if op == "all_reduce":
         seconds = _timed(lambda: dist.all_reduce(buf), warmup, iters)
     elif op == "broadcast":
@@ -117,7 +133,7 @@ def measure(rank, world_size, op: str, size: int, warmup: int, iters: int) -> di
 
 def _p2p(rank: int, buf: torch.Tensor, warmup: int, iters: int) -> float:
     """Rank 0 sends ``iters`` messages to rank 1, which acknowledges the last one."""
-    ack = torch.zeros(1)
+    ack = torch.zeros(1, device=buf.device)
 
     def burst(count):
         for _ in range(count):
@@ -131,9 +147,11 @@ def _p2p(rank: int, buf: torch.Tensor, warmup: int, iters: int) -> float:
             dist.send(ack, dst=0)
 
     burst(warmup)
+    _sync()
     dist.barrier()
     start = time.perf_counter()
     burst(iters)
+    _sync()
     return (time.perf_counter() - start) / iters
 
 
@@ -152,7 +170,7 @@ def _tcp(rank: int, size: int, warmup: int, iters: int) -> float:
             conn = socket.create_connection(("127.0.0.1", int(port)))
         if conn is not None:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        data = bytearray(size) if rank in (0, 1) else None
+        data = bytearray(b"\x01") * size if rank in (0, 1) else None  # written memory, like torch.ones
         view = memoryview(data) if data is not None else None
 
         def burst(count):
@@ -179,7 +197,7 @@ def _tcp(rank: int, size: int, warmup: int, iters: int) -> float:
 def _recv_exactly(conn: socket.socket, view: memoryview) -> None:
     got = 0
     while got < len(view):
-        n = conn.recv_into(view[got:])
+        n = conn.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)  # one wake-up, not hundreds
         if n == 0:
             raise ConnectionError("the sending rank closed the benchmark socket early")
         got += n
@@ -188,34 +206,44 @@ def _recv_exactly(conn: socket.socket, view: memoryview) -> None:
 # -- the controller side ----------------------------------------------------------------------
 
 def run(cluster, ops=OPS, sizes_bytes=None, *, tcp: bool = True, iters: int | None = None,
-        warmup: int | None = None, timeout: float = 600, on_row=None) -> list[dict]:
+        warmup: int | None = None, repeats: int = 1, timeout: float = 600, on_row=None) -> list[dict]:
     """Benchmark ``ops`` (and raw TCP) at every size on ``cluster``; one row per (op, size).
 
-    ``on_row(row)`` is called as each row is ready (the CLI prints it at once).
+    Each (op, size) is measured ``repeats`` times; a row reports the median time (and the fastest
+    and slowest in ``time_min_us`` / ``time_max_us``). Sizes go in order and, within a size, the
+    operations take turns, so that operations compared with each other (p2p and tcp above all) see
+    the same load on a shared machine. ``on_row(row)`` is called as each row is ready.
     """
     sizes_bytes = list(sizes_bytes or sizes())
     ops = list(ops)
     unknown = [op for op in ops if op not in OPS]
     if unknown:
         raise ConfigError(f"unknown benchmark operation(s) {unknown}; choose from {', '.join(OPS)}.")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats must be a whole number >= 1, got {repeats!r}.")
     if cluster.backend != "gloo" and tcp:
         tcp = False  # a socket is no ceiling for NCCL over NVLink or PCIe
     n = cluster.world_size
+    todo = [op for op in ops + (["tcp"] if tcp else []) if n >= 2 or op not in ("p2p", "tcp")]
     rows = []
-    for op in ops + (["tcp"] if tcp else []):
-        if op in ("p2p", "tcp") and n < 2:
-            continue
-        for size in sizes_bytes:
-            auto_warmup, auto_iters = default_iters(size)
-            w = auto_warmup if warmup is None else warmup
-            i = auto_iters if iters is None else iters
-            results = cluster.run(measure, op, size, w, i, timeout=timeout)
-            seconds = max(r["seconds"] for r in results)
-            nbytes = results[0]["bytes"]
-            algbw = nbytes / seconds / 1e9
-            row = {"op": op, "bytes": nbytes, "world_size": n, "backend": cluster.backend, "iters": i,
-                   "time_us": seconds * 1e6, "algbw_GBps": algbw,
-                   "busbw_GBps": algbw * bus_factor(op, n)}
+    for size in sizes_bytes:
+        auto_warmup, auto_iters = default_iters(size)
+        w = auto_warmup if warmup is None else warmup
+        i = auto_iters if iters is None else iters
+        times: dict[str, list[float]] = {op: [] for op in todo}
+        nbytes: dict[str, int] = {}
+        for _ in range(repeats):
+            for op in todo:
+                results = cluster.run(measure, op, size, w, i, timeout=timeout)
+                times[op].append(max(r["seconds"] for r in results))  # the slowest rank's time
+                nbytes[op] = results[0]["bytes"]
+        for op in todo:
+            seconds = statistics.median(times[op])
+            algbw = nbytes[op] / seconds / 1e9
+            row = {"op": op, "bytes": nbytes[op], "world_size": n, "backend": cluster.backend,
+                   "iters": i, "repeats": repeats, "time_us": seconds * 1e6,
+                   "time_min_us": min(times[op]) * 1e6, "time_max_us": max(times[op]) * 1e6,
+                   "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, n)}
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -232,8 +260,11 @@ HEADER = (f"{'op':>11} {'size (B)':>12} {'':>8} {'time (us)':>12} {'algbw':>9} {
 
 
 def table(rows) -> str:
-    """The rows as nccl-tests-style text (GB/s = 1e9 bytes per second, as nccl-tests uses)."""
-    return "\n".join([HEADER] + [format_row(r) for r in rows])
+    """The rows as nccl-tests-style text, grouped by operation (GB/s = 1e9 bytes/s, as nccl-tests)."""
+    order = list(OPS) + ["tcp"]
+    ordered = sorted(rows, key=lambda r: (order.index(r["op"]) if r["op"] in order else len(order),
+                                          r["bytes"]))
+    return "\n".join([HEADER] + [format_row(r) for r in ordered])
 
 
 def _human(size: int) -> str:
@@ -243,11 +274,21 @@ def _human(size: int) -> str:
     return f"{size}B"
 
 
+def _spread(row: dict) -> str:
+    """The algbw range over the repeats, e.g. "0.9-1.4", or "" for a single measurement."""
+    if row.get("repeats", 1) < 2:
+        return ""
+    low = row["bytes"] / (row["time_max_us"] * 1e-6) / 1e9
+    high = row["bytes"] / (row["time_min_us"] * 1e-6) / 1e9
+    return f"{low:.2f}-{high:.2f}"
+
+
 def p2p_vs_tcp(rows, min_bytes: int = TARGET_BYTES) -> list[dict]:
     """For each size >= ``min_bytes`` measured both ways: gloo p2p algbw / raw TCP algbw."""
-    tcp = {r["bytes"]: r["algbw_GBps"] for r in rows if r["op"] == "tcp"}
-    return [{"bytes": r["bytes"], "p2p_GBps": r["algbw_GBps"], "tcp_GBps": tcp[r["bytes"]],
-             "ratio": r["algbw_GBps"] / tcp[r["bytes"]]}
+    tcp = {r["bytes"]: r for r in rows if r["op"] == "tcp"}
+    return [{"bytes": r["bytes"], "p2p_GBps": r["algbw_GBps"], "tcp_GBps": tcp[r["bytes"]]["algbw_GBps"],
+             "ratio": r["algbw_GBps"] / tcp[r["bytes"]]["algbw_GBps"],
+             "p2p_spread": _spread(r), "tcp_spread": _spread(tcp[r["bytes"]])}
             for r in rows if r["op"] == "p2p" and r["bytes"] >= min_bytes and r["bytes"] in tcp]
 
 
@@ -260,8 +301,10 @@ def summary(rows, min_bytes: int = TARGET_BYTES, target: float = TARGET_RATIO) -
     lines = []
     for c in compared:
         verdict = "meets" if c["ratio"] >= target else "misses"
+        spread = (f" [repeats: p2p {c['p2p_spread']}, tcp {c['tcp_spread']} GB/s]"
+                  if c["p2p_spread"] and c["tcp_spread"] else "")
         lines.append(f"p2p at {_human(c['bytes'])}: {c['p2p_GBps']:.2f} GB/s = {c['ratio']:.0%} of raw TCP "
-                     f"({c['tcp_GBps']:.2f} GB/s); {verdict} the {target:.0%} target")
+                     f"({c['tcp_GBps']:.2f} GB/s); {verdict} the {target:.0%} target{spread}")
     return "\n".join(lines)
 
 
@@ -277,6 +320,7 @@ def plot(rows, title: str | None = None):
         ax.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine],
                 label="raw TCP (ceiling)" if op == "tcp" else op, **style)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ticks = sorted({r["bytes"] for r in rows})
     ax.set_xticks(ticks, [_human(t) for t in ticks], rotation=45, fontsize=8)
     ax.set_xlabel("message size")

@@ -24,6 +24,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--iters", type=int, default=None,
                         help="timed runs per size (default: 20 for small messages, down to 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs per size first")
+    parser.add_argument("-r", "--repeats", type=int, default=3,
+                        help="measure each size this many times, operations taking turns, and report "
+                             "the median (default 3)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
 
 
@@ -39,16 +42,19 @@ def main(args) -> int:
             raise ppkit.ConfigError(f"unknown operation(s) {unknown}; choose from {', '.join(comm.OPS)}.")
         if args.iters is not None and args.iters < 1:
             raise ppkit.ConfigError(f"--iters must be at least 1, got {args.iters}.")
+        if args.repeats < 1:
+            raise ppkit.ConfigError(f"--repeats must be at least 1, got {args.repeats}.")
     except ppkit.ConfigError as exc:
         print(f"ppkit bench: {exc}", file=sys.stderr)
         return 2
     print(f"# ppkit bench: {args.world_size} local ranks, backend {args.backend}, "
-          f"sizes {comm._human(sizes[0])}..{comm._human(sizes[-1])}", flush=True)
+          f"sizes {comm._human(sizes[0])}..{comm._human(sizes[-1])}, median of {args.repeats} "
+          "measurement(s) per size", flush=True)
     with ppkit.Cluster(args.world_size, args.backend) as cluster:
         print(f"# backend in use: {cluster.backend}", flush=True)
         print(comm.HEADER, flush=True)
-        rows = comm.run(cluster, ops, sizes, tcp=not args.no_tcp, iters=args.iters,
-                        warmup=args.warmup, on_row=lambda row: print(comm.format_row(row), flush=True))
+        rows = comm.run(cluster, ops, sizes, tcp=not args.no_tcp, iters=args.iters, warmup=args.warmup,
+                        repeats=args.repeats, on_row=lambda row: print(comm.format_row(row), flush=True))
     print()
     print(comm.summary(rows))
     if args.json:

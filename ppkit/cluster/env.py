@@ -18,8 +18,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Mapping
 
 from ppkit.errors import ConfigError
 
@@ -217,7 +217,10 @@ def main() -> int:
     info = asdict(env)
     info["hosts"] = list(env.hosts)
     info["pid"] = os.getpid()
-    print(json.dumps(info), flush=True)
+    # one write() call: several processes share the launcher's pipe, and a short single write to a
+    # pipe is never interleaved with another (print may write the text and the newline separately)
+    sys.stdout.write(json.dumps(info) + "\n")
+    sys.stdout.flush()
     return 0
 
 

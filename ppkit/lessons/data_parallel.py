@@ -17,8 +17,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import DistributedSampler
 
 from ppkit.errors import ConfigError
@@ -109,22 +109,23 @@ def max_difference(a: dict, b: dict) -> float:
 
 
 def train(rank, world_size, steps: int = 5, lr: float = 0.5, batch_size: int = 24, seed: int = 0):
-    """A few SGD steps with DDP on shards (or, with ``world_size == 1`` outside a process group,
-    one process on the whole batch). Returns the final parameters and the loss per step."""
+    """A few steps of plain SGD with DDP on shards (or, with ``world_size == 1`` outside a process
+    group, one process on the whole batch). Returns the final parameters and the loss per step."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     check_even(batch_size, world_size)
     model = make_model(seed)
     net = DDP(model) if dist.is_initialized() else model
-    opt = torch.optim.SGD(net.parameters(), lr=lr)
     x, y = make_batch(batch_size)
     mine = shard_indices(batch_size, rank, world_size)
     losses = []
     for _ in range(steps):
-        opt.zero_grad()
+        model.zero_grad()
         loss = F.cross_entropy(net(x[mine]), y[mine])
         loss.backward()
-        opt.step()
+        with torch.no_grad():  # SGD by hand: w <- w - lr * grad (torch.optim.SGD does the same)
+            for p in model.parameters():
+                p -= lr * p.grad
         losses.append(loss.item())
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
 

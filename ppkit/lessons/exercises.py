@@ -4,8 +4,9 @@
     check_ring_all_reduce(fn)     lesson 2: all_reduce built from send/recv only
     check_bucketed_average(fn)    lesson 3: average every gradient with a single all_reduce
 
-Each checker starts its own ranks (``max(world_sizes)`` of them, no process group), and for each
-world size k makes a fresh process group of ranks 0..k-1 and runs your function there. It returns
+Each checker starts its own ranks (``max(world_sizes)`` of them, no process group; or pass
+``cluster=`` one started with ``process_group=False``), and for each world size k makes a fresh
+process group of ranks 0..k-1 and runs your function there. It returns
 a ``CheckReport`` when everything is right and raises ``ExerciseFailed`` otherwise, naming the
 world size, tensor size, rank and values that were wrong.
 """
@@ -75,13 +76,24 @@ def _in_subworld(rank, size, k, store_path, job, args):
 
 
 class _Runner:
-    def __init__(self, world_sizes, timeout: float):
+    def __init__(self, world_sizes, timeout: float, cluster: Cluster | None = None):
         self.timeout = timeout
+        need = max(world_sizes)
+        if cluster is not None and (cluster.process_group or cluster.world_size < need
+                                    or cluster.state == "closed"):
+            raise ConfigError(
+                f"the checker needs an open cluster of at least {need} ranks started without a process "
+                f"group, e.g. ppkit.Cluster({need}, 'gloo', process_group=False); got {cluster!r}. "
+                "Or pass no cluster and the checker starts its own.")
+        self._own = cluster is None
+        self.cluster = cluster or Cluster(need, "gloo", process_group=False, timeout=timeout)
         self._tmp = Path(tempfile.mkdtemp(prefix="ppkit-exercise-"))
-        self.cluster = Cluster(max(world_sizes), "gloo", process_group=False, timeout=timeout)
 
     def close(self) -> None:
-        self.cluster.close()
+        if self._own:
+            self.cluster.close()
+        elif self.cluster.state == "broken":
+            self.cluster.restart()  # hand the caller's cluster back usable
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def run(self, k: int, job, *args):
@@ -90,7 +102,7 @@ class _Runner:
         if self.cluster.state == "broken":
             self.cluster.restart()
         try:
-            results = self.cluster.run(_in_subworld, k, store, job, args)
+            results = self.cluster.run(_in_subworld, k, store, job, args, timeout=self.timeout)
         except JobTimeoutError as err:
             return None, _explain_hang(err, k, self.timeout)
         except RemoteError as err:
@@ -115,11 +127,15 @@ _KNOCK_ON = ("RuntimeError", "DistBackendError", "DistNetworkError")  # what glo
 def _explain_raise(err: RemoteError) -> str:
     """The first rank's own exception, not the connection errors it caused on the others."""
     causes = [r for r in err.ranks if err.exc_types.get(r) not in _KNOCK_ON] or err.ranks
+    def last_line(r):
+        return err.tracebacks[r].strip().splitlines()[-1].removeprefix("ppkit.errors.")
+
     rank = causes[0]
-    last = err.tracebacks[rank].strip().splitlines()[-1].removeprefix("ppkit.errors.")
-    others = [r for r in err.ranks if r != rank]
-    also = f" (then rank(s) {others} failed too)" if others else ""
-    return f"rank {rank} raised {last}{also}"
+    same = [r for r in err.ranks if r != rank and last_line(r) == last_line(rank)]
+    other = [r for r in err.ranks if r != rank and r not in same]
+    also = (f" (rank(s) {same} raised the same)" if same else "") + (
+        f" (rank(s) {other} failed too)" if other else "")
+    return f"rank {rank} raised {last_line(rank)}{also}"
 
 
 @contextmanager
@@ -187,12 +203,13 @@ def _ring_shift_job(rank, k, fn, sizes):
     return out
 
 
-def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: float = 15) -> CheckReport:
+def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: float = 15,
+                     cluster: Cluster | None = None) -> CheckReport:
     """Check ``fn(rank, world_size, tensor) -> tensor``: every rank sends ``tensor`` to rank + 1 and
     returns what rank - 1 sent it (the ring wraps around)."""
     _check_callable(fn, "fn(rank, world_size, tensor)")
     report = CheckReport("ring shift")
-    runner = _Runner(world_sizes, timeout)
+    runner = _Runner(world_sizes, timeout, cluster)
     try:
         for k in world_sizes:
             report.cases.append(f"world_size {k} x sizes {list(sizes)}")
@@ -232,14 +249,14 @@ def _ring_all_reduce_job(rank, k, fn, sizes):
     return out
 
 
-def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES,
-                          timeout: float = 15) -> CheckReport:
+def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: float = 15,
+                          cluster: Cluster | None = None) -> CheckReport:
     """Check ``fn(rank, world_size, tensor)``: afterwards (returned, or in ``tensor`` if it returns
     None) every rank holds the element-wise sum over all ranks, as ``dist.all_reduce`` gives, using
     only send/recv/isend/irecv."""
     _check_callable(fn, "fn(rank, world_size, tensor)")
     report = CheckReport("ring all_reduce")
-    runner = _Runner(world_sizes, timeout)
+    runner = _Runner(world_sizes, timeout, cluster)
     try:
         for k in world_sizes:
             report.cases.append(f"world_size {k} x sizes {list(sizes)}")
@@ -278,14 +295,14 @@ def _bucket_job(rank, k, fn, batch_size):
     return {"grads": grads, "all_reduce_calls": calls}
 
 
-def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24,
-                           timeout: float = 30) -> CheckReport:
+def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, timeout: float = 30,
+                           cluster: Cluster | None = None) -> CheckReport:
     """Check ``fn(model)``: after it, every gradient equals the whole batch's gradient (the average
     of the ranks' gradients), and it used exactly one ``dist.all_reduce`` for all of them."""
     _check_callable(fn, "fn(model)")
     want = data_parallel.whole_batch_gradients(batch_size)
     report = CheckReport("bucketed gradient averaging")
-    runner = _Runner(world_sizes, timeout)
+    runner = _Runner(world_sizes, timeout, cluster)
     try:
         for k in world_sizes:
             report.cases.append(f"world_size {k}, batch {batch_size}")

@@ -1,0 +1,47 @@
+"""The code that notebooks 01-03 teach with; tested in tests/test_lessons_*.py.
+
+    seed001        the source article's functions, unchanged, to run with cluster.run
+    p2p            lesson 1: a recv without a send, and a measured timeline of waiting
+    collectives    lesson 2: every collective run for real, modelled in plain Python, drawn
+    data_parallel  lesson 3: gradients by hand == DDP == one process; init methods; samplers
+    launchers      lesson 3: what torchrun and SLURM tell each process
+    exercises      the automatically checked exercises at the end of each notebook
+    timeline       spans, "who waited for whom", Gantt charts
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+
+
+def show_source(obj):
+    """The source of a function or module, highlighted in a notebook, so the lesson shows the very
+    code that ``cluster.run`` executes rather than a copy of it."""
+    from IPython.display import Code
+
+    return Code(inspect.getsource(obj), language="python")
+
+
+def rank_output(cluster, fn, *args, **kwargs) -> str:
+    """Run ``fn`` on every rank and return what the ranks printed, sorted by rank.
+
+    Ranks print concurrently, so their lines arrive in any order; sorting makes the output the
+    same on every run (which is what a checked notebook cell needs).
+    """
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        cluster.run(fn, *args, **kwargs)
+    lines = buffer.getvalue().splitlines()
+    return "\n".join(sorted(lines, key=_rank_of))
+
+
+def _rank_of(line: str) -> int:
+    # "[rank 3] ..." -> 3; lines are stable-sorted so each rank keeps its own order
+    if line.startswith("[rank "):
+        try:
+            return int(line[6:line.index("]")])
+        except ValueError:
+            pass
+    return -1

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Debian's chromium for the browser tests in tests/browser/ (Playwright drives it; it never downloads a browser).
+#
+#   bash scripts/install_chromium.sh    # what `make browser` runs
+#
+# Already there: checks that it starts headless. Missing and root with apt-get: installs it (apt-get update
+# first, retried, waiting for a held dpkg lock). Missing otherwise: says how to install it; that is an error
+# under CI=true, where the browser tests must run, and a note elsewhere, where they are skipped.
+set -uo pipefail
+
+CHROMIUM="${PPKIT_CHROMIUM:-/usr/bin/chromium}"
+in_ci() { case "${CI:-}" in 1 | true | TRUE | True | yes) return 0 ;; *) return 1 ;; esac; }
+
+apt_retry() {
+    local try
+    for try in 1 2 3; do
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=3 "$@" && return 0
+        echo "apt-get $* failed (try $try of 3); retrying in $((try * 10)) s" >&2
+        sleep $((try * 10))
+    done
+    return 1
+}
+
+if [ ! -x "$CHROMIUM" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing Debian's chromium for the browser tests (apt-get)"
+        apt_retry update -qq && apt_retry install -y -qq chromium || {
+            echo "could not install chromium with apt-get; the browser tests need it" >&2
+            exit 1
+        }
+    else
+        msg="chromium is missing: install Debian's chromium (sudo apt-get install chromium) to run tests/browser"
+        if in_ci; then
+            echo "$msg (CI=true: the browser tests must run)" >&2
+            exit 1
+        fi
+        echo "$msg; until then they are skipped"
+        exit 0
+    fi
+fi
+
+# A browser that is installed but cannot start would only show up as a confusing test failure later.
+profile="$(mktemp -d)"
+trap 'rm -rf "$profile"' EXIT
+if ! out="$(timeout 60 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
+    --disable-background-networking --disable-component-update --disable-sync --user-data-dir="$profile" \
+    --dump-dom 'data:text/html,<p>chromium-ok</p>' 2>&1)" || [[ "$out" != *chromium-ok* ]]; then
+    echo "$CHROMIUM is installed but did not start headless:" >&2
+    echo "$out" | tail -20 >&2
+    exit 1
+fi
+echo "chromium ready: $("$CHROMIUM" --version 2>/dev/null | head -1)"

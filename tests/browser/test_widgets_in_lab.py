@@ -1,0 +1,274 @@
+"""Widgets as a learner sees them: each widget notebook opened in JupyterLab in chromium, run, and used.
+
+nbval cannot see widgets (model ids are random and the front end is not there), so this is the only check
+that a learner gets working widgets rather than "Error displaying widget: model not found".
+"""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+import psutil
+import pytest
+
+# Notebooks with a learner test below; every other widget notebook gets test_widget_notebook_renders.
+LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb"}
+
+pytestmark = pytest.mark.timeout(600)
+
+SMOKE_CODE = """\
+import ipywidgets as widgets
+
+size = widgets.IntSlider(value=3, min=1, max=10, description="size", _dom_classes=["smoke-size"])
+square = widgets.Button(description="Square it", _dom_classes=["smoke-square"])
+result = widgets.HTML("<b>not yet</b>", _dom_classes=["smoke-result"])
+
+def on_square(_):
+    result.value = f"<b>{size.value} squared is {size.value ** 2}</b>"
+
+square.on_click(on_square)
+widgets.VBox([size, square, result])
+"""
+
+
+# What a learner's notebook shows when the front end has no model for a widget: the kernel-side view of
+# "Error displaying widget: model not found".
+MISSING_MODEL_CODE = """\
+from IPython.display import display
+
+view = {"model_id": "0123456789abcdef0123456789abcdef", "version_major": 2, "version_minor": 0}
+display({"application/vnd.jupyter.widget-view+json": view, "text/plain": "IntSlider(value=3)"}, raw=True)
+"""
+
+# A process that outlives its kernel, as a worker would if its clean-up failed.
+STRAY_PROCESS_CODE = """\
+import subprocess, sys
+
+stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+print(stray.pid)
+"""
+
+
+def write_notebook(directory, name: str, *code: str) -> str:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Written by the browser tests")]
+    nb.cells += [nbformat.v4.new_code_cell(c) for c in code]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
+    nbformat.write(nb, directory / name)
+    return name
+
+
+def test_widget_round_trip(lab, open_notebook):
+    """A slider and a button: front end -> kernel -> front end, the path every ppkit widget depends on."""
+    nb = open_notebook(write_notebook(lab.notebook_dir, "browser_smoke.ipynb", SMOKE_CODE))
+    nb.run_all(timeout=120)
+    assert nb.assert_ran_cleanly_and_widgets_render() == 1
+    page = nb.page
+    result = page.locator(".smoke-result")
+    assert result.inner_text() == "not yet"
+
+    handle = page.locator(".smoke-size [role=slider]")
+    handle.focus()
+    handle.press("ArrowRight")
+    handle.press("ArrowRight")
+    assert page.locator(".smoke-size .widget-readout").inner_text() == "5"
+    page.locator(".smoke-square").click()
+    page.get_by_text("5 squared is 25").wait_for(timeout=30_000)
+    nb.screenshot("after-click", page.locator(".jp-Cell-outputArea").first)
+    nb.assert_console_clean()
+
+
+def test_checks_catch_what_they_exist_for(lab, open_notebook):
+    """The render check and the leftover-process check must fail on the breakage they exist for."""
+    name = write_notebook(lab.notebook_dir, "browser_broken.ipynb", MISSING_MODEL_CODE, STRAY_PROCESS_CODE)
+    nb = open_notebook(name)
+    nb.run_all(timeout=120)
+    with pytest.raises(AssertionError, match="Error displaying widget: model not found"):
+        nb.assert_ran_cleanly_and_widgets_render()
+    nb.screenshot("caught", nb.page.locator(".jp-Cell-outputArea").first)
+    nb.console_errors.clear()  # the widget manager logs the missing model; expected here
+
+    saved = nbformat.read(lab.notebook_dir / name, as_version=4)
+    stray = psutil.Process(int(saved.cells[2].outputs[0]["text"]))
+    try:
+        left = lab.shutdown_kernels(timeout=5)
+        assert any(entry.startswith(f"{stray.pid} ") for entry in left), left
+    finally:
+        stray.kill()
+        stray.wait(5)
+
+
+def test_widget_notebook_renders(widget_notebook, open_notebook):
+    nb = open_notebook(widget_notebook)
+    nb.run_all(timeout=300)
+    shown = nb.assert_ran_cleanly_and_widgets_render()
+    nb.screenshot("ran")
+    assert shown > 0, f"{widget_notebook} imports widgets but displayed none"
+
+
+def _open_and_run(lab, open_notebook, name: str, **run_options):
+    """Open a notebook of the course, run it and check its widgets; skip if this checkout lacks it."""
+    if not (lab.notebook_dir / name).exists():
+        pytest.skip(f"notebooks/{name} is not in this checkout")
+    nb = open_notebook(name)
+    nb.run_all(**run_options)
+    nb.assert_ran_cleanly_and_widgets_render()
+    return nb
+
+
+def _image_sources(locator) -> list[str]:
+    return locator.locator("img").evaluate_all("imgs => imgs.map(i => i.src)")
+
+
+def _set_slider(page, slider, value: int) -> None:
+    """Move an ipywidgets slider with the keyboard, as a learner without a mouse would."""
+    handle = slider.locator("[role=slider]")
+    readout = slider.locator(".widget-readout")
+    handle.focus()
+    for _ in range(20):
+        current = int(readout.inner_text())
+        if current == value:
+            return
+        handle.press("ArrowRight" if current < value else "ArrowLeft")
+    raise AssertionError(f"slider stuck at {readout.inner_text()}, wanted {value}")
+
+
+def _assert_shows_image(output) -> None:
+    """A plot in a widget's Output must arrive as an image, not as "<Figure size ...>" text."""
+    try:
+        output.locator("img").first.wait_for(timeout=30_000)
+    except Exception as e:  # playwright's TimeoutError; the message below says more
+        raise AssertionError(f"no image in the plot area; it shows: {output.inner_text()[:300]!r}") from e
+
+
+def test_collectives_explorer(lab, open_notebook):
+    """02_collectives: pick another collective and world size; the summary and the picture follow."""
+    nb = _open_and_run(lab, open_notebook, "02_collectives.ipynb", timeout=240)
+    page = nb.page
+    explorer = page.locator(".ppkit-collectives").first
+    explorer.scroll_into_view_if_needed()
+    op = explorer.locator(".ppkit-collectives-op select")
+    world = explorer.locator(".ppkit-collectives-world-size")
+    summary = explorer.locator(".ppkit-collectives-summary")
+    picture = explorer.locator(".ppkit-collectives-output")
+    _assert_shows_image(picture)
+    nb.screenshot("before", explorer)
+    before_op = op.input_value()
+    before_world = int(world.locator(".widget-readout").inner_text())
+    before_images = _image_sources(picture)
+    assert f"{before_op}" in summary.inner_text() and f"{before_world} ranks" in summary.inner_text()
+
+    new_op = "all_gather" if before_op != "all_gather" else "broadcast"
+    new_world = 6 if before_world != 6 else 3
+    op.select_option(new_op)
+    _set_slider(page, world, new_world)
+    # The kernel redraws on each change; wait for the summary of the final choice, bounded.
+    page.wait_for_function(
+        "([el, op, n]) => el.innerText.includes(op) && el.innerText.includes(n + ' ranks')",
+        arg=[summary.element_handle(), new_op, new_world],
+        timeout=60_000,
+    )
+    nb.wait_kernel_idle()
+    text = summary.inner_text()
+    assert before_op not in text.split(",")[0], text
+    ranks_listed = re.findall(r"rank (\d+):", text)
+    assert ranks_listed == [str(r) for r in range(new_world)], text
+    after_images = _image_sources(picture)
+    assert after_images and after_images != before_images, "the picture did not change with the settings"
+    nb.screenshot("after", explorer)
+    nb.assert_console_clean()
+
+
+def _table_rows(table) -> list[dict]:
+    """The results table as one {header: cell text} dict per row."""
+    return table.evaluate(
+        """el => {
+            const rows = [...el.querySelectorAll('tr')];
+            if (!rows.length) return [];
+            const heads = [...rows[0].querySelectorAll('th')].map(th => th.innerText.trim());
+            return rows.slice(1).map(tr => Object.fromEntries(
+                [...tr.querySelectorAll('td')].map((td, i) => [heads[i], td.innerText.trim()])));
+        }"""
+    )
+
+
+def _pick_other(select, current: str, avoid: str) -> str:
+    """Another option than `current`, preferring one that is not `avoid`."""
+    options = select.locator("option").all_inner_texts()
+    others = sorted((o.strip() for o in options if o.strip() != current), key=lambda o: o == avoid)
+    assert others, f"only one choice ({options}); nothing to change"
+    return others[0]
+
+
+def test_pipeline_widget(lab, open_notebook):
+    """06_pipeline: a new micro-batch size, a shard moved to another process, Run: table and plots follow."""
+    # The last cell closes the RPC world the widget trains on: play first, as a learner would, then close.
+    nb = _open_and_run(lab, open_notebook, "06_pipeline.ipynb", timeout=360, hold_back_last=True)
+    page = nb.page
+    ui = page.locator(".ppkit-pipeline").first
+    ui.scroll_into_view_if_needed()
+    slider = ui.locator(".ppkit-pipeline-microbatch")
+    shard = ui.locator(".ppkit-pipeline-process-1 select")
+    status = ui.locator(".ppkit-pipeline-status")
+    table = ui.locator(".ppkit-pipeline-table")
+    plots = ui.locator(".ppkit-pipeline-sweep-plot, .ppkit-pipeline-timeline-plot")
+    nb.screenshot("before", ui)
+
+    batch = int(ui.locator(".ppkit-pipeline-batch-size input").input_value())
+    size = int(slider.locator(".widget-readout").inner_text())
+    new_size = next(s for s in (8, 2, 16, 1, 4) if s != size and s <= batch)
+    expected_count = -(-batch // new_size)
+    old_process = shard.input_value()
+    # Another worker rather than the kernel ("master"), whose shard would also compete with the kernel.
+    new_process = _pick_other(shard, old_process, avoid="master")
+    other_shards = [
+        s.input_value() for s in ui.locator("[class*='ppkit-pipeline-process-'] select").all()[1:]
+    ]
+    before_plots = plots.evaluate_all("imgs => imgs.map(i => i.src)")
+
+    _set_slider(page, slider, new_size)
+    shard.select_option(new_process)
+    counted = ui.locator(".ppkit-pipeline-num-microbatches")
+    page.wait_for_function(
+        "([el, n]) => el.innerText.includes('= ' + n + ' micro-batch')",
+        arg=[counted.element_handle(), expected_count],
+        timeout=30_000,
+    )
+    nb.wait_kernel_idle()
+    # Record every status line, so a passing "building the shards on ..." message is not missed.
+    status.evaluate(
+        """el => { window.ppkitStatus = [el.innerText];
+                   new MutationObserver(() => window.ppkitStatus.push(el.innerText))
+                       .observe(el, {subtree: true, childList: true, characterData: true}); }"""
+    )
+    ui.locator("button.ppkit-pipeline-run").click()
+    page.wait_for_function(
+        "el => /^done|Error/.test(el.innerText.trim())", arg=status.element_handle(), timeout=300_000
+    )
+    nb.wait_kernel_idle(timeout=120)
+    final = status.inner_text().strip()
+    assert final.startswith("done"), f"Run failed: {final}"
+
+    rows = _table_rows(table)
+    # A new placement is a new model: the earlier rows are gone and the one row is the new setting.
+    assert [r["micro-batch size"] for r in rows] == [str(new_size)], rows
+    assert rows[0]["micro-batches"] == str(expected_count), rows
+    assert float(rows[0]["s / batch"]) > 0, rows
+    seen = " | ".join(page.evaluate("window.ppkitStatus"))
+    placed = [f"{new_process}:cpu", *(f"{p}:cpu" for p in other_shards)]
+    assert all(p in seen for p in placed), f"status never named the placement {placed}: {seen}"
+    after_plots = plots.evaluate_all("imgs => imgs.map(i => i.src)")
+    assert len(after_plots) == 2 and all(src.startswith("blob:") or "base64" in src for src in after_plots)
+    assert all(a != b for a, b in zip(after_plots, before_plots)), "the plots did not change"
+    sizes = plots.evaluate_all("imgs => imgs.map(i => [i.naturalWidth, i.naturalHeight])")
+    assert all(w > 100 and h > 100 for w, h in sizes), f"plots are empty images: {sizes}"
+    nb.screenshot("after", ui)
+    nb.assert_console_clean()
+
+    nb.run_last_cell()
+    nb.assert_ran_cleanly_and_widgets_render()
