@@ -45,9 +45,13 @@ def add_arguments(parser) -> None:
                         "(default %(default)s)")
     parser.add_argument("--plot", metavar="PATH", help="save the sweep plot and every timeline to PATH "
                         "(.png, .pdf or .svg)")
+    parser.add_argument("--schedule", choices=("rpc", "gpipe", "1f1b"), default="rpc",
+                        help="rpc: the tutorial's RPC pipeline (default); gpipe or 1f1b: the same shards as "
+                        "torch.distributed.pipelining stages on 2 gloo ranks (--placement is not used)")
     parser.add_argument("--verify", action="store_true",
                         help="also compare the outputs with a local torchvision ResNet50 holding the "
-                        "same weights (eval mode); exit 1 if they differ by more than 1e-4")
+                        "same weights (eval mode); exit 1 if they differ by more than 1e-4 (with --schedule "
+                        "gpipe or 1f1b: the gradients, by more than 1e-5 of the largest)")
 
 
 def config_from_args(args):
@@ -65,6 +69,10 @@ def config_from_args(args):
             raise ConfigError(f"--plot {args.plot}: end the file name with {', '.join(PLOT_FORMATS)}.")
         if not path.parent.is_dir():
             raise ConfigError(f"--plot {args.plot}: the folder {path.parent} does not exist.")
+    if args.schedule != "rpc":
+        from ppkit.pipelining.sweep import check_config
+
+        check_config(config, args.schedule)
     # Local workers have this machine's devices: refuse cuda:3 before starting anything.
     local = {name: torch.cuda.device_count() for name in config.processes()}
     check_placement(config.placement, local, local)
@@ -75,14 +83,17 @@ def start_world(args, config):
     """The RPC world the placement needs: this process is master, plus workers 1..N."""
     import ppkit
 
+    if args.schedule != "rpc":
+        return ppkit.Cluster(2, "gloo")  # one rank per pipelining stage
     return ppkit.start_rpc(num_workers=config.num_workers())
 
 
 class Progress:
     """A one-line progress bar on stderr, erased before each result row is printed."""
 
-    def __init__(self, stream=sys.stderr, width: int = 30):
-        self.stream, self.width, self.shown = stream, width, False
+    def __init__(self, stream=None, width: int = 30):
+        # sys.stderr now, not when this module was imported (a test may have replaced it since)
+        self.stream, self.width, self.shown = stream or sys.stderr, width, False
 
     def __call__(self, done: int, total: int) -> None:
         filled = self.width * done // total
@@ -101,6 +112,10 @@ def run(args, config, world, progress, on_result):
     """Run the sweep; returns the :class:`SweepResult` and the model (left open for --verify)."""
     from ppkit.pipeline.sweep import build_model, run_sweep
 
+    if args.schedule != "rpc":
+        from ppkit.pipelining.sweep import run_sweep as run_schedule
+
+        return run_schedule(world, config, args.schedule, progress=progress, on_result=on_result), None
     model, _ = build_model(config)
     return run_sweep(config, progress=progress, on_result=on_result, model=model), model
 
@@ -115,7 +130,9 @@ def main(args) -> int:
     from ppkit.pipeline.sweep import COLUMNS, make_batch
 
     widths = [max(len(head), 8) for _, head, _ in COLUMNS]
-    print(f"ResNet50 cut after {config.cut}, placement {','.join(map(str, config.placement))}, batch "
+    where = (f"placement {','.join(map(str, config.placement))}" if args.schedule == "rpc" else
+             f"{args.schedule} schedule of torch.distributed.pipelining on 2 gloo ranks")
+    print(f"ResNet50 cut after {config.cut}, {where}, batch "
           f"{config.batch_size} of {config.image_size}x{config.image_size}, {config.num_batches} "
           "batches per configuration")
     print("  ".join(head.rjust(w) for (_, head, _), w in zip(COLUMNS, widths)), flush=True)
@@ -136,7 +153,13 @@ def main(args) -> int:
             _save_plot(result, args.plot)
             print(f"plots saved to {args.plot}")
         status = 0
-        if args.verify:
+        if args.verify and model is None:
+            from ppkit.pipelining.sweep import verify_report
+
+            ok, text = verify_report(world, config, args.schedule)
+            print(text)
+            status = 0 if ok else 1
+        elif args.verify:
             from ppkit.pipeline.verify import EVAL_ATOL, max_abs_diff
 
             batches = [make_batch(config, i)[0] for i in range(config.num_batches)]
@@ -146,7 +169,8 @@ def main(args) -> int:
                   f"{len(batches)} batches x micro-batch sizes {' '.join(map(str, config.microbatch_sizes))}"
                   f" (eval mode, same weights): {'OK' if ok else 'TOO LARGE'} (tolerance {EVAL_ATOL:g})")
             status = 0 if ok else 1
-        model.close()
+        if model is not None:
+            model.close()
         return status
     except PPKitError as exc:
         progress.clear()

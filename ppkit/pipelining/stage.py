@@ -176,13 +176,14 @@ def step_once(stage, schedule, x: torch.Tensor, y: torch.Tensor) -> list[torch.T
     return losses
 
 
-def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, schedule: str = "gpipe", *,
+def train_step(rank: int, world_size: int, x, y, schedule: str = "gpipe", *,
                num_microbatches: int = 4, cut: str = DEFAULT_CUT, seed: int = 0, steps: int = 1,
                p2p_timeout: float = 30.0, num_threads: int | None = 1, return_grads: bool = True,
                loss: str = "cross_entropy", train_mode: bool = False, lr: float | None = None) -> dict:
     """One stage (this rank's) of a two-stage ResNet50 pipeline: ``steps`` forward+backward steps.
 
-    Run it on every rank with ``cluster.run(train_step, x, y, schedule=...)``. By default
+    Run it on every rank with ``cluster.run(train_step, x, y, schedule=...)``. ``x`` and ``y``
+    are a batch of images and labels, or lists of batches that the steps take in turn. By default
     BatchNorm is in eval mode, so cutting the batch into micro-batches does not change the result:
     the loss and gradients equal a local model's (``compare.reference_step``), and no optimizer
     step is taken. ``train_mode=True`` and ``lr`` (an SGD step per shard after every backward) do
@@ -195,8 +196,12 @@ def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, sch
     if schedule == "1f1b" and num_microbatches < world_size:
         raise ConfigError(f"1F1B needs at least as many micro-batches as stages ({world_size}), got "
                           f"{num_microbatches}: use smaller micro-batches, or GPipe.")
-    microbatch_size = microbatch_size_of(len(x), num_microbatches)
-    examples = stage_example_tensors(cut, microbatch_size, x.shape[-1])
+    xs, ys = (list(x), list(y)) if isinstance(x, (list, tuple)) else ([x], [y])
+    if not xs or len(xs) != len(ys) or len({tuple(b.shape) for b in xs}) != 1:
+        raise ConfigError("give one batch of images and labels, or equally long lists of batches "
+                          "of the same shape.")
+    microbatch_size = microbatch_size_of(len(xs[0]), num_microbatches)
+    examples = stage_example_tensors(cut, microbatch_size, xs[0].shape[-1])
     module = _shard(cut, seed, rank, train_mode, lr)
     optimizer = None if lr is None else torch.optim.SGD(module.parameters(), lr=lr)
     group = _pipeline_group(world_size, p2p_timeout)
@@ -207,14 +212,14 @@ def train_step(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor, sch
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads or threads)
     try:
-        for _ in range(steps):
+        for i in range(steps):
             module.zero_grad(set_to_none=True)
             stage.events = []
             meter.reset_peak()
             dist.barrier(group=group)
             start = time.perf_counter()
             with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
-                losses = step_once(stage, sched, x, y)
+                losses = step_once(stage, sched, xs[i % len(xs)], ys[i % len(ys)])
             if optimizer is not None:
                 optimizer.step()
             step_times.append(time.perf_counter() - start)
