@@ -51,7 +51,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--verify", action="store_true",
                         help="also compare the outputs with a local torchvision ResNet50 holding the "
                         "same weights (eval mode); exit 1 if they differ by more than 1e-4 (with --schedule "
-                        "gpipe or 1f1b: the gradients, by more than 1e-5 of the largest)")
+                        "gpipe or 1f1b: the gradients, by more than 1e-4 of the largest)")
 
 
 def config_from_args(args):

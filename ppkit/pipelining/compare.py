@@ -26,6 +26,12 @@ from ppkit.pipelining.stage import LOSSES, SCHEDULES, check_schedule, microbatch
 
 KINDS = ("rpc", *SCHEDULES)  # every schedule a comparison can run
 PHASE = {"F": "forward", "B": "backward"}
+# "Equal" for these float32 computations. Convolutions pick their algorithm by batch size, so a
+# micro-batch's gradients differ from the whole batch's in the last bits: measured up to 5.6e-5 of
+# the largest gradient (64x64 images, micro-batches of 4 against a batch of 16, one thread per
+# stage), 3.9e-7 at 32x32. A real mistake (a missing 1/m, a wrong micro-batch) is off by far more.
+LOSS_RTOL = 1e-5
+GRAD_RTOL = 1e-4
 
 
 @dataclass
@@ -218,19 +224,26 @@ def ideal_timeline(orders, forward_times, backward_times) -> list[Event]:
 
 def compare_schedules(cluster, model, x: torch.Tensor, y: torch.Tensor, num_microbatches: int = 4, *,
                       steps: int = 2, rounds: int = 1, schedules=KINDS,
-                      timeout: float | None = None) -> dict[str, ScheduleRun]:
+                      timeout: float | None = None, **options) -> dict[str, ScheduleRun]:
     """Every schedule on the same batch and micro-batches: RPC through ``model`` (a
     ``PipelineModel``), GPipe and 1F1B on the 2-rank ``cluster``.
 
     Each round runs every schedule in turn for one warm-up step and ``steps`` timed steps, so a
     machine that gets busier or quieter affects all of them alike. The result keeps the last
-    round's gradients and timeline and the timed steps of every round.
+    round's gradients and timeline and the timed steps of every round. ``options`` go to
+    ``train_step`` (``cut`` and ``seed`` must be the RPC model's).
     """
     if steps < 1 or rounds < 1:
         raise ConfigError(f"steps and rounds must be at least 1, got steps={steps}, rounds={rounds}.")
     for schedule in schedules:
         if schedule not in KINDS:
             raise ConfigError(f"unknown schedule {schedule!r}; choose from {', '.join(KINDS)}.")
+    if "rpc" in schedules:
+        for name in ("cut", "seed"):
+            if name in options and options[name] != getattr(model, name):
+                raise ConfigError(f"{name}={options[name]!r} differs from the RPC model's "
+                                  f"{getattr(model, name)!r}: compare the same shards.")
+            options.setdefault(name, getattr(model, name))
     runs: dict[str, ScheduleRun] = {}
     timed: dict[str, list[float]] = {schedule: [] for schedule in schedules}
     for _ in range(rounds):
@@ -239,7 +252,7 @@ def compare_schedules(cluster, model, x: torch.Tensor, y: torch.Tensor, num_micr
                 run = rpc_step(model, x, y, num_microbatches, steps=steps + 1)
             else:
                 run = run_schedule(cluster, x, y, schedule, num_microbatches=num_microbatches,
-                                   steps=steps + 1, timeout=timeout)
+                                   steps=steps + 1, timeout=timeout, **options)
             timed[schedule] += run.step_times[1:]
             runs[schedule] = run
     for schedule, run in runs.items():
