@@ -131,7 +131,7 @@ class PipelineModel(nn.Module):
     # -- building ------------------------------------------------------------------------------
     def _check_world(self, shards) -> None:
         names = _rpc_names()
-        check_placement(self.placement, names, {})  # names first: probing needs them to exist
+        check_placement(self.placement, names)  # names first: probing needs them to exist
         modules = {}
         for placement, builder in zip(self.placement, shards):
             extra = _module_of(builder)

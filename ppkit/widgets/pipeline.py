@@ -190,10 +190,14 @@ class PipelineWidget(w.VBox):
         return self._model
 
     def _guarded(self, action) -> None:
+        # A button's error would otherwise only reach the kernel's log, and the learner would see
+        # nothing happen: show it in the status line instead.
         try:
             action()
         except PPKitError as exc:
             self._say(f"{type(exc).__name__}: {exc}", error=True)
+        except Exception as exc:  # noqa: BLE001
+            self._say(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", error=True)
 
     def _say(self, text: str, error: bool = False) -> None:
         color = "#b00020" if error else "inherit"
