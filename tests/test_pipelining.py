@@ -69,6 +69,8 @@ def test_bad_arguments_are_refused_before_anything_starts(batch):
         pp.train_step(0, 2, *batch, cut="layer9")
     with pytest.raises(ppkit.ConfigError, match="num_threads"):
         pp.train_step(0, 2, *batch, num_threads=0)
+    with pytest.raises(ppkit.ConfigError, match="p2p_timeout"):
+        pp.train_step(0, 2, *batch, p2p_timeout=0)
     with pytest.raises(ppkit.ConfigError, match="learning rate"):
         pp.train_step(0, 2, *batch, lr=0)
     with pytest.raises(ppkit.ConfigError, match="unknown loss 'l1'"):

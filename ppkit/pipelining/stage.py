@@ -6,8 +6,8 @@ with a short timeout, so a stage waiting for a tensor that never comes raises
 ``StageTimeoutError`` instead of hanging for the default process group's 30 minutes.
 
     x, y = make_batch(batch_size=8, image_size=32)
-    ranks = cluster.run(train_step, x, y, schedule="1f1b", num_microbatches=4)
-    run = merge_ranks(ranks)      # ppkit.pipelining.compare: one ScheduleRun from both stages
+    ranks = cluster.run(train_step, x, y, schedule="1f1b", num_microbatches=4)  # one dict per stage
+    # ppkit.pipelining.compare.run_schedule(cluster, x, y, "1f1b") merges them into a ScheduleRun
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def stage_example_tensors(cut: str, microbatch_size: int, image_size: int) -> li
         x = torch.empty(microbatch_size, 3, image_size, image_size)
         act = first.eval()(x)
         logits = second.eval()(act)
-    # the received activation must require grad, or no gradient flows back to stage 0
+    # the received activation must require grad, or no gradient flows back to the first stage
     return [x, act.detach().requires_grad_(True), logits.detach().requires_grad_(True)]
 
 
@@ -140,8 +140,10 @@ def _explain_timeout(exc: Exception, stage: TimedStage, schedule: str, p2p_timeo
         stage=stage.stage_index, process=f"rank {rank}")
 
 
-def _check_options(schedule, cut, world_size, steps, num_threads, loss, lr) -> None:
+def _check_options(schedule, cut, world_size, steps, num_threads, loss, lr, p2p_timeout) -> None:
     check_schedule(schedule)
+    if isinstance(p2p_timeout, bool) or not isinstance(p2p_timeout, (int, float)) or not p2p_timeout > 0:
+        raise ConfigError(f"p2p_timeout must be a positive number of seconds, got {p2p_timeout!r}.")
     check_cut(cut)
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
         raise ConfigError(f"lr must be a positive learning rate or None, got {lr!r}.")
@@ -192,7 +194,7 @@ def train_step(rank: int, world_size: int, x, y, schedule: str = "gpipe", *,
     Returns this stage's loss (last stage), gradients, step times, forward/backward timeline and the
     peak bytes of activations kept for backward.
     """
-    _check_options(schedule, cut, world_size, steps, num_threads, loss, lr)
+    _check_options(schedule, cut, world_size, steps, num_threads, loss, lr, p2p_timeout)
     if schedule == "1f1b" and num_microbatches < world_size:
         raise ConfigError(f"1F1B needs at least as many micro-batches as stages ({world_size}), got "
                           f"{num_microbatches}: use smaller micro-batches, or GPipe.")
