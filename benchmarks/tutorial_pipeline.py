@@ -69,7 +69,7 @@ class ResNetBase(nn.Module):
 
 class ResNetShard1(ResNetBase):
     def __init__(self, device, *args, **kwargs):
-        super(ResNetShard1, self).__init__(Bottleneck, 64, num_classes=num_classes, *args, **kwargs)
+        super(ResNetShard1, self).__init__(Bottleneck, 64, num_classes=num_classes, *args, **kwargs)  # noqa: B026
         self.device = device
         self.seq = nn.Sequential(
             nn.Conv2d(3, self.inplanes, kernel_size=7, stride=2, padding=3, bias=False),
@@ -95,7 +95,7 @@ class ResNetShard1(ResNetBase):
 
 class ResNetShard2(ResNetBase):
     def __init__(self, device, *args, **kwargs):
-        super(ResNetShard2, self).__init__(Bottleneck, 512, num_classes=num_classes, *args, **kwargs)
+        super(ResNetShard2, self).__init__(Bottleneck, 512, num_classes=num_classes, *args, **kwargs)  # noqa: B026
         self.device = device
         self.seq = nn.Sequential(
             self._make_layer(256, 6, stride=2),

@@ -101,6 +101,7 @@ def test_check_placement_against_a_world():
         check_placement(parse_placement("worker1:cuda:3,worker2"), names, {"worker1": 0})
     with pytest.raises(ConfigError, match="asks for cuda:1, but worker2 has cuda:0..cuda:0"):
         check_placement(parse_placement("worker1,worker2:cuda:1"), names, {"worker2": 1})
+    check_placement(parse_placement("worker1:cuda:5,worker2"), names)  # names only
 
 
 # -- the bubble model --------------------------------------------------------------------------------

@@ -122,3 +122,19 @@ def test_cli_end_to_end(world, tmp_path, capsys):
     assert plot.read_bytes().startswith(b"\x89PNG")
     verify = next(line for line in lines if line.startswith("verify:"))
     assert "OK" in verify and float(verify.split("= ")[1].split()[0]) <= 1e-4
+
+
+def test_cli_progress_bar():
+    import io
+
+    from ppkit.cli.pipeline import Progress
+
+    stream = io.StringIO()
+    bar = Progress(stream, width=10, enabled=True)
+    bar(3, 12)
+    assert stream.getvalue() == "\r[##........] 3/12 batches"
+    bar.clear()
+    assert stream.getvalue().endswith("\r") and bar.shown is False
+    quiet = Progress(io.StringIO())  # not a terminal: nothing drawn
+    quiet(1, 2)
+    assert quiet.stream.getvalue() == ""

@@ -169,11 +169,11 @@ class PipelineConfig:
         return max(numbers, default=0)
 
 
-def check_placement(placement, names, devices: dict[str, int]) -> None:
+def check_placement(placement, names, devices: dict[str, int] | None = None) -> None:
     """Check ``placement`` against a running world.
 
     ``names`` are the RPC names in the world; ``devices`` maps each placement's process to how many
-    CUDA devices it has (from :func:`ppkit.pipeline.stages.probe`).
+    CUDA devices it has (from :func:`ppkit.pipeline.stages.probe`); ``None`` checks names only.
     """
     names = list(names)
     for p in placement:
@@ -183,7 +183,7 @@ def check_placement(placement, names, devices: dict[str, int]) -> None:
                 f"({', '.join(names)}). Start more workers (ppkit.start_rpc(num_workers=N)) or pick "
                 "one of those names.")
     for p in placement:
-        if p.device.startswith("cuda"):
+        if devices is not None and p.device.startswith("cuda"):
             index = int(p.device.split(":")[1])
             count = devices.get(p.process, 0)
             if index >= count:

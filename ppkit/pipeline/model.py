@@ -131,7 +131,7 @@ class PipelineModel(nn.Module):
     # -- building ------------------------------------------------------------------------------
     def _check_world(self, shards) -> None:
         names = _rpc_names()
-        check_placement(self.placement, names, {})  # names first: probing needs them to exist
+        check_placement(self.placement, names)  # names first: probing needs them to exist
         modules = {}
         for placement, builder in zip(self.placement, shards):
             extra = _module_of(builder)
@@ -299,7 +299,8 @@ class PipelineModel(nn.Module):
         self.close()
 
     def extra_repr(self) -> str:
-        return f"placement={item_list(self.placement)}, microbatch_size={self.microbatch_size}, cut={self.cut!r}"
+        return (f"placement={item_list(self.placement)}, microbatch_size={self.microbatch_size}, "
+                f"cut={self.cut!r}")
 
 
 def _release(processes_and_ids) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import itertools
 import queue
 import threading
 import time
@@ -78,7 +79,10 @@ class Stage:
             self.module = builder().to(self.device)
         self.previous: tuple[str, str] | None = None  # (process, stage id) this stage pulls from
         self.optimizer = None
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # Lowest (step, micro-batch) first: RPC threads hand micro-batches over in whatever order
+        # they happen to run, and the next stage needs them in order.
+        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
+        self._arrivals = itertools.count()
         self._lock = threading.Lock()
         self._outbox: dict[tuple[int, int], torch.futures.Future] = {}
         self._step = -1
@@ -95,21 +99,29 @@ class Stage:
     def submit(self, key: tuple[int, int], x: torch.Tensor, grad: bool) -> torch.futures.Future:
         """Queue micro-batch ``key = (step, microbatch)``; the Future gets this stage's output."""
         future = torch.futures.Future()
-        self._jobs.put((key, x, grad, future))
+        self._jobs.put((key, next(self._arrivals), (x, grad, future)))
         return future
 
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()  # blocks without spinning: an idle stage costs no CPU
+            key, _, job = self._jobs.get()  # blocks without spinning: an idle stage costs no CPU
             if job is None:
+                self._cancel_queued()
                 return
-            key, x, grad, future = job
+            x, grad, future = job
             try:
                 out = self._compute(key, x, grad)
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
                 future.set_exception(_with_traceback(exc))
             else:
                 future.set_result(out)
+
+    def _cancel_queued(self) -> None:
+        while not self._jobs.empty():
+            key, _, job = self._jobs.get_nowait()
+            if job is not None:
+                job[2].set_exception(RuntimeError(
+                    f"pipeline stage {self.index + 1} was released before micro-batch {key[1]} ran"))
 
     def _compute(self, key, x, grad):
         start = time.time()
@@ -183,7 +195,7 @@ class Stage:
             p.grad = None
 
     def close(self) -> None:
-        self._jobs.put(None)
+        self._jobs.put(((-1, -1), next(self._arrivals), None))  # ahead of any queued work
 
 
 def _with_traceback(exc: BaseException) -> BaseException:

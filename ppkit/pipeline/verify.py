@@ -13,34 +13,44 @@ import torch
 from ppkit.models.resnet import resnet50, split_resnet50
 from ppkit.pipeline.model import PipelineModel
 
-EVAL_ATOL = 1e-4  # eval-mode outputs, any micro-batch size; measured differences stay below 6e-5
+EVAL_TOLERANCE = 1e-4  # eval mode, relative to the largest output (or 1): measured differences
+# stay below 6e-5 with outputs of magnitude ~1-10
 
 
-def local_copy(model: PipelineModel) -> torch.nn.Module:
-    """A local torchvision ResNet50 with the pipeline's current weights (and BN statistics)."""
-    local = resnet50(model.seed, model.num_classes)
+def local_copy(model: PipelineModel, into: torch.nn.Module | None = None) -> torch.nn.Module:
+    """A local torchvision ResNet50 with the pipeline's current weights (and BN statistics).
+
+    ``into``: load them into this ResNet50 instead of building a new one.
+    """
+    local = resnet50(model.seed, model.num_classes) if into is None else into
     for shard, state in zip(split_resnet50(local, model.cut), model.state_dicts()):
         shard.load_state_dict(state)
     return local
 
 
-def max_abs_diff(model: PipelineModel, batches, microbatch_sizes=None) -> float:
-    """Largest |pipeline - local| over ``batches`` (inputs) and micro-batch sizes, in eval mode.
+def compare(model: PipelineModel, batches, microbatch_sizes=None) -> tuple[float, float]:
+    """``(largest |pipeline - local|, largest |local|)`` over ``batches`` and micro-batch sizes.
 
-    Restores the pipeline's train/eval mode and micro-batch size afterwards.
+    Eval mode, a local copy with the pipeline's current weights. Restores the pipeline's
+    train/eval mode and micro-batch size afterwards.
     """
     local = local_copy(model).eval()
     was_training, size = model.training, model.microbatch_size
-    worst = 0.0
+    worst, largest = 0.0, 0.0
     model.eval()
     try:
         with torch.no_grad():
             for inputs in batches:
                 expected = local(inputs)
+                largest = max(largest, expected.abs().max().item())
                 for microbatch_size in (microbatch_sizes or [size]):
                     model.microbatch_size = microbatch_size
                     worst = max(worst, (model(inputs) - expected).abs().max().item())
     finally:
         model.microbatch_size = size
         model.train(was_training)
-    return worst
+    return worst, largest
+
+
+def tolerance(largest_output: float) -> float:
+    return EVAL_TOLERANCE * max(1.0, largest_output)

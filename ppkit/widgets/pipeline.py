@@ -127,9 +127,10 @@ class PipelineWidget(w.VBox):
     def _update_sizes(self, change=None) -> None:
         batch = max(1, self.batch_size.value)
         self.microbatch_size.max = batch
-        count = num_microbatches(batch, self.microbatch_size.value)
-        self.num_microbatches.value = f"= {count} micro-batch{'es' if count != 1 else ''} of up to " \
-                                      f"{self.microbatch_size.value} image{'s' if self.microbatch_size.value != 1 else ''}"
+        size = self.microbatch_size.value
+        count = num_microbatches(batch, size)
+        self.num_microbatches.value = (f"= {count} micro-batch{'es' if count != 1 else ''} of up to "
+                                       f"{size} image{'s' if size != 1 else ''}")
 
     def config(self, microbatch_sizes=None) -> PipelineConfig:
         """The checked configuration the controls describe (ConfigError if it cannot run)."""
@@ -189,10 +190,14 @@ class PipelineWidget(w.VBox):
         return self._model
 
     def _guarded(self, action) -> None:
+        # A button's error would otherwise only reach the kernel's log, and the learner would see
+        # nothing happen: show it in the status line instead.
         try:
             action()
         except PPKitError as exc:
             self._say(f"{type(exc).__name__}: {exc}", error=True)
+        except Exception as exc:  # noqa: BLE001
+            self._say(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", error=True)
 
     def _say(self, text: str, error: bool = False) -> None:
         color = "#b00020" if error else "inherit"
