@@ -76,6 +76,9 @@ def config_from_args(args):
             raise ConfigError(f"--plot {args.plot}: end the file name with {', '.join(PLOT_FORMATS)}.")
         if not path.parent.is_dir():
             raise ConfigError(f"--plot {args.plot}: the folder {path.parent} does not exist.")
+    if args.schedule != "rpc" and getattr(args, "listen", None) is not None:
+        raise ConfigError("--listen works with --schedule rpc only: the pipelining schedules run on "
+                          "local ranks.")
     if args.schedule != "rpc":
         from ppkit.pipelining.sweep import check_config
 
@@ -100,11 +103,6 @@ def start_world(args, config):
     import ppkit
 
     if getattr(args, "schedule", "rpc") != "rpc":
-        if getattr(args, "listen", None) is not None:
-            from ppkit.errors import ConfigError
-
-            raise ConfigError("--listen works with --schedule rpc only: the pipelining schedules run "
-                              "on local ranks.")
         return ppkit.Cluster(2, "gloo")  # one rank per pipelining stage
     listen = getattr(args, "listen", None)
     options = {"start_timeout": getattr(args, "start_timeout", 120.0)}
