@@ -98,3 +98,12 @@ class StageError(WorkerError):
         self.stage = stage
         self.process = process
         self.microbatch = microbatch
+
+
+# --- added on branch pipelining ---------------------------------------------------------------
+class StageTimeoutError(StageError, TimeoutError):
+    """A torch.distributed.pipelining stage waited longer than its p2p timeout for its neighbour.
+
+    Raised on the stage's rank (the notebook sees it inside a ``RemoteError``); ``process`` is
+    ``"rank N"``.
+    """

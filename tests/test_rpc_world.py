@@ -142,3 +142,9 @@ def test_bad_arguments_fail_before_starting():
         ppkit.RpcWorld(1, num_worker_threads=0)
     with pytest.raises(ppkit.ConfigError, match="rpc_timeout"):
         ppkit.RpcWorld(1, rpc_timeout=-1)
+
+
+def test_a_world_larger_than_the_first_is_refused_with_the_reason():
+    # the session fixture made this process's first world with 2 workers
+    with pytest.raises(ppkit.ClusterStateError, match=r"first RPC world had 2 worker\(s\).*restart the kernel"):
+        ppkit.start_rpc(3)

@@ -51,10 +51,14 @@ def add_arguments(parser) -> None:
                         "master's shards stay here")
     parser.add_argument("--start-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="how long to wait for the workers to start or join (default %(default)s)")
+    parser.add_argument("--schedule", choices=("rpc", "gpipe", "1f1b"), default="rpc",
+                        help="rpc: the tutorial's RPC pipeline (default); gpipe or 1f1b: the same shards as "
+                        "torch.distributed.pipelining stages on 2 gloo ranks (--placement is not used)")
     parser.add_argument("--verify", action="store_true",
                         help="also compare the outputs with a local torchvision ResNet50 holding the "
                         "same weights (eval mode); exit 1 if they differ by more than 1e-4 (relative to "
-                        "the largest output, if above 1)")
+                        "the largest output, if above 1; with --schedule gpipe or 1f1b: the gradients, "
+                        "relative to the largest)")
 
 
 def config_from_args(args):
@@ -72,6 +76,13 @@ def config_from_args(args):
             raise ConfigError(f"--plot {args.plot}: end the file name with {', '.join(PLOT_FORMATS)}.")
         if not path.parent.is_dir():
             raise ConfigError(f"--plot {args.plot}: the folder {path.parent} does not exist.")
+    if args.schedule != "rpc" and getattr(args, "listen", None) is not None:
+        raise ConfigError("--listen works with --schedule rpc only: the pipelining schedules run on "
+                          "local ranks.")
+    if args.schedule != "rpc":
+        from ppkit.pipelining.sweep import check_config
+
+        check_config(config, args.schedule)
     # Local workers have this machine's devices: refuse cuda:3 before starting anything.
     listen = getattr(args, "listen", None)
     if listen is not None:  # the workers are on other machines: only master's devices are known
@@ -94,6 +105,8 @@ def start_world(args, config):
     (on other machines with ``--listen``: they join with ``ppkit worker``)."""
     import ppkit
 
+    if getattr(args, "schedule", "rpc") != "rpc":
+        return ppkit.Cluster(2, "gloo")  # one rank per pipelining stage
     listen = getattr(args, "listen", None)
     options = {"start_timeout": getattr(args, "start_timeout", 120.0)}
     if listen is not None:
@@ -131,6 +144,10 @@ def run(args, config, world, progress, on_result):
     """Run the sweep; returns the :class:`SweepResult` and the model (left open for --verify)."""
     from ppkit.pipeline.sweep import build_model, run_sweep
 
+    if args.schedule != "rpc":
+        from ppkit.pipelining.sweep import run_sweep as run_schedule
+
+        return run_schedule(world, config, args.schedule, progress=progress, on_result=on_result), None
     model, _ = build_model(config)
     return run_sweep(config, progress=progress, on_result=on_result, model=model), model
 
@@ -145,7 +162,9 @@ def main(args) -> int:
     from ppkit.pipeline.sweep import COLUMNS, make_batch
 
     widths = [max(len(head), 8) for _, head, _ in COLUMNS]
-    print(f"ResNet50 cut after {config.cut}, placement {','.join(map(str, config.placement))}, batch "
+    where = (f"placement {','.join(map(str, config.placement))}" if args.schedule == "rpc" else
+             f"{args.schedule} schedule of torch.distributed.pipelining on 2 gloo ranks")
+    print(f"ResNet50 cut after {config.cut}, {where}, batch "
           f"{config.batch_size} of {config.image_size}x{config.image_size}, {config.num_batches} "
           "batches per configuration")
     print("  ".join(head.rjust(w) for (_, head, _), w in zip(COLUMNS, widths)), flush=True)
@@ -166,7 +185,13 @@ def main(args) -> int:
             _save_plot(result, args.plot)
             print(f"plots saved to {args.plot}")
         status = 0
-        if args.verify:
+        if args.verify and model is None:
+            from ppkit.pipelining.sweep import verify_report
+
+            ok, text = verify_report(world, config, args.schedule)
+            print(text)
+            status = 0 if ok else 1
+        elif args.verify:
             from ppkit.pipeline.verify import compare, tolerance
 
             batches = [make_batch(config, i)[0] for i in range(config.num_batches)]
@@ -178,7 +203,8 @@ def main(args) -> int:
                   f" (eval mode, same weights, largest output {largest:.3g}): "
                   f"{'OK' if ok else 'TOO LARGE'} (tolerance {limit:.2g})")
             status = 0 if ok else 1
-        model.close()
+        if model is not None:
+            model.close()
         return status
     except PPKitError as exc:
         progress.clear()

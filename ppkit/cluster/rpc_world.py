@@ -32,6 +32,10 @@ from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 MASTER = "master"
 _active: RpcWorld | None = None
 _kernel_rpc_stuck = False  # set if a shutdown never returned: RPC cannot start again here
+# torch creates its RRef context once per process, around the first RPC agent, and keeps using
+# that agent's worker table: ``rref.owner()`` (and so every ``rref.rpc_sync()`` helper) fails with
+# "could not find destination id N" for a rank the first world did not have.
+_first_world_workers: int | None = None
 
 
 def _loads(data: bytes):
@@ -150,7 +154,7 @@ class RpcWorld:
                               f"{num_worker_threads!r}.")
         self.rpc_timeout = _check_timeout(rpc_timeout, "rpc_timeout")
         self.start_timeout = _check_timeout(start_timeout, "start_timeout")
-        _check_kernel_free()
+        _check_kernel_free(num_workers)
         self.num_workers = num_workers
         self.num_worker_threads = num_worker_threads
         self.worker_names = [f"worker{i}" for i in range(1, num_workers + 1)]
@@ -202,6 +206,9 @@ class RpcWorld:
                 "the notebook kernel could not join the RPC world as 'master'"
                 + (f": {cause}" if cause else f" within {self.start_timeout:g} s")
                 + ". Restart the kernel if this repeats.") from cause
+        global _first_world_workers
+        if _first_world_workers is None:
+            _first_world_workers = self.num_workers
         self.state = "ready"
 
     def restart(self) -> RpcWorld:
@@ -269,8 +276,16 @@ class RpcWorld:
         return f"<ppkit.RpcWorld names={self.names} state={self.state!r}>"
 
 
-def _check_kernel_free() -> None:
+def _check_kernel_free(num_workers: int) -> None:
     from torch.distributed import rpc
+
+    if _first_world_workers is not None and num_workers > _first_world_workers:
+        raise ClusterStateError(
+            f"this kernel's first RPC world had {_first_world_workers} worker(s), and torch keeps "
+            "that world's table of workers for RRefs for the life of the process, so RRefs owned "
+            f"by worker{_first_world_workers + 1} or later would fail ('could not find destination "
+            f"id'). Use at most {_first_world_workers} worker(s) here, or restart the kernel "
+            f"(Kernel > Restart) and start with ppkit.start_rpc({num_workers}) first.")
 
     if _kernel_rpc_stuck:
         raise ClusterStateError(
