@@ -3,6 +3,8 @@ notebook widget driven from Python, and ``ppkit pipeline`` end to end."""
 
 from __future__ import annotations
 
+import re
+
 import matplotlib
 import pytest
 
@@ -77,6 +79,8 @@ def test_widget_driven_from_python(world):
     ui.batch_size.value = 4
     ui.microbatch_size.value = 1
 
+    # an empty Image would show a broken-image icon: plots stay hidden until they have a picture
+    assert ui.sweep_plot.layout.display == ui.timeline_plot.layout.display == "none"
     ui.run_button.click()  # 32x32 at micro-batch size 1: refused before anything runs
     assert "ConfigError" in ui.status.value and "1x1" in ui.status.value
     assert ui.runs == [] and ui.table.value == ""
@@ -87,8 +91,9 @@ def test_widget_driven_from_python(world):
     assert "done" in ui.status.value, ui.status.value
     assert [run.microbatch_size for run in ui.runs] == [1]
     assert ui.progress.value == ui.progress.max == 1
-    assert ui.table.value.count("<tr>") == 2 and "<td>4</td>" in ui.table.value
+    assert ui.table.value.count("<tr>") == 2 and re.search(r"<td[^>]*>4</td>", ui.table.value)
     assert bytes(ui.sweep_plot.value[:4]) == bytes(ui.timeline_plot.value[:4]) == b"\x89PNG"
+    assert ui.sweep_plot.layout.display is None and ui.timeline_plot.layout.display is None
 
     ui.sweep_sizes.value = "0 2"
     ui.sweep_button.click()
@@ -103,8 +108,24 @@ def test_widget_driven_from_python(world):
     ui.run()
     assert [run.microbatch_size for run in ui.runs] == [1]
     ui.clear()
-    assert ui.runs == [] and ui.table.value == ""
+    assert ui.runs == [] and ui.table.value == "" and ui.sweep_plot.layout.display == "none"
     ui.close_model()
+
+
+def test_widget_starts_a_new_world_when_a_later_cell_closed_it(no_leftovers):
+    import ppkit
+    from ppkit.widgets.pipeline import PipelineWidget
+
+    first = ppkit.start_rpc(2)
+    ui = PipelineWidget(first, batch_size=2, image_size=48, num_batches=1, microbatch_size=1)
+    first.close()  # what "Run All" does: the notebook's last cell closes the world
+    try:
+        ui.run_button.click()
+        assert "done" in ui.status.value, ui.status.value
+        assert ui.world is not first and ui.world.state == "ready"
+    finally:
+        ui.close_model()
+        ui.world.close()
 
 
 def test_cli_end_to_end(world, tmp_path, capsys):

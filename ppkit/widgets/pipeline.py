@@ -28,7 +28,13 @@ IMAGE_SIZES = (32, 48, 64, 96, 128)
 
 def _styled(widget, name: str):
     widget.add_class(f"ppkit-pipeline-{name}")
+    if hasattr(widget, "style") and hasattr(widget.style, "description_width"):
+        widget.style.description_width = "initial"  # "micro-batch size" is cut off otherwise
     return widget
+
+
+_HIDDEN = "none"
+_CELL = 'style="padding:2px 12px;text-align:right"'
 
 
 def _device_counts(names) -> dict[str, int]:
@@ -92,8 +98,9 @@ class PipelineWidget(w.VBox):
         self.progress = _styled(w.IntProgress(0, min=0, max=1, description="progress"), "progress")
         self.status = _styled(w.HTML(), "status")
         self.table = _styled(w.HTML(), "table")
-        self.sweep_plot = _styled(w.Image(format="png"), "sweep-plot")
-        self.timeline_plot = _styled(w.Image(format="png"), "timeline-plot")
+        # hidden until there is a picture: an empty Image shows as a broken-image icon
+        self.sweep_plot = _styled(w.Image(format="png", layout=w.Layout(display=_HIDDEN)), "sweep-plot")
+        self.timeline_plot = _styled(w.Image(format="png", layout=w.Layout(display=_HIDDEN)), "timeline-plot")
 
         self.batch_size.observe(self._update_sizes, "value")
         self.microbatch_size.observe(self._update_sizes, "value")
@@ -164,6 +171,7 @@ class PipelineWidget(w.VBox):
         if key != self._results_key:
             self.runs = []
             self._results_key = key
+        self._ensure_world()
         model, optimizer = self._model_for(config)
         total = config.num_batches * len(config.microbatch_sizes)
         self.progress.max, self.progress.value = total, 0
@@ -179,6 +187,16 @@ class PipelineWidget(w.VBox):
             self._show(run)
         self._say(f"done: {len(results)} configuration{'s' if len(results) != 1 else ''}.")
         return results
+
+    def _ensure_world(self) -> None:
+        """Start a new RPC world like the old one if it was closed (e.g. by a later cell)."""
+        if self.world.state != "closed":
+            return
+        import ppkit
+
+        self._model = None  # its shards died with the old world
+        self._say(f"the RPC world was closed; starting a new one with {len(self.names) - 1} worker(s) ...")
+        self.world = ppkit.start_rpc(len(self.names) - 1)
 
     def _model_for(self, config: PipelineConfig):
         key = (config.placement, config.cut)
@@ -206,8 +224,9 @@ class PipelineWidget(w.VBox):
     def clear(self) -> None:
         self.runs = []
         self.table.value = ""
-        self.sweep_plot.value = b""
-        self.timeline_plot.value = b""
+        for plot in (self.sweep_plot, self.timeline_plot):
+            plot.value = b""
+            plot.layout.display = _HIDDEN
         self.progress.value = 0
         self._say("")
 
@@ -223,13 +242,15 @@ class PipelineWidget(w.VBox):
 
     def _show(self, run) -> None:
         rows = self.rows()
-        head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in COLUMNS)
+        head = "".join(f"<th {_CELL}>{html.escape(h)}</th>" for _, h, _ in COLUMNS)
         body = "".join("<tr>" + "".join(
-            f"<td>{'-' if row[k] is None else fmt.format(row[k])}</td>" for k, _, fmt in COLUMNS) + "</tr>"
-            for row in rows)
+            f"<td {_CELL}>{'-' if row[k] is None else fmt.format(row[k])}</td>" for k, _, fmt in COLUMNS)
+            + "</tr>" for row in rows)
         self.table.value = f'<table class="ppkit-pipeline-results"><tr>{head}</tr>{body}</table>'
         self.sweep_plot.value = _png(_sweep_figure(self.runs))
         self.timeline_plot.value = _png(_timeline_figure(run))
+        for plot in (self.sweep_plot, self.timeline_plot):
+            plot.layout.display = None
 
     def text_table(self) -> str:
         return format_rows(self.rows())
