@@ -20,6 +20,8 @@ from ppkit.errors import (
     LaunchError,
     PPKitError,
     RemoteError,
+    StageError,
+    StageTimeoutError,
     WorkerDiedError,
     WorkerError,
 )
@@ -43,6 +45,8 @@ __all__ = [
     "PPKitError",
     "RemoteError",
     "RpcWorld",
+    "StageError",
+    "StageTimeoutError",
     "WorkerDiedError",
     "WorkerError",
     "__version__",

@@ -6,8 +6,10 @@ shard 2 on shard 1's output is exactly the whole model: tests and notebooks comp
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where it is used, so the CLI can read CUT_POINTS quickly
+    from torch import nn
 
 from ppkit.errors import ConfigError
 
@@ -27,6 +29,7 @@ def check_cut(cut: str) -> str:
 
 def resnet50(seed: int = 0, num_classes: int = 1000) -> nn.Module:
     """A torchvision ResNet50 with deterministic random weights (no download)."""
+    import torch
     from torchvision.models import resnet50 as tv_resnet50
 
     with torch.random.fork_rng(devices=[]):
@@ -35,6 +38,8 @@ def resnet50(seed: int = 0, num_classes: int = 1000) -> nn.Module:
 
 
 def stage_modules(model: nn.Module) -> dict[str, nn.Module]:
+    from torch import nn
+
     return {
         "stem": nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool),
         "layer1": model.layer1,
@@ -46,6 +51,8 @@ def stage_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 def split_resnet50(model: nn.Module, cut: str = DEFAULT_CUT) -> tuple[nn.Sequential, nn.Sequential]:
     """Split ``model`` after stage ``cut``; the shards share the model's parameters."""
+    from torch import nn
+
     check_cut(cut)
     stages = stage_modules(model)
     end = STAGES.index(cut) + 1
