@@ -114,3 +114,9 @@ def test_cli_prints_table_and_writes_json(tmp_path, capsys):
 def test_cli_rejects_bad_arguments(capsys, argv, words):
     assert cli_main(["bench", *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_cli_default_ops_are_the_benchmarks_ops():
+    from ppkit.cli import bench as bench_cli
+
+    assert bench_cli.OPS_DEFAULT.split(",") == list(comm.OPS)

@@ -8,9 +8,10 @@ import sys
 HELP = "measure p2p, all_reduce, all_gather and broadcast bandwidth (and raw TCP) on local ranks"
 
 
-def add_arguments(parser) -> None:
-    from ppkit.bench import comm
+OPS_DEFAULT = "p2p,all_reduce,all_gather,broadcast"  # ppkit.bench.comm.OPS; not imported here: torch is slow
 
+
+def add_arguments(parser) -> None:
     parser.add_argument("-n", "--world-size", type=int, default=2,
                         help="number of local ranks (default 2; p2p and tcp use ranks 0 and 1)")
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl", "auto"),
@@ -18,8 +19,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("-b", "--min-bytes", default="4K", help="smallest message (default 4K)")
     parser.add_argument("-e", "--max-bytes", default="256M", help="largest message (default 256M)")
     parser.add_argument("-f", "--factor", type=int, default=2, help="size step factor (default 2)")
-    parser.add_argument("--ops", default=",".join(comm.OPS),
-                        help=f"comma-separated operations (default {','.join(comm.OPS)})")
+    parser.add_argument("--ops", default=OPS_DEFAULT, help=f"comma-separated operations (default {OPS_DEFAULT})")
     parser.add_argument("--no-tcp", action="store_true", help="skip the raw TCP ceiling")
     parser.add_argument("--iters", type=int, default=None,
                         help="timed runs per size (default: 20 for small messages, down to 3)")
