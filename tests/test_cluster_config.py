@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from leftovers import wait_gone
 
 import ppkit
 from ppkit.cluster import launch
@@ -99,3 +100,19 @@ def test_run_with_a_bad_timeout(cluster2, timeout):
     with pytest.raises(ppkit.ConfigError, match="timeout must be a positive number of seconds"):
         cluster2.run(make_greeting, timeout=timeout)
     assert cluster2.run(make_greeting) == ["hello from 0", "hello from 1"]
+
+
+def test_start_with_bad_arguments_keeps_the_running_cluster():
+    cluster = ppkit.start(2, "gloo")
+    pids = [w["pid"] for w in cluster.workers.values()]
+    try:
+        with pytest.raises(ppkit.ConfigError):
+            ppkit.start(0)
+        with pytest.raises(ppkit.ConfigError):
+            ppkit.start(2, "mpi")
+        with pytest.raises(ppkit.ConfigError):
+            ppkit.start(2, timeout=-1)
+        assert cluster.state == "ready" and cluster.run(lambda rank, world_size: rank) == [0, 1]
+    finally:
+        cluster.close()
+    assert not wait_gone(pids)

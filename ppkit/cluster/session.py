@@ -18,8 +18,17 @@ def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
     [0, 1, 2, 3]
     """
     global _active
-    from ppkit.cluster import magic
+    from ppkit.cluster import launch, magic
+    from ppkit.cluster.controller import _check_timeout
 
+    # Check what can be checked before closing the cluster this call replaces: a typo in the
+    # arguments should not cost the learner a working cluster.
+    world_size = launch.check_world_size(world_size)
+    if backend != "auto":
+        launch.resolve_backend(backend, world_size)
+    for name in ("timeout", "start_timeout"):
+        if name in options:
+            _check_timeout(options[name], name)
     if _active is not None:
         _active.close()
         _active = None
