@@ -201,12 +201,12 @@ def _held_hint(got: list, want: list, schedule: str, num_stages: int, m: int) ->
 def check_microbatches_held(fn, schedules=HELD_SCHEDULES, shapes=HELD_SHAPES) -> CheckReport:
     """Check ``fn(schedule, num_stages, num_microbatches) -> list``: for ``schedule`` "gpipe" or
     "1f1b", one number per stage (stage 0 first): the most micro-batches whose activations that stage
-    keeps at once (forward done, backward not yet)."""
+    keeps at once (forward done, backward not yet). Cases are named "schedule stages x micro-batches"."""
     _check_callable(fn, "fn(schedule, num_stages, num_microbatches)")
     report = CheckReport("micro-batches held")
     for schedule in schedules:
-        report.cases.append(f"{schedule}: (stages, micro-batches) {list(shapes)}")
         for num_stages, m in shapes:
+            report.cases.append(f"{schedule} {num_stages}x{m}")
             label = f"{schedule}, {num_stages} stages, {m} micro-batches"
             got, problem = _call(fn, label, schedule, num_stages, m)
             if problem:
