@@ -17,17 +17,11 @@ import math
 
 import torch
 
-from ppkit.errors import ConfigError
-from ppkit.lessons.exercises import CheckReport, _raise_or_report
+from ppkit.lessons.exercises import CheckReport, _check_callable, _raise_or_report
 from ppkit.models.resnet import CUT_POINTS, resnet50, split_resnet50
 from ppkit.pipeline.bubble import predict
 from ppkit.pipeline.config import num_microbatches
 from ppkit.pipelining.compare import schedule_orders
-
-
-def _check_callable(fn, signature: str) -> None:
-    if not callable(fn):
-        raise ConfigError(f"pass your function itself, {signature}, not {type(fn).__name__} {fn!r:.60}.")
 
 
 def _call(fn, label: str, *args):
