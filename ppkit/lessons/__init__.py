@@ -5,7 +5,8 @@
     collectives    lesson 2: every collective run for real, modelled in plain Python, drawn
     data_parallel  lesson 3: gradients by hand == DDP == one process; init methods; samplers
     launchers      lesson 3: what torchrun and SLURM tell each process
-    exercises      the automatically checked exercises at the end of each notebook
+    exercises      the automatically checked exercises at the end of notebooks 01-03
+    pipeline_exercises  the same for notebooks 05, 06 and 08 (shapes, step time, activations)
     timeline       spans, "who waited for whom", Gantt charts
 """
 
