@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -194,6 +195,8 @@ KERNEL_INTERRUPTED = """
 def test_interrupt_during_run_returns_promptly_and_leaves_a_usable_cluster(no_leftovers, job):
     with Kernel(KERNEL_INTERRUPTED, job) as kernel:
         kernel.read_until(lambda lines: sum(line.endswith("] started") for line in lines) == 2)
+        if job == "cxx":
+            time.sleep(1.0)  # "started" comes just before recv: let both ranks get into gloo
         interrupted_at = time.time()
         os.killpg(kernel.pid, signal.SIGINT)  # what Kernel > Interrupt does
         lines = kernel.read_until(lambda lines: lines[-1].startswith("AFTER "))
@@ -204,9 +207,11 @@ def test_interrupt_during_run_returns_promptly_and_leaves_a_usable_cluster(no_le
         assert "cancelled on every rank; the cluster is ready to use" in report["message"]
         assert report["state"] == "ready"
     else:  # a rank blocked in C++ cannot be cancelled: say so, and restart() must work
-        assert "rank(s) [0, 1] could not be stopped" in report["message"]
+        # normally both ranks; on a loaded machine one may still have been in Python (cancelled)
+        stuck = re.search(r"rank\(s\) \[([0-9, ]+)\] could not be stopped", report["message"])
+        assert stuck and set(map(int, stuck.group(1).split(","))) <= {0, 1}, report["message"]
         assert "cluster.restart()" in report["message"]
-        assert "--- rank 0 is waiting here ---" in report["message"]
+        assert f"--- rank {stuck.group(1)[0]} is waiting here ---" in report["message"]
         assert report["state"] == "broken"
     assert lines[-1] == "AFTER [0, 1]"
 
