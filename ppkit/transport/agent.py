@@ -97,8 +97,10 @@ class Agent:
 
     def serve(self) -> tuple[bool, str]:
         """Fork workers on request until the master closes; return (closed cleanly?, why we stopped)."""
+        # exit_when_lost=False: after the master's "shutdown" our reports may meet a closed
+        # connection; that must not turn a clean exit into exit code 1 (seen in CI)
         threading.Thread(target=zygote._reap, args=(self.conn, self._children, self._lock,
-                                                     self._have_children), daemon=True).start()
+                                                     self._have_children, False), daemon=True).start()
         while True:
             try:
                 msg = self.conn.recv()

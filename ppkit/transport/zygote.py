@@ -17,7 +17,10 @@ import threading
 import traceback
 
 
-def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.Condition) -> None:
+def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.Condition,
+          exit_when_lost: bool = True) -> None:
+    """Wait for forked workers and report each exit. If the controller is gone, the fork server
+    exits (``exit_when_lost``); a remote agent's main loop sees the EOF and exits by itself."""
     while True:
         with have_children:
             while not children:
@@ -32,7 +35,9 @@ def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.C
             try:
                 conn.send(("exited", rank, pid, status))
             except OSError:
-                os._exit(1)
+                if exit_when_lost:
+                    os._exit(1)
+                return
 
 
 def _child(conn, address, key, rank: int, zygote_pid: int) -> None:
