@@ -38,6 +38,20 @@ ACTIVATION_BATCHES = (1, 3)
 IMAGE_SIZES = (32, 64, 97, 224)
 
 
+def _as_sequence(got, convert):
+    """``convert(got)`` (tuple or list) for anything iterable except a string, else None."""
+    if isinstance(got, str):
+        return None
+    try:
+        return convert(got)
+    except TypeError:
+        return None
+
+
+def _not_a_sequence(label: str, what: str, want, got) -> str:
+    return f"{label}: expected {what} such as {want}, got {type(got).__name__} {got!r:.60}"
+
+
 @functools.lru_cache(maxsize=1)
 def _meta_resnet50():
     # meta tensors carry shapes only: the real forward's shapes at no compute and no memory
@@ -81,13 +95,9 @@ def check_activation_shape(fn, batch_sizes=ACTIVATION_BATCHES, image_sizes=IMAGE
                     report.failures.append(problem)
                     continue
                 want = activation_shape_of(cut, batch_size, image_size)
-                try:
-                    got_shape = tuple(got) if not isinstance(got, str) else None
-                except TypeError:
-                    got_shape = None
+                got_shape = _as_sequence(got, tuple)
                 if got_shape is None:
-                    report.failures.append(f"{label}: expected a shape such as {want}, got "
-                                           f"{type(got).__name__} {got!r:.60}")
+                    report.failures.append(_not_a_sequence(label, "a shape", want, got))
                     continue
                 if got_shape != want:
                     report.failures.append(f"{label}: expected {want}, got {got_shape}"
@@ -207,13 +217,9 @@ def check_microbatches_held(fn, schedules=HELD_SCHEDULES, shapes=HELD_SHAPES) ->
                 report.failures.append(problem)
                 continue
             want = microbatches_held_of(schedule, num_stages, m)
-            try:
-                got_list = list(got) if not isinstance(got, str) else None
-            except TypeError:
-                got_list = None
+            got_list = _as_sequence(got, list)
             if got_list is None:
-                report.failures.append(f"{label}: expected one number per stage such as {want}, got "
-                                       f"{type(got).__name__} {got!r:.60}")
+                report.failures.append(_not_a_sequence(label, "one number per stage", want, got))
                 continue
             if got_list != want:
                 report.failures.append(f"{label}: expected {want}, got {got_list}"
