@@ -1,0 +1,17 @@
+"""``ppkit preflight``: check this machine for the course, one line per check, then a summary line."""
+
+from __future__ import annotations
+
+HELP = "check this machine for the course in a minute: versions, widgets, cores, ports, cluster, RPC, pipeline"
+
+
+def add_arguments(parser) -> None:
+    parser.epilog = ("The last line is one an instructor can collect, e.g. "
+                     "'ppkit preflight: 10/10 ok (python 3.11.7, torch 2.14.1, linux, 2 cores)'. "
+                     "Exit status 0 when no check failed (warnings allowed), 1 otherwise.")
+
+
+def main(args) -> int:
+    from ppkit.preflight import main as preflight
+
+    return preflight()
