@@ -12,7 +12,7 @@ import time
 import pytest
 
 import ppkit
-from ppkit.cluster import remote
+from ppkit.cluster import admission
 from ppkit.errors import AuthenticationError, ConfigError, LaunchError
 from ppkit.transport import agent, channel, worker
 
@@ -35,33 +35,33 @@ def worker_cli(port: int, key: str, name: str = "worker1", *extra) -> subprocess
 
 # -- pure functions ---------------------------------------------------------------------------
 def test_parse_listen():
-    assert remote.parse_listen("127.0.0.1:1234") == ("127.0.0.1", 1234)
-    assert remote.parse_listen("127.0.0.1") == ("127.0.0.1", remote.DEFAULT_PORT)
-    assert remote.parse_listen("localhost:0") == ("127.0.0.1", 0)
+    assert admission.parse_listen("127.0.0.1:1234") == ("127.0.0.1", 1234)
+    assert admission.parse_listen("127.0.0.1") == ("127.0.0.1", admission.DEFAULT_PORT)
+    assert admission.parse_listen("localhost:0") == ("127.0.0.1", 0)
     for bad in ("", "127.0.0.1:http", "127.0.0.1:70000", 5):
         with pytest.raises(ConfigError, match="listen must be 'ADDR:PORT'"):
-            remote.parse_listen(bad)
+            admission.parse_listen(bad)
 
 
 def test_remote_names_give_ranks_in_order():
-    assert remote.remote_names(3, None) == ["worker1", "worker2"]
-    assert remote.remote_names(3, 1) == ["worker1"]
-    assert remote.remote_names(2, ["gpu-box", "laptop"]) == ["gpu-box", "laptop"]
-    assert remote.remote_names(2, {"worker1": "alice@b"}) == ["worker1"]
+    assert admission.remote_names(3, None) == ["worker1", "worker2"]
+    assert admission.remote_names(3, 1) == ["worker1"]
+    assert admission.remote_names(2, ["gpu-box", "laptop"]) == ["gpu-box", "laptop"]
+    assert admission.remote_names(2, {"worker1": "alice@b"}) == ["worker1"]
     with pytest.raises(ConfigError, match="room for 1 to 2 remote workers, not 3"):
-        remote.remote_names(2, 3)
+        admission.remote_names(2, 3)
     with pytest.raises(ConfigError, match="different from each other"):
-        remote.remote_names(2, ["a", "a"])
+        admission.remote_names(2, ["a", "a"])
     with pytest.raises(ConfigError, match="words like 'worker1'"):
-        remote.remote_names(2, ["bad name"])
+        admission.remote_names(2, ["bad name"])
     with pytest.raises(ConfigError, match="number of workers"):
-        remote.remote_names(2, True)
+        admission.remote_names(2, True)
 
 
 def test_version_problem_names_every_difference_and_the_fix():
     ours = {"python": "3.11.7", "torch": "2.14.1", "ppkit": "0.1.0"}
-    assert remote.version_problem(ours, {**ours, "python": "3.11.9"}, "worker1") is None
-    text = remote.version_problem(ours, {"python": "3.10.2", "torch": "2.3.0", "ppkit": "0.1.0",
+    assert admission.version_problem(ours, {**ours, "python": "3.11.9"}, "worker1") is None
+    text = admission.version_problem(ours, {"python": "3.10.2", "torch": "2.3.0", "ppkit": "0.1.0",
                                          "host": "b"}, "worker1")
     assert text.startswith("worker1 on b runs python 3.10.2 (the master has 3.11.7), torch 2.3.0 "
                            "(the master has 2.14.1).")
@@ -71,20 +71,20 @@ def test_version_problem_names_every_difference_and_the_fix():
 def test_interface_problem_only_for_loopback_towards_a_remote_master():
     info = {"name": "worker1", "host": "b", "iface": "lo", "iface_addrs": ["127.0.0.1"],
             "local_address": "10.0.0.2"}
-    assert "would use interface 'lo' (127.0.0.1)" in remote.interface_problem(info, "10.0.0.1")
-    assert remote.interface_problem(info, "127.0.0.1") is None
-    assert remote.interface_problem({**info, "iface_addrs": ["10.0.0.2"]}, "10.0.0.1") is None
+    assert "would use interface 'lo' (127.0.0.1)" in admission.interface_problem(info, "10.0.0.1")
+    assert admission.interface_problem(info, "127.0.0.1") is None
+    assert admission.interface_problem({**info, "iface_addrs": ["10.0.0.2"]}, "10.0.0.1") is None
 
 
 def test_parse_key(monkeypatch):
     monkeypatch.delenv(channel.KEY_ENV, raising=False)
-    assert len(remote.parse_key(None)) == 32
-    assert remote.parse_key("ab" * 16) == b"\xab" * 16
+    assert len(admission.parse_key(None)) == 32
+    assert admission.parse_key("ab" * 16) == b"\xab" * 16
     monkeypatch.setenv(channel.KEY_ENV, "cd" * 16)
-    assert remote.parse_key(None) == b"\xcd" * 16
+    assert admission.parse_key(None) == b"\xcd" * 16
     for bad in ("xyz", "ab", b"short"):
         with pytest.raises(ConfigError):
-            remote.parse_key(bad)
+            admission.parse_key(bad)
 
 
 def test_bad_listen_settings_fail_before_anything_starts(no_leftovers, monkeypatch):
@@ -278,13 +278,13 @@ def test_agent_with_a_wrong_key_is_refused():
 # -- an RPC world with remote workers ------------------------------------------------------------
 def test_rpc_world_remote_workers_are_the_last_ones():
     names = ["worker1", "worker2", "worker3"]
-    assert remote.rpc_remote_names(names, None) == names
-    assert remote.rpc_remote_names(names, 1) == ["worker3"]
-    assert remote.rpc_remote_names(names, ["worker2", "worker3"]) == ["worker2", "worker3"]
+    assert admission.rpc_remote_names(names, None) == names
+    assert admission.rpc_remote_names(names, 1) == ["worker3"]
+    assert admission.rpc_remote_names(names, ["worker2", "worker3"]) == ["worker2", "worker3"]
     hosts = {"worker3": "alice@c"}
-    assert remote.rpc_remote_names(names, hosts) is hosts
+    assert admission.rpc_remote_names(names, hosts) is hosts
     with pytest.raises(ConfigError, match=r"remote=\['worker3'\], not \['worker1'\]"):
-        remote.rpc_remote_names(names, ["worker1"])
+        admission.rpc_remote_names(names, ["worker1"])
 
 
 def test_rpc_world_with_a_remote_worker_on_loopback(no_leftovers):

@@ -1,14 +1,11 @@
-"""Choosing a backend and starting the fork server (zygote) that makes local workers."""
+"""Checking a world size, choosing a backend, and the socket environment of local workers."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 from ppkit.errors import ConfigError
+from ppkit.transport import ifaces
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -63,27 +60,4 @@ def loopback_interface() -> str:
 
 def local_env() -> dict[str, str]:
     """Keep gloo and TensorPipe on loopback, whatever the hostname resolves to."""
-    iface = loopback_interface()
-    return {"GLOO_SOCKET_IFNAME": iface, "TP_SOCKET_IFNAME": iface, "MASTER_ADDR": "127.0.0.1"}
-
-
-def start_zygote(address: tuple[str, int], key: bytes, log_path: Path) -> subprocess.Popen:
-    """Start the fork server in its own session, so Kernel > Interrupt does not reach it."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    env.update(PPKIT_ADDR=f"{address[0]}:{address[1]}", PPKIT_KEY=key.hex(),
-               PPKIT_PARENT=str(os.getpid()), PYTHONUNBUFFERED="1")
-    # OpenMP threads that finish early spin-wait for the others by default. With more workers
-    # than cores, a spinning thread steals the core its partner needs: a pipeline forward that
-    # takes 0.1 s took 2-4 s on 2 cores. Passive waiting sleeps instead. Read once, at torch import.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    log = open(log_path, "ab")
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ppkit.transport.zygote"],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True,
-        )
-    finally:
-        log.close()
+    return {**ifaces.socket_env(loopback_interface()), "MASTER_ADDR": "127.0.0.1"}

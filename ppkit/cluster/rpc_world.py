@@ -24,9 +24,10 @@ import warnings
 
 import cloudpickle
 
+from ppkit.checks import positive
 from ppkit.cluster import launch
-from ppkit.cluster.controller import Cluster, _check_timeout
-from ppkit.cluster.remote import rpc_remote_names, without_socket_vars
+from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
+from ppkit.cluster.controller import Cluster
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 
 MASTER = "master"
@@ -152,8 +153,8 @@ class RpcWorld:
                 or num_worker_threads < 1:
             raise ConfigError(f"num_worker_threads must be a positive whole number, got "
                               f"{num_worker_threads!r}.")
-        self.rpc_timeout = _check_timeout(rpc_timeout, "rpc_timeout")
-        self.start_timeout = _check_timeout(start_timeout, "start_timeout")
+        self.rpc_timeout = positive(rpc_timeout, "rpc_timeout")
+        self.start_timeout = positive(start_timeout, "start_timeout")
         _check_kernel_free(num_workers)
         self.num_workers = num_workers
         self.num_worker_threads = num_worker_threads
@@ -168,7 +169,7 @@ class RpcWorld:
                                env=self._env if listen is None else env, labels=self.worker_names,
                                listen=listen, remote=remote, key=key)
         if listen is not None:  # this process binds to the listen address; each worker to its own
-            self._env = {**self.cluster._remote.local_env(), **(env or {})}
+            self._env = {**self.cluster.local_env(), **(env or {})}
             self._worker_env = without_socket_vars(env or {})
         self.state = "starting"
         self._generation = 0
@@ -179,10 +180,9 @@ class RpcWorld:
             raise
 
     def _init(self) -> None:
-        store = self.cluster._tmpdir / f"rpc-store-{self._generation}-{time.monotonic_ns()}"
-        remote = self.cluster._remote
+        init_method = self.cluster.rendezvous_url(f"rpc-store-{self._generation}-{time.monotonic_ns()}")
         options = {"num_worker_threads": self.num_worker_threads, "rpc_timeout": self.rpc_timeout,
-                   "init_method": remote.rendezvous_url() if remote else f"file://{store}"}
+                   "init_method": init_method}
         world_size = self.num_workers + 1
         kernel_error: list = []
         from torch.distributed import rpc
@@ -240,9 +240,8 @@ class RpcWorld:
         # notebook, so fd 2 is muted meanwhile.
         with _muted_stderr():
             finished, _ = _run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
-            self.cluster._kill_workers(quiet=True)
+            self.cluster.stop_workers("its RPC world was shut down.")
             time.sleep(0.1)  # TensorPipe logs from its own threads
-        self.cluster._break("its RPC world was shut down.")
         if not finished:
             _kernel_rpc_stuck = True
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
 from ppkit.errors import ConfigError, ExerciseFailed, JobTimeoutError, RemoteError
 from ppkit.lessons import data_parallel
@@ -158,11 +159,6 @@ def _collectives_forbidden(exercise: str):
             setattr(dist, name, fn)
 
 
-def _check_callable(fn, signature: str) -> None:
-    if not callable(fn):
-        raise ConfigError(f"pass your function itself, {signature}, not {type(fn).__name__} {fn!r:.60}.")
-
-
 def _compare(label: str, rank: int, got, want: torch.Tensor, own: torch.Tensor | None = None) -> str | None:
     """None if ``got`` equals ``want``, else one precise sentence."""
     if not isinstance(got, torch.Tensor):
@@ -207,7 +203,7 @@ def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: f
                      cluster: Cluster | None = None) -> CheckReport:
     """Check ``fn(rank, world_size, tensor) -> tensor``: every rank sends ``tensor`` to rank + 1 and
     returns what rank - 1 sent it (the ring wraps around)."""
-    _check_callable(fn, "fn(rank, world_size, tensor)")
+    check_callable(fn, "fn(rank, world_size, tensor)")
     report = CheckReport("ring shift")
     runner = _Runner(world_sizes, timeout, cluster)
     try:
@@ -254,7 +250,7 @@ def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeo
     """Check ``fn(rank, world_size, tensor)``: afterwards (returned, or in ``tensor`` if it returns
     None) every rank holds the element-wise sum over all ranks, as ``dist.all_reduce`` gives, using
     only send/recv/isend/irecv."""
-    _check_callable(fn, "fn(rank, world_size, tensor)")
+    check_callable(fn, "fn(rank, world_size, tensor)")
     report = CheckReport("ring all_reduce")
     runner = _Runner(world_sizes, timeout, cluster)
     try:
@@ -299,7 +295,7 @@ def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, time
                            cluster: Cluster | None = None) -> CheckReport:
     """Check ``fn(model)``: after it, every gradient equals the whole batch's gradient (the average
     of the ranks' gradients), and it used exactly one ``dist.all_reduce`` for all of them."""
-    _check_callable(fn, "fn(model)")
+    check_callable(fn, "fn(model)")
     want = data_parallel.whole_batch_gradients(batch_size)
     report = CheckReport("bucketed gradient averaging")
     runner = _Runner(world_sizes, timeout, cluster)

@@ -116,3 +116,17 @@ def connect(address: tuple[str, int], key: bytes, timeout: float = 30.0) -> mpc.
             "(PPKIT_KEY)."
         ) from exc
     return conn
+
+
+def wake_reader(conn) -> None:
+    """Make a thread blocked in ``conn.recv()`` return (EOF) without closing its descriptor."""
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
