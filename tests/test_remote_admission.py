@@ -15,6 +15,7 @@ import ppkit
 from ppkit.cluster import admission
 from ppkit.errors import AuthenticationError, ConfigError, LaunchError
 from ppkit.transport import agent, channel, worker
+from ppkit.transport.messages import Admitted, AgentHello, Kill, Reject, Shutdown, Spawn
 
 pytestmark = pytest.mark.timeout(120)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,7 +141,7 @@ class FakeAgent:
         self.conn = channel.connect(("127.0.0.1", port), key)
         hello = {"name": name, "host": "fakehost", "pid": 1, **worker.versions(), "iface": "lo",
                  "iface_addrs": ["127.0.0.1"], "local_address": "127.0.0.1", **override}
-        self.conn.send(("agent", hello))
+        self.conn.send(AgentHello(hello))
         self.reply = self.conn.recv()
 
 
@@ -174,21 +175,21 @@ def test_unknown_and_duplicate_names_are_refused_and_a_silent_worker_times_out(n
     thread, box = start_in_thread(world_size=1, listen=f"127.0.0.1:{port}", remote=["worker1"], key=key,
                                   start_timeout=4)
     stranger = connect_when_listening(port, key, "worker9")
-    assert stranger.reply[0] == "reject"
-    assert "expects the worker(s) worker1, not 'worker9'" in stranger.reply[1]
+    assert isinstance(stranger.reply, Reject)
+    assert "expects the worker(s) worker1, not 'worker9'" in stranger.reply.reason
     first = FakeAgent(port, key, "worker1")
-    assert first.reply == ("admitted", {"rank": 0, "world_size": 1, "master": f"127.0.0.1:{port}"})
-    assert first.conn.recv() == ("spawn", [0])  # ... and it never starts the rank
+    assert first.reply == Admitted({"rank": 0, "world_size": 1, "master": f"127.0.0.1:{port}"})
+    assert first.conn.recv() == Spawn((0,))  # ... and it never starts the rank
     again = FakeAgent(port, key, "worker1")
-    assert again.reply[0] == "reject" and "worker1 has already joined from fakehost" in again.reply[1]
+    assert isinstance(again.reply, Reject) and "worker1 has already joined from fakehost" in again.reply.reason
     thread.join(30)
     error = box["error"]
     assert isinstance(error, LaunchError)
     assert ("timed out after 4 s waiting for worker1 (rank 0 of 1, on fakehost, interface lo "
             "127.0.0.1) to join the process group") in str(error)
     assert "connected but never finished joining the process group" in str(error)
-    assert first.conn.recv() == ("kill",)  # the master cleans up what it asked for
-    assert first.conn.recv()[0] == "shutdown"
+    assert first.conn.recv() == Kill()  # the master cleans up what it asked for
+    assert isinstance(first.conn.recv(), Shutdown)
 
 
 def test_a_worker_that_never_comes_is_named_with_the_command_to_run(no_leftovers):
@@ -209,7 +210,7 @@ def test_version_mismatch_is_refused_at_once(no_leftovers):
                                   start_timeout=60)
     started = time.monotonic()
     fake = connect_when_listening(port, key, "worker1", ppkit="0.0.1")
-    assert fake.reply[0] == "reject" and "ppkit 0.0.1 (the master has" in fake.reply[1]
+    assert isinstance(fake.reply, Reject) and "ppkit 0.0.1 (the master has" in fake.reply.reason
     thread.join(30)
     assert time.monotonic() - started < 15
     assert "the master refused worker1: worker1 on fakehost runs ppkit 0.0.1" in str(box["error"])

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import linecache
-import os
-import shutil
-import sys
-import tempfile
-import threading
 import time
 import weakref
-from pathlib import Path
 
 import cloudpickle
 
@@ -27,9 +20,9 @@ from ppkit.checks import positive
 from ppkit.cluster import diagnostics, launch
 from ppkit.cluster.admission import handle_probe, listen_error, parse_key
 from ppkit.cluster.inbox import FORK_SERVER, Closed, Inbox, Item, LaunchFailed
-from ppkit.cluster.jobs import Job
-from ppkit.cluster.launchers import ForkServerLauncher
+from ppkit.cluster.jobs import Job, new_cell_sources
 from ppkit.cluster.output import RankPrinter
+from ppkit.cluster.remote import make_launcher
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 from ppkit.transport import channel
 from ppkit.transport.messages import ForkServerHello, Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
@@ -76,23 +69,13 @@ class Cluster:
         self._sources_sent: set[str] = set()
         self._printer = RankPrinter(labels)  # labels: how output is prefixed, "rank N" by default
         self._broken_reason = ""
-        self._tmpdir = Path(tempfile.mkdtemp(prefix="ppkit-"))
+        self._launcher = make_launcher(self.world_size, self._inbox, self._key, listen=listen, remote=remote,
+                                       start_timeout=self.start_timeout, backend=self.backend)
+        host, port = self._launcher.server_address()
         try:
-            if listen is None:
-                self._launcher = ForkServerLauncher(self.world_size, self._tmpdir, self._inbox, self._key)
-            else:  # remote workers and a TCPStore; else 127.0.0.1 only
-                from ppkit.cluster.remote import RemoteLauncher
-
-                self._launcher = RemoteLauncher(self.world_size, self._tmpdir, self._inbox, self._key, listen,
-                                                remote, self.start_timeout, self.backend)
-            host, port = self._launcher.server_address()
-            try:
-                self._server = channel.ChannelServer(host, port, self._key, self._on_connect)
-            except OSError as exc:
-                raise listen_error(exc, host, port) from exc
-        except BaseException:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            raise
+            self._server = channel.ChannelServer(host, port, self._key, self._greet)
+        except OSError as exc:
+            raise listen_error(exc, host, port) from exc
         self._env = {**self._launcher.local_env(), **(env or {})}
         self.address = self._server.address
         self._launcher.bind(self.address)
@@ -122,9 +105,6 @@ class Cluster:
         self._break(reason)
 
     # -- connections (each in its own thread) ---------------------------------------------------
-    def _on_connect(self, conn) -> None:
-        threading.Thread(target=self._greet, args=(conn,), daemon=True).start()
-
     def _greet(self, conn) -> None:
         try:
             first = conn.recv()
@@ -137,24 +117,15 @@ class Cluster:
                 conn.send(Reject(f"this cluster has ranks 0..{self.world_size - 1}, not {rank!r}"))
                 conn.close()
                 return
-            conn.send(Init(self._init_config(rank)))
+            config = launch.worker_config(rank, self.world_size, self.backend, self.process_group, self._env,
+                                          self.start_timeout)
+            conn.send(Init(self._launcher.init_config(rank, config, generation)))
             self._conns[rank] = conn
             self._inbox.read(conn, rank, generation)
         elif isinstance(first, Probe):
             handle_probe(conn)
         elif not self._launcher.accept(conn, first):
             conn.close()
-
-    def _init_config(self, rank: int) -> dict:
-        config = {
-            "rank": rank, "world_size": self.world_size, "backend": self.backend,
-            "device": f"cuda:{rank}" if self.backend == "nccl" else "cpu", "process_group": self.process_group,
-            # the kernel's sys.path too, so functions imported from modules the notebook can
-            # import (sys.path.append("..") in a cell, pytest's test dirs) unpickle on the workers
-            "env": self._env, "cwd": os.getcwd(), "sys_path": [os.getcwd(), *filter(None, sys.path)],
-            "join_timeout": self.start_timeout, "pg_timeout": 1800,
-        }
-        return self._launcher.init_config(rank, config, self._generation)
 
     def _send(self, rank: int, msg) -> bool:
         try:
@@ -266,7 +237,6 @@ class Cluster:
         self._kill_workers()
         self._launcher.close()
         self._server.close()
-        shutil.rmtree(self._tmpdir, ignore_errors=True)
         _live_clusters.discard(self)
 
     def __enter__(self) -> Cluster:
@@ -297,7 +267,7 @@ class Cluster:
                 "process handles.") from exc
         job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
                   self._printer, self._break)
-        return job.run(payload, self._cell_sources(), timeout, self.workers)
+        return job.run(payload, new_cell_sources(self._sources_sent), timeout, self.workers)
 
     def _check_usable(self) -> None:
         if self.state == "closed":
@@ -305,17 +275,6 @@ class Cluster:
         self._drain()
         if self.state == "broken":
             raise diagnostics.needs_restart(self._broken_reason)
-
-    def _cell_sources(self) -> dict:
-        """Notebook cells' source the workers have not had yet.
-
-        IPython keeps each cell's code in ``linecache`` only (mtime None), not on disk; without it
-        a remote traceback or stack would name the cell's line but not show it.
-        """
-        new = {name: entry for name, entry in list(linecache.cache.items())
-               if len(entry) == 4 and entry[1] is None and name not in self._sources_sent}
-        self._sources_sent.update(new)
-        return new
 
     # -- display ------------------------------------------------------------------------------
     def __repr__(self) -> str:

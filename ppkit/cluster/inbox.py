@@ -54,7 +54,7 @@ class Inbox:
         while True:
             try:
                 msg = conn.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError, TypeError):  # TypeError: another thread closed ``conn``
                 self.put(Item(source, Closed(), generation))
                 return
             self.put(Item(source, msg, generation))

@@ -7,6 +7,7 @@ rank that dies, a timeout and Kernel > Interrupt each end the job with their own
 
 from __future__ import annotations
 
+import linecache
 import time
 
 import cloudpickle
@@ -17,6 +18,18 @@ from ppkit.transport.messages import Cancel, Cancelled, Result, Run
 
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
 CANCEL_WAIT_S = 2.0  # after Kernel > Interrupt, how long the ranks get to stop
+
+
+def new_cell_sources(sent: set[str]) -> dict:
+    """Notebook cells' source the workers have not had yet (``sent`` names those they have).
+
+    IPython keeps each cell's code in ``linecache`` only (mtime None), not on disk; without it
+    a remote traceback or stack would name the cell's line but not show it.
+    """
+    new = {name: entry for name, entry in list(linecache.cache.items())
+           if len(entry) == 4 and entry[1] is None and name not in sent}
+    sent.update(new)
+    return new
 
 
 class Job:

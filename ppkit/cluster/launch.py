@@ -1,8 +1,12 @@
-"""Checking a world size, choosing a backend, and the socket environment of local workers."""
+"""What every launcher needs: a checked world size, a backend, the configuration and socket
+environment of a worker, and a rendezvous store on a network address."""
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
+from datetime import timedelta
 
 from ppkit.errors import ConfigError
 from ppkit.transport import ifaces
@@ -48,6 +52,34 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
             "visible here. Use backend='gloo' (CPU) or backend='auto', or fewer ranks."
         )
     return backend
+
+
+def worker_config(rank: int, world_size: int, backend: str, process_group: bool, env: dict,
+                  join_timeout: float) -> dict:
+    """What a worker on this machine is told when it joins (a launcher adds the store)."""
+    return {
+        "rank": rank, "world_size": world_size, "backend": backend, "process_group": process_group,
+        "device": f"cuda:{rank}" if backend == "nccl" else "cpu",
+        # the kernel's sys.path too, so functions imported from modules the notebook can
+        # import (sys.path.append("..") in a cell, pytest's test dirs) unpickle on the workers
+        "env": env, "cwd": os.getcwd(), "sys_path": [os.getcwd(), *filter(None, sys.path)],
+        "join_timeout": join_timeout, "pg_timeout": 1800,
+    }
+
+
+def tcp_store(host: str, world_size: int, timeout: float):
+    """A TCPStore served by this process on ``host`` only (not every interface), any free port."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout), master_listen_fd=sock.detach())
 
 
 def loopback_interface() -> str:

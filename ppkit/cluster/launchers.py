@@ -15,8 +15,10 @@ A launcher that starts each worker as a fresh interpreter implements the same me
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,9 +32,9 @@ class Launcher:
     """What a Cluster asks of whatever starts its workers. Subclasses start the processes; this
     base class keeps the exit reports (``Spawned``/``Exited`` items) and the local defaults."""
 
-    def __init__(self, world_size: int, tmpdir: Path, inbox: Inbox):
+    def __init__(self, world_size: int, inbox: Inbox):
         self.world_size = world_size
-        self.tmpdir = tmpdir
+        self.tmpdir: Path | None = None  # the processes' files (stores, logs), from bind() to close()
         self.inbox = inbox
         self.local_ranks = list(range(world_size))  # ranks whose pids this machine can signal
         self._spawned: dict[int, tuple] = {}  # rank -> (source, pid) of this generation's process
@@ -45,6 +47,7 @@ class Launcher:
     def bind(self, address: tuple[str, int]) -> None:
         """The control channel listens on ``address`` now."""
         self.address = address
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="ppkit-"))
 
     def local_env(self) -> dict[str, str]:
         """Environment that puts a process of this machine on the cluster's network."""
@@ -82,6 +85,8 @@ class Launcher:
 
     def close(self) -> None:
         """Stop everything this launcher started. Safe to call twice."""
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     # -- exit reports ---------------------------------------------------------------------
     def note(self, item: Item) -> bool:
@@ -125,8 +130,8 @@ class Launcher:
 class ForkServerLauncher(Launcher):
     """Workers forked on this machine by a fork server that has imported torch once."""
 
-    def __init__(self, world_size: int, tmpdir: Path, inbox: Inbox, key: bytes):
-        super().__init__(world_size, tmpdir, inbox)
+    def __init__(self, world_size: int, inbox: Inbox, key: bytes):
+        super().__init__(world_size, inbox)
         self.key = key
         self.process: subprocess.Popen | None = None
         self._conn = None
@@ -172,6 +177,7 @@ class ForkServerLauncher(Launcher):
             self.process.wait()
         if self._conn is not None:
             self._conn.close()
+        super().close()
 
     @property
     def log_path(self) -> Path:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from datetime import timedelta
 
+from ppkit.cluster import launch
 from ppkit.cluster.admission import (
     interface_problem,
     master_interface,
@@ -33,17 +33,25 @@ from ppkit.transport import channel, ifaces, worker
 from ppkit.transport.messages import Admitted, AgentHello, Exited, Kill, Reject, Shutdown, Spawn, Spawned
 
 
+def make_launcher(world_size: int, inbox, key: bytes, *, listen: str | None, remote,
+                  start_timeout: float, backend: str) -> ForkServerLauncher:
+    """A fork server for a cluster on this machine; with ``listen``, remote agents as well."""
+    if listen is None:
+        return ForkServerLauncher(world_size, inbox, key)
+    return RemoteLauncher(world_size, inbox, key, listen, remote, start_timeout, backend)
+
+
 class RemoteLauncher(ForkServerLauncher):
     """The master's ranks from a local fork server, the others from admitted remote agents; the
     rendezvous is a TCPStore on the listen address."""
 
-    def __init__(self, world_size: int, tmpdir, inbox, key: bytes, listen: str, remote,
+    def __init__(self, world_size: int, inbox, key: bytes, listen: str, remote,
                  start_timeout: float, backend: str = "gloo"):
         if backend != "gloo":
             raise ConfigError(
                 f"remote workers use the gloo backend (CPU tensors between machines), not {backend!r}. "
                 "Pass backend='gloo' or 'auto' with listen=....")
-        super().__init__(world_size, tmpdir, inbox, key)
+        super().__init__(world_size, inbox, key)
         self.host, self.port = parse_listen(listen)
         self.names = remote_names(world_size, remote)
         self.ssh_hosts = {n: h for n, h in remote.items() if h} if isinstance(remote, dict) else {}
@@ -192,19 +200,8 @@ class RemoteLauncher(ForkServerLauncher):
             return {name: info for name, (_, info) in self.agents.items()}
 
     def _new_store(self) -> None:
-        import torch.distributed as dist
-
         self._store = None  # the old one stops serving (it owns and closes its socket)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind((self.host, 0))  # this address only, not every interface
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
-        self._store = dist.TCPStore(
-            self.host, 0, self.world_size, is_master=True, wait_for_workers=False,
-            timeout=timedelta(seconds=self._start_timeout), master_listen_fd=sock.detach())
+        self._store = launch.tcp_store(self.host, self.world_size, self._start_timeout)
         self._store_port = self._store.port
 
     def describe_missing(self, ready: set[int]) -> str:

@@ -15,9 +15,7 @@ Three things this module takes care of, because learners hit them at once:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import threading
 import time
 import warnings
@@ -29,6 +27,7 @@ from ppkit.cluster import launch
 from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
 from ppkit.cluster.controller import Cluster
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
+from ppkit.transport import procs
 
 MASTER = "master"
 _active: RpcWorld | None = None
@@ -108,37 +107,6 @@ def _init_rpc(name: str, rank: int, world_size: int, options: dict, env: dict,
 def _worker_init(rank: int, world_size: int, rpc_world_size: int, options: dict, env: dict,
                  init_counter: int) -> str:
     return _init_rpc(f"worker{rank + 1}", rank + 1, rpc_world_size, options, env, init_counter)
-
-
-def _run_with_deadline(fn, seconds: float) -> tuple[bool, BaseException | None]:
-    """Run ``fn`` in a daemon thread; (finished?, exception). A hung call is left behind."""
-    outcome: list = []
-
-    def target():
-        try:
-            fn()
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001
-            outcome.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True, name="ppkit-rpc")
-    thread.start()
-    thread.join(seconds)
-    return (bool(outcome), outcome[0] if outcome else None)
-
-
-@contextlib.contextmanager
-def _muted_stderr():
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 class RpcWorld:
@@ -238,8 +206,8 @@ class RpcWorld:
         # Our agent first, so the kernel does not log an "EOF" per worker it loses; TensorPipe
         # still logs "pipe closed" from C++ for each, which would look like an error in the
         # notebook, so fd 2 is muted meanwhile.
-        with _muted_stderr():
-            finished, _ = _run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
+        with procs.muted_stderr():
+            finished, _ = procs.run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
             self.cluster.stop_workers("its RPC world was shut down.")
             time.sleep(0.1)  # TensorPipe logs from its own threads
         if not finished:

@@ -2,7 +2,7 @@
 
 Framed pickled messages over TCP (``multiprocessing.connection``), opened by an HMAC challenge
 with a random per-cluster key: a client that does not know the key is refused before any message
-is read. Messages are tuples whose first item names the kind, e.g. ``("run", job_id, payload, sources)``.
+is read. What travels on it is defined, kind by kind, in messages.py.
 """
 
 from __future__ import annotations
