@@ -26,6 +26,7 @@ from ppkit.checks import positive
 from ppkit.cluster import launch
 from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
 from ppkit.cluster.controller import Cluster
+from ppkit.compat import require_rpc_internals
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 from ppkit.transport import procs
 
@@ -272,6 +273,7 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     to have the workers join from other machines (``ppkit worker``).
     """
     global _active
+    require_rpc_internals()
     if _active is not None:
         _active.close()
     _active = RpcWorld(num_workers, **options)
