@@ -106,7 +106,8 @@ EXERCISES = (
         ("rref.to_here() copies the value an RRef points to into this process.",
          "Sum the fetched tensors: torch.stack([r.to_here() for r in rrefs]).sum(0).",
          "To fetch them all at once: futures = [r.rpc_async().clone() for r in rrefs], then "
-         "torch.futures.wait_all(futures) gives the tensors.")),
+         "torch.futures.wait_all(futures) gives the tensors."),
+        context=_rpc_world),
     Exercise(
         "activation_shape", "05_model_parallel", "activation_shape(cut, batch_size, image_size)",
         pipeline_exercises.check_activation_shape, solutions.activation_shape,
