@@ -5,8 +5,12 @@
     collectives    lesson 2: every collective run for real, modelled in plain Python, drawn
     data_parallel  lesson 3: gradients by hand == DDP == one process; init methods; samplers
     launchers      lesson 3: what torchrun and SLURM tell each process
-    exercises      the automatically checked exercises at the end of notebooks 01-03
+    exercises      the checkers of the exercises in notebooks 01-03 (they run on real ranks)
     pipeline_exercises  the same for notebooks 05, 06 and 08 (shapes, step time, activations)
+    launch_exercises    the same for notebooks 00 and 07 (each rank's share, SLURM's variables)
+    catalog        every exercise registered in one place: checker, solution, hints
+    solutions      one solution per exercise, out of the learner's notebook
+    workbook       the learner's side: check(name, fn), hint(name), solution(name), progress()
     timeline       spans, "who waited for whom", Gantt charts
 """
 
