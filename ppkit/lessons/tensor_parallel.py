@@ -219,7 +219,8 @@ def compare(rank, world_size, block: str = "mlp") -> dict:
     grad_diff = max(_diff(p.grad, my_part(full_params[name].grad, p, rank, world_size))
                     for name, p in split.named_parameters())
     return {"forward": _diff(y_mine, want_y), "input_grad": _diff(x_mine.grad, want_x_grad),
-            "param_grads": grad_diff, "all_reduces": log.calls}
+            "param_grads": grad_diff, "all_reduces": log.calls,
+            "param_bytes": sum(p.nbytes for p in split.parameters())}
 
 
 def comm_formula(block: str, world_size: int, tokens: int = BATCH * TOKENS, d_model: int = D_MODEL) -> dict:
@@ -228,6 +229,14 @@ def comm_formula(block: str, world_size: int, tokens: int = BATCH * TOKENS, d_mo
     count = {"column": 1, "row": 1, "mlp": 2, "attention": 2}[block]
     size = tokens * d_model * 4
     return {"all_reduces": count, "bytes_each": size, "sent_bytes": count * 2 * (world_size - 1) / world_size * size}
+
+
+def mlp_memory_formula(degree: int, d_model: int = D_MODEL, hidden: int = HIDDEN,
+                       tokens: int = BATCH * TOKENS) -> dict[str, float]:
+    """Bytes one rank holds for the MLP block at tensor-parallel degree ``degree`` (fp32): the
+    weights (fc1's rows and bias part, fc2's columns and its whole bias) and the hidden activation."""
+    return {"weights": 4 * (2 * d_model * hidden / degree + hidden / degree + d_model),
+            "activation": 4 * tokens * hidden / degree}
 
 
 # -- the same with DTensor ------------------------------------------------------------------
