@@ -10,6 +10,8 @@ pins host memory by default, and pinning needs the CUDA driver.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -34,7 +36,11 @@ def _counts(mode) -> dict[str, int]:
 
 
 def shard_model(world_size: int, seed: int = 0):
-    """Notebook 03's classifier with each Linear and then the root wrapped by ``fully_shard``."""
+    """Notebook 03's classifier with each Linear and then the whole model wrapped by ``fully_shard``.
+
+    The outer wrap matters even though the Sequential has no parameters of its own: FSDP2 keeps the
+    *root* module's weights gathered from forward to backward, so without it each Linear would be a
+    root and none would be resharded after forward (that is ZeRO-2's memory, not ZeRO-3's)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -62,7 +68,10 @@ def train(rank, world_size, steps: int = 3, lr: float = LR, batch_size: int = 24
     for _ in range(steps):
         opt.zero_grad()
         mode = CommDebugMode()
-        with mode:
+        with mode, warnings.catch_warnings():
+            # the root's output is a view made by the last layer's backward hook; FSDP2 warns about
+            # in-place ops on it, and there are none here
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
             F.cross_entropy(model(x[mine]), y[mine]).backward()
         counts = _counts(mode)
         grads = sum(_local(p.grad).nbytes for p in model.parameters())
