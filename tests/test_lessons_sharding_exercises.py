@@ -82,15 +82,19 @@ def test_stubs_are_not_written_yet_not_failures(bare, capsys):
     assert "not written yet: replace the NotImplementedError in stub_row" in out
 
 
-@pytest.mark.parametrize("fn, says", [
-    (sums_without_dividing, "world_size 2, 12 gradient values: rank 0 holds the sum, 2 times too large"),
-    (all_reduce_then_slice, "rank 0 called dist.all_reduce 1 time(s)"),
-    (wrong_slice, "holds rank 1's slice; slice r of the flat gradient belongs to rank r"),
-    (rank1_keeps_own, "world_size 3, 12 gradient values: rank 1 holds only its own gradient's slice"),
+@pytest.mark.parametrize("check, fn, says", [
+    (ex.check_zero2_grad_shard, sums_without_dividing,
+     "world_size 2, 12 gradient values: rank 0 holds the sum, 2 times too large"),
+    (ex.check_zero2_grad_shard, all_reduce_then_slice, "rank 0 called dist.all_reduce 1 time(s)"),
+    (ex.check_zero2_grad_shard, wrong_slice, "holds rank 1's slice; slice r of the flat gradient belongs to rank r"),
+    (ex.check_zero2_grad_shard, rank1_keeps_own,
+     "world_size 3, 12 gradient values: rank 1 holds only its own gradient's slice"),
+    (ex.check_row_parallel_forward, bias_every_rank, "world_size 3: rank 0's output holds the bias 3 times"),
+    (ex.check_row_parallel_forward, no_all_reduce, "world_size 2: rank 1 returned only its own partial product"),
 ])
-def test_zero2_mistakes_name_the_rank_and_the_mistake(bare, fn, says):
+def test_mistakes_name_the_rank_and_the_mistake(bare, check, fn, says):
     with pytest.raises(ExerciseFailed) as info:
-        ex.check_zero2_grad_shard(fn, cluster=bare)
+        check(fn, cluster=bare)
     assert says in str(info.value), str(info.value)
 
 
@@ -98,16 +102,6 @@ def test_only_the_wrong_rank_is_named(bare):
     with pytest.raises(ExerciseFailed) as info:
         ex.check_zero2_grad_shard(rank1_keeps_own, cluster=bare)
     assert info.value.failures and all("rank 1 " in f for f in info.value.failures), info.value.failures
-
-
-@pytest.mark.parametrize("fn, says", [
-    (bias_every_rank, "world_size 3: rank 0's output holds the bias 3 times"),
-    (no_all_reduce, "world_size 2: rank 1 returned only its own partial product"),
-])
-def test_row_parallel_mistakes(bare, fn, says):
-    with pytest.raises(ExerciseFailed) as info:
-        ex.check_row_parallel_forward(fn, cluster=bare)
-    assert says in str(info.value), str(info.value)
 
 
 def test_a_raising_rank_is_reported(bare):

@@ -117,22 +117,30 @@ def check_zero2_grad_shard(fn, world_sizes=(2, 3, 4), numels=GRAD_NUMELS, timeou
     length a multiple of world_size); the result is this rank's slice r of the gradient averaged over
     all ranks, made with reduce_scatter (no all_reduce: the full average must never exist)."""
     _check_callable(fn, "fn(grad, rank, world_size)")
-    report = CheckReport("ZeRO-2 gradient step")
+
+    def problems(k, results):
+        for rank, per_size in enumerate(results):
+            for numel, r in zip(numels, per_size):
+                yield _zero2_problem(k, rank, numel, r["got"], r["all_reduce_calls"])
+
+    return _check(fn, CheckReport("ZeRO-2 gradient step"), world_sizes, timeout, cluster,
+                  lambda k: f"world_size {k} x gradients of {list(numels)} values",
+                  _zero2_job, (fn, tuple(numels)), problems)
+
+
+def _check(fn, report, world_sizes, timeout, cluster, case, job, args, problems):
+    """Run ``job`` in a group of each size k; ``problems(k, results)`` yields a sentence or None per result."""
     runner = _Runner(world_sizes, timeout, cluster)
     try:
         for k in world_sizes:
-            report.cases.append(f"world_size {k} x gradients of {list(numels)} values")
-            results, problem = runner.run(k, _zero2_job, fn, tuple(numels))
+            report.cases.append(case(k))
+            results, problem = runner.run(k, job, *args)
             if problem:
                 report.failures.append(f"world_size {k}: {problem}")
                 continue
             if _not_written(fn, results):
                 return None
-            for rank, per_size in enumerate(results):
-                for numel, r in zip(numels, per_size):
-                    text = _zero2_problem(k, rank, numel, r["got"], r["all_reduce_calls"])
-                    if text:
-                        report.failures.append(text)
+            report.failures.extend(text for text in problems(k, results) if text)
     finally:
         runner.close()
     return _raise_or_report(report)
@@ -197,21 +205,10 @@ def check_row_parallel_forward(fn, world_sizes=(2, 3, 4), timeout: float = 30,
     (``x[:, part]`` and ``W[:, part]``) and the whole bias; every rank must return ``x @ W.T + b``,
     using one dist.all_reduce."""
     _check_callable(fn, "fn(x_part, weight_part, bias)")
-    report = CheckReport("row-parallel forward")
-    runner = _Runner(world_sizes, timeout, cluster)
-    try:
-        for k in world_sizes:
-            report.cases.append(f"world_size {k}, x {ROWS}x{IN_FEATURES}, W {OUT_FEATURES}x{IN_FEATURES}")
-            results, problem = runner.run(k, _row_job, fn)
-            if problem:
-                report.failures.append(f"world_size {k}: {problem}")
-                continue
-            if _not_written(fn, results):
-                return None
-            for rank, r in enumerate(results):
-                text = _row_problem(k, rank, r["got"], r["all_reduce_calls"])
-                if text:
-                    report.failures.append(text)
-    finally:
-        runner.close()
-    return _raise_or_report(report)
+
+    def problems(k, results):
+        return (_row_problem(k, rank, r["got"], r["all_reduce_calls"]) for rank, r in enumerate(results))
+
+    return _check(fn, CheckReport("row-parallel forward"), world_sizes, timeout, cluster,
+                  lambda k: f"world_size {k}, x {ROWS}x{IN_FEATURES}, W {OUT_FEATURES}x{IN_FEATURES}",
+                  _row_job, (fn,), problems)
