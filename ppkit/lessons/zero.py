@@ -16,6 +16,8 @@ parameter); ``train`` measures the same quantities on the real tensors and colle
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -157,57 +159,50 @@ def train(rank, world_size, stage: int = 1, steps: int = 3, lr: float = LR, batc
     """
     check_stage(stage)
     dp.check_even(batch_size, world_size)
-    model = dp.make_model(seed)
+    n = world_size
     x, y = dp.make_batch(batch_size)
     mine = dp.shard_indices(batch_size, rank, world_size)
     x, y = x[mine], y[mine]
-    n = world_size
+    model = dp.make_model(seed)
     names = [name for name, _ in model.named_parameters()]
     shapes = [p.shape for p in model.parameters()]
-    full = {name: padded_flat(p, n) for name, p in model.named_parameters()}  # stages 0-2 keep these
-    if stage == 3:
-        shards = {name: my_slice(f, rank, n).clone() for name, f in full.items()}
-        full = {}
-        model = None  # nobody keeps the full weights
-        owned = [nn.Parameter(shards[name]) for name in names]
+    full = {name: padded_flat(p, n) for name, p in model.named_parameters()}
+    if stage == 3:  # nobody keeps a full weight: only my slices, which the optimizer updates
+        owned = [nn.Parameter(my_slice(full[name], rank, n).clone()) for name in names]
+        model, full = None, {}
     else:
-        params = dict(model.named_parameters())
-        for name, p in params.items():  # the module's weights become views of the padded buffers
+        for name, p in model.named_parameters():  # the module's weights become views of the padded buffers
             p.data = unflatten(full[name], p)
-        owned = [nn.Parameter(my_slice(full[name], rank, n)) for name in names] if stage else \
-            list(params.values())
+        # stage 0: the optimizer updates every weight; 1 and 2: only my slice of each (views, no copy)
+        owned = ([nn.Parameter(my_slice(full[name], rank, n)) for name in names] if stage
+                 else list(model.parameters()))
     opt = torch.optim.Adam(owned, lr=lr)
     comm = Comm(n)
     grad_shards: dict[str, torch.Tensor] = {}
     if stage == 2:
-        def reduce_now(p, name):
-            grad_shards[name] = comm.reduce_scatter_mean(padded_flat(p.grad, n))
-            p.grad = None  # the full gradient is gone before the next layer's is computed
         for name, p in model.named_parameters():
-            p.register_post_accumulate_grad_hook(lambda p, name=name: reduce_now(p, name))
-    losses, held, step_calls = [], {}, []
+            p.register_post_accumulate_grad_hook(functools.partial(_reduce_now, comm, grad_shards, name))
+    losses = []
     for _ in range(steps):
         comm.calls.clear()
+        grad_shards.clear()
         opt.zero_grad(set_to_none=True)
         if stage == 3:
-            loss = F.cross_entropy(_forward_zero3(x, owned, shapes, comm), y)
+            loss = F.cross_entropy(_forward_zero3(x, owned, shapes, comm), y)  # backward reduce-scatters
         else:
             model.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        loss.backward()  # stage 2's hooks reduce-scatter during this call
         losses.append(loss.item())
+        # held at the end of backward: full gradients (stages 0 and 1) or only my slices (2 and 3)
+        grads = owned if stage == 3 else model.parameters()
+        grads_held = _nbytes([*grad_shards.values(), *(p.grad for p in grads)])
         if stage == 0:
             for p in model.parameters():
                 comm.all_reduce_mean(p.grad)
-            grads_held = _nbytes(p.grad for p in model.parameters())
         elif stage == 1:
-            grads_held = _nbytes(p.grad for p in model.parameters())  # full gradients, still here
             for name, p in model.named_parameters():
                 grad_shards[name] = comm.reduce_scatter_mean(padded_flat(p.grad, n))
-        elif stage == 2:
-            grads_held = _nbytes(grad_shards.values()) + _nbytes(p.grad for p in model.parameters())
-        else:
-            grads_held = _nbytes(p.grad for p in owned)
         if stage in (1, 2):
             for name, p in zip(names, owned):
                 p.grad = grad_shards[name]
@@ -217,16 +212,19 @@ def train(rank, world_size, stage: int = 1, steps: int = 3, lr: float = LR, batc
             for name, p in zip(names, owned):  # everyone gets everyone's updated slice back
                 full[name].copy_(comm.all_gather(p.detach()))
         held = {"params": params_held, "grads": grads_held, "optimizer": _optimizer_bytes(opt)}
-        step_calls = list(comm.calls)
-    sent = Comm(n)
-    sent.calls = step_calls
+    step_calls, sent = list(comm.calls), comm.sent_bytes()
     if stage == 3:
-        final = {name: Comm(n).all_gather(p.detach())[:shape.numel()].view(shape)
+        final = {name: comm.all_gather(p.detach())[:shape.numel()].view(shape)
                  for name, p, shape in zip(names, owned, shapes)}
     else:
         final = {name: p.detach().clone() for name, p in model.named_parameters()}
-    return {"params": final, "held": held, "calls": step_calls, "sent_bytes": sent.sent_bytes(),
-            "losses": losses}
+    return {"params": final, "held": held, "calls": step_calls, "sent_bytes": sent, "losses": losses}
+
+
+def _reduce_now(comm, grad_shards, name, p):
+    """ZeRO-2: as soon as autograd has p's whole gradient, keep my slice of the average, free the rest."""
+    grad_shards[name] = comm.reduce_scatter_mean(padded_flat(p.grad, comm.world_size))
+    p.grad = None  # gone before the next layer's gradient is computed
 
 
 def _forward_zero3(x, owned, shapes, comm):
