@@ -12,6 +12,11 @@
     solutions      one solution per exercise, out of the learner's notebook
     workbook       the learner's side: check(name, fn), hint(name), solution(name), progress()
     timeline       spans, "who waited for whom", Gantt charts
+    zero           lesson 9: ZeRO-1, -2, -3 by hand from reduce_scatter and all_gather; the ZeRO formulas
+    fsdp2          lesson 9: the same with torch's fully_shard on a CPU mesh; what needs CUDA
+    tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version
+    sharding_plots   lessons 9-10: memory and traffic per rank, formula and measured
+    sharding_exercises, sharding_solutions  the checked exercises of notebooks 09 and 10, and answers
 """
 
 from __future__ import annotations
