@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from ppkit.errors import ConfigError
 
 
@@ -17,6 +19,20 @@ def positive(value, name: str, what: str = "a positive number of seconds") -> fl
 
 
 def check_callable(fn, signature: str) -> None:
-    """A learner passed ``my_fn()`` (its result) where ``my_fn`` itself was wanted."""
+    """Refuse what is not a function, or one that cannot be called with ``signature``'s arguments
+    (``"fn(rank, world_size, tensor)"``): a learner passed ``my_fn()`` or a wrong first line."""
     if not callable(fn):
         raise ConfigError(f"pass your function itself, {signature}, not {type(fn).__name__} {fn!r:.60}.")
+    names = [n.strip() for n in signature[signature.index("(") + 1:signature.rindex(")")].split(",") if n.strip()]
+    try:
+        own = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature to read: let the call decide
+        return
+    try:
+        own.bind(*names)
+    except TypeError as err:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise ConfigError(
+            f"the checker calls your function with {len(names)} argument(s), {signature}, but "
+            f"{name}{own} cannot be called that way ({err}). Change its first line to take "
+            f"({', '.join(names)}).") from None

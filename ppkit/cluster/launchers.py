@@ -61,6 +61,9 @@ class Launcher:
         return f"file://{self.tmpdir / name}"
 
     # -- the life of the workers --------------------------------------------------------------
+    def prepare(self) -> None:
+        """Start slow preparations early (the fork server's ``import torch``); optional."""
+
     def accept(self, conn, first) -> bool:
         """A launcher's own process connected with message ``first``; False: not ours."""
         return False
