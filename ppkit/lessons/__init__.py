@@ -16,7 +16,7 @@
     fsdp2          lesson 9: the same with torch's fully_shard on a CPU mesh; what needs CUDA
     tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version
     sharding_plots   lessons 9-10: memory and traffic per rank, formula and measured
-    sharding_exercises, sharding_solutions  the checked exercises of notebooks 09 and 10, and answers
+    sharding_exercises  the checkers of notebooks 09 and 10 (registered in catalog)
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ppkit.errors import ConfigError, ExerciseFailed
-from ppkit.lessons import exercises, launch_exercises, pipeline_exercises, rpc_basics, solutions
+from ppkit.lessons import exercises, launch_exercises, pipeline_exercises, rpc_basics, sharding_exercises, solutions
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,21 @@ EXERCISES = (
          "In 1F1B stage s (from 0) runs num_stages - s forwards before its first backward, then "
          "alternates one backward, one forward.",
          "A stage cannot hold more micro-batches than there are: min(num_microbatches, num_stages - s).")),
+    Exercise(
+        "zero2_grad_shard", "09_sharded_data_parallel", "zero2_grad_shard(grad, rank, world_size)",
+        sharding_exercises.check_zero2_grad_shard, solutions.zero2_grad_shard,
+        ("The result has grad.numel() // world_size values: make it with torch.empty(grad.numel() // "
+         "world_size, dtype=grad.dtype) and let one collective fill it.",
+         "dist.reduce_scatter_single(out, grad) (reduce_scatter_tensor before torch 2.14) sums every "
+         "rank's grad and leaves slice r of the sum on rank r; op=dist.ReduceOp.SUM is the default.",
+         "The sum is not the average yet: divide the slice by world_size. No all_reduce anywhere.")),
+    Exercise(
+        "row_parallel_forward", "10_tensor_parallel", "row_parallel_forward(x_part, weight_part, bias)",
+        sharding_exercises.check_row_parallel_forward, solutions.row_parallel_forward,
+        ("x @ W.T is a sum over the input features: x[:, cols] @ W[:, cols].T is this rank's share of "
+         "that sum, the same shape as the full output.",
+         "One dist.all_reduce of the partial products (SUM, in place) gives every rank the full x @ W.T.",
+         "Add the bias after the all_reduce: added before it, it would be counted world_size times.")),
 )
 
 BY_NAME = {exercise.name: exercise for exercise in EXERCISES}

@@ -102,3 +102,18 @@ def microbatches_held(schedule, num_stages, num_microbatches):
         return [num_microbatches] * num_stages
     # 1F1B: stage s runs S - s forwards before its first backward, then one backward per forward
     return [min(num_microbatches, num_stages - s) for s in range(num_stages)]
+
+
+def zero2_grad_shard(grad, rank, world_size):
+    """Notebook 09: my slice of the gradient averaged over the ranks, by one reduce_scatter."""
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in 2.14
+    shard = torch.empty(grad.numel() // world_size, dtype=grad.dtype)
+    reduce_scatter(shard, grad, op=dist.ReduceOp.SUM)
+    return shard / world_size
+
+
+def row_parallel_forward(x_part, weight_part, bias):
+    """Notebook 10: each rank's partial product, summed over the ranks, then the bias once."""
+    y = x_part @ weight_part.T
+    dist.all_reduce(y)
+    return y + bias
