@@ -107,3 +107,8 @@ class StageTimeoutError(StageError, TimeoutError):
     Raised on the stage's rank (the notebook sees it inside a ``RemoteError``); ``process`` is
     ``"rank N"``.
     """
+
+
+# --- RPC pickling (branch p15) ------------------------------------------------------------------
+class RpcPickleError(PPKitError, TypeError):
+    """An RPC's function, argument or result cannot be pickled (a lock, an open file, ...)."""
