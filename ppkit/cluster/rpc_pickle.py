@@ -159,8 +159,14 @@ def _culprit(root, path: str, serialize):
     if path == "argument":  # (func, args, kwargs) or (args, kwargs)
         *func, args, kwargs = root
         parts = [("the function", f) for f in func]
-        parts += [(f"argument {i}", a) for i, a in enumerate(args)]
-        parts += [(f"keyword argument {k}", v) for k, v in kwargs.items()]
+        if isinstance(args, (tuple, list)):
+            parts += [(f"argument {i}", a) for i, a in enumerate(args)]
+        else:  # never iterate it: it may be a generator
+            parts.append(("args=", args))
+        if isinstance(kwargs, dict):
+            parts += [(f"keyword argument {k}", v) for k, v in kwargs.items()]
+        else:
+            parts.append(("kwargs=", kwargs))
         for where, value in parts:
             if not picklable(value):
                 return _culprit(value, where, serialize)
