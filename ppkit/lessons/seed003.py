@@ -10,6 +10,8 @@ Run it as a script, so that its classes live in ``__main__`` exactly as in a not
 
     python -m ppkit.lessons.seed003      # one small batch through DistResNet50 on ppkit's world
 """
+# The block is the tutorial's text, kept as written: its import order and its late imports too.
+# ruff: noqa: I001, B026, E402
 
 # --- the tutorial's code ---
 import threading
