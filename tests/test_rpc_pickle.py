@@ -6,23 +6,15 @@ functions and classes have ``__module__ == "__main__"`` and no worker can import
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed import autograd as dist_autograd
 from torch.distributed import rpc
 
 import ppkit
 from ppkit.cluster import rpc_pickle
-from ppkit.lessons import seed003
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CELL = '''
 import threading
@@ -95,15 +87,6 @@ def test_installed_only_while_a_world_runs_and_a_changed_torch_is_named(monkeypa
     assert not rpc_pickle.installed()
 
 
-def test_the_tutorial_runs_as_a_script_with_its_classes_in_main():
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-m", "ppkit.lessons.seed003"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["Processing batch 0",
-                                        "trained 1 batch of 8 on worker1, worker2"]
-
-
 # -- in a world --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def world():
@@ -142,25 +125,6 @@ def test_rref_helpers_on_a_cell_class_worker_to_worker(world, cell):
 def test_by_value_still_works(world, cell):
     assert rpc.rpc_sync("worker1", ppkit.by_value(cell["bump"]),
                         args=(cell["Counter"](0), 4)).value == 4
-
-
-def test_the_tutorials_classes_train_with_distributed_optimizer_and_autograd(world):
-    tutorial = run_cell(seed003.tutorial_source())
-    torch.manual_seed(0)
-    model = tutorial["DistResNet50"](2, ["worker1", "worker2"])
-    params = model.parameter_rrefs()
-    assert {p.owner().name for p in params} == {"worker1", "worker2"}
-    before = [p.to_here() for p in (params[0], params[-1])]
-    opt = tutorial["DistributedOptimizer"](torch.optim.SGD, params, lr=0.05)
-    inputs, labels = torch.randn(4, 3, 32, 32), torch.zeros(4, 1000)
-    with dist_autograd.context() as context_id:
-        outputs = model(inputs)
-        loss = torch.nn.functional.mse_loss(outputs, labels)
-        dist_autograd.backward(context_id, [loss])
-        opt.step(context_id)
-    assert outputs.shape == (4, 1000) and torch.isfinite(loss)
-    after = [p.to_here() for p in (params[0], params[-1])]
-    assert all(not torch.equal(b, a) for b, a in zip(before, after))  # both shards stepped
 
 
 def test_what_cannot_be_pickled_is_named_with_the_call_and_what_to_do(world, cell, tmp_path):
