@@ -40,6 +40,9 @@ def bump(counter, n):
     counter.value += n
     return counter
 
+def numbers_of(n):
+    return (i for i in range(n))
+
 def relay(to, start):
     """Runs on one worker: builds a Counter on another, calls its helpers from there."""
     rref = rpc.remote(to, Counter, args=(start,))
@@ -78,7 +81,7 @@ def test_installed_only_while_a_world_runs_and_a_changed_torch_is_named(monkeypa
     finally:
         rpc_pickle.uninstall()
     assert internal._pickler is pickle.Pickler
-    assert "serialize" not in vars(internal._internal_rpc_pickler)
+    assert not {"serialize", "deserialize"} & set(vars(internal._internal_rpc_pickler))
 
     monkeypatch.delattr(internal, "_pickler")
     with pytest.raises(ppkit.LaunchError, match=r"no torch.distributed.rpc.internal._pickler.*"
@@ -140,9 +143,12 @@ def test_what_cannot_be_pickled_is_named_with_the_call_and_what_to_do(world, cel
                        r"\.add\(\.\.\.\) to worker1: argument 0 is a builtins.generator"):
         rref.rpc_sync().add(i for i in range(2))
     # A result that cannot travel: torch re-raises the callee's error as its builtin base class
-    with pytest.raises(TypeError, match=r"RpcPickleError: worker1 could not send back a value.*"
-                       r"the value is a builtins.generator"):
+    with pytest.raises(TypeError, match=r"RpcPickleError: worker1 could not send back the result "
+                       r"of rref.<rpc_sync\|rpc_async\|remote>\(\).numbers\(\.\.\.\): the value "
+                       r"is a builtins.generator"):
         rref.rpc_sync().numbers()
+    with pytest.raises(TypeError, match=r"could not send back the result of numbers_of\(\.\.\.\)"):
+        rpc.rpc_async("worker2", cell["numbers_of"], args=(3,)).wait()
     with pytest.raises(ppkit.RpcPickleError, match="worker1 could not send back a value"):
         rref.remote().numbers().to_here()
     assert rref.rpc_sync().add(2) == 2  # the world still works

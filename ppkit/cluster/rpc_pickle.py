@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import threading
 import types
 
 import cloudpickle
@@ -25,6 +26,9 @@ import cloudpickle
 from ppkit.errors import LaunchError, RpcPickleError
 
 _installed: dict | None = None  # the torch originals while installed
+# thread id -> (id(result), call) of what the last call run on that thread returned. Not a
+# threading.local: RPC's C++ threads get a fresh Python thread state each time they take the GIL.
+_last_result: dict[int, tuple[int, str]] = {}
 _MAX_DEPTH = 8
 
 
@@ -80,6 +84,7 @@ def install() -> None:
         return
     internal = _torch_internal()
     original_serialize = internal._internal_rpc_pickler.serialize
+    original_deserialize = internal._internal_rpc_pickler.deserialize
     _installed = {"pickler": internal._pickler}
 
     def serialize(obj):
@@ -93,8 +98,29 @@ def install() -> None:
             # caller raises it rather than torch's "failed to serialize" with C++ frames.
             return original_serialize(internal.RemoteException(str(error), RpcPickleError))
 
+    def deserialize(binary_data, tensor_table):
+        obj = original_deserialize(binary_data, tensor_table)
+        if isinstance(obj, internal.PythonUDF):  # a call to run here: remember its name
+            obj = obj._replace(func=_NamedCall(obj.func, _describe_call(obj)[0]))
+        return obj
+
     internal._pickler = MainByValuePickler
     internal._internal_rpc_pickler.serialize = serialize
+    internal._internal_rpc_pickler.deserialize = deserialize
+
+
+class _NamedCall:
+    """A received call's function that notes what it returned, so that a result that cannot be
+    pickled (on this thread, right after) is reported with the call that made it."""
+
+    def __init__(self, func, call: str):
+        self.func = func
+        self.call = call
+
+    def __call__(self, *args, **kwargs):
+        result = self.func(*args, **kwargs)
+        _last_result[threading.get_ident()] = (id(result), self.call)
+        return result
 
 
 def uninstall() -> None:
@@ -106,6 +132,8 @@ def uninstall() -> None:
 
     internal._pickler = _installed["pickler"]
     internal._internal_rpc_pickler.__dict__.pop("serialize", None)
+    internal._internal_rpc_pickler.__dict__.pop("deserialize", None)
+    _last_result.clear()
     _installed = None
 
 
@@ -119,12 +147,15 @@ def _explain(obj, exc: Exception, serialize, python_udf) -> str:
 
     here = rpc.get_worker_info().name if rpc.api._is_current_rpc_agent_set() else "this process"
     if isinstance(obj, python_udf):
-        call, root, path = _describe_call(obj)
+        call, root, path, rref = _describe_call(obj)
+        if rref is not None:
+            call += f" to {rref.owner().name}"
         what = f"{here} could not send the call {call}"
     else:
         root, path = obj, "the value"
-        what = (f"{here} could not send back a value (the result of an RPC, or an RRef's value "
-                "for to_here())")
+        last = _last_result.get(threading.get_ident())
+        what = (f"{here} could not send back the result of {last[1]}" if last and last[0] == id(obj)
+                else f"{here} could not send back a value (an RPC's result or an RRef's value)")
     culprit, where = _culprit(root, path, serialize)
     return (f"{what}: {where} is {_short(culprit)}, which cannot be pickled "
             f"({type(exc).__name__}: {exc}). Objects such as locks, open files and generators "
@@ -134,13 +165,14 @@ def _explain(obj, exc: Exception, serialize, python_udf) -> str:
             "generator).")
 
 
-def _describe_call(udf) -> tuple[str, object, str]:
+def _describe_call(udf) -> tuple[str, object, str, object]:
+    """The call as the user wrote it, what to search for the culprit, and the RRef of a helper."""
     name = getattr(udf.func, "__qualname__", None) or repr(udf.func)
-    if name.startswith("_local_invoke") and len(udf.args) == 4:  # an RRef helper: rref.x().m()
+    helper = name.startswith("_local_invoke") and isinstance(udf.args, tuple)
+    if helper and len(udf.args) == 4:  # an RRef helper, rref.x().m(): (rref, "m", args, kwargs)
         rref, method, args, kwargs = udf.args
-        return (f"rref.<rpc_sync|rpc_async|remote>().{method}(...) to {rref.owner().name}",
-                (args, kwargs), "argument")
-    return f"{name}(...)", (udf.func, udf.args, udf.kwargs or {}), "argument"
+        return f"rref.<rpc_sync|rpc_async|remote>().{method}(...)", (args, kwargs), "argument", rref
+    return f"{name}(...)", (udf.func, udf.args, udf.kwargs or {}), "argument", None
 
 
 def _culprit(root, path: str, serialize):
