@@ -8,10 +8,11 @@ while a ppkit RPC world runs, every process (kernel and workers) pickles a funct
 name (a lambda, a function defined inside another). cloudpickle gives a class the same identity
 each time it arrives, so instances sent back and forth keep one class.
 
-It hooks two private details of ``torch.distributed.rpc.internal``: the ``_pickler`` class that
+It hooks private details of ``torch.distributed.rpc.internal``: the ``_pickler`` class that
 ``_InternalRPCPickler.serialize`` instantiates, and that instance's ``serialize`` (to turn "cannot
-pickle" into a ``ppkit.RpcPickleError`` naming the object, the call and what to do). ``install``
-checks that both exist and says so if a torch release moved them.
+pickle" into a ``ppkit.RpcPickleError`` naming the object, the call and what to do) and
+``deserialize`` (so a received call notes what it returned, for that message). ``install`` checks
+that they exist and says so if a torch release moved them.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def _torch_internal():
 
     missing = [name for name in ("_pickler", "_internal_rpc_pickler", "PythonUDF",
                                  "RemoteException") if not hasattr(internal, name)]
-    if not missing and not callable(getattr(internal._internal_rpc_pickler, "serialize", None)):
-        missing.append("_internal_rpc_pickler.serialize")
+    if not missing:
+        missing = [f"_internal_rpc_pickler.{name}" for name in ("serialize", "deserialize")
+                   if not callable(getattr(internal._internal_rpc_pickler, name, None))]
     if missing:
         import torch
 
