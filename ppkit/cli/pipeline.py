@@ -155,7 +155,7 @@ def run(args, config, world, progress, on_result):
 def main(args) -> int:
     try:
         config = config_from_args(args)
-    except ConfigError as exc:
+    except PPKitError as exc:  # a wrong flag, or a torch without what --schedule needs
         print(f"ppkit pipeline: error: {exc}", file=sys.stderr)
         return 2
 

@@ -28,6 +28,7 @@ import cloudpickle
 from ppkit.cluster import launch, rpc_pickle
 from ppkit.cluster.controller import Cluster, _check_timeout
 from ppkit.cluster.remote import rpc_remote_names, without_socket_vars
+from ppkit.compat import require_rpc_internals
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 
 MASTER = "master"
@@ -313,6 +314,7 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     to have the workers join from other machines (``ppkit worker``).
     """
     global _active
+    require_rpc_internals()
     if _active is not None:
         _active.close()
     _active = RpcWorld(num_workers, **options)
