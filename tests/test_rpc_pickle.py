@@ -84,10 +84,13 @@ def test_installed_only_while_a_world_runs_and_a_changed_torch_is_named(monkeypa
     assert not {"serialize", "deserialize"} & set(vars(internal._internal_rpc_pickler))
 
     monkeypatch.delattr(internal, "_pickler")
-    with pytest.raises(ppkit.LaunchError, match=r"no torch.distributed.rpc.internal._pickler.*"
-                                                r"install that version"):
+    with pytest.raises(ppkit.ClusterStateError, match=r"no torch.distributed.rpc.internal._pickler,"
+                                                      r" which ppkit replaces.*pip install"):
         rpc_pickle.install()
     assert not rpc_pickle.installed()
+    with pytest.raises(ppkit.ClusterStateError, match=r"internal._pickler"):
+        ppkit.start_rpc(2)  # refused before any process starts
+    assert ppkit.cluster.rpc_world.active() is None
 
 
 # -- in a world --------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ each time it arrives, so instances sent back and forth keep one class.
 It hooks private details of ``torch.distributed.rpc.internal``: the ``_pickler`` class that
 ``_InternalRPCPickler.serialize`` instantiates, and that instance's ``serialize`` (to turn "cannot
 pickle" into a ``ppkit.RpcPickleError`` naming the object, the call and what to do) and
-``deserialize`` (so a received call notes what it returned, for that message). ``install`` checks
-that they exist and says so if a torch release moved them.
+``deserialize`` (so a received call notes what it returned, for that message).
+``require_torch_internals`` checks that they exist, before any process starts, and says so if a
+torch release moved them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import types
 
 import cloudpickle
 
-from ppkit.errors import LaunchError, RpcPickleError
+from ppkit.compat import TESTED_RANGE
+from ppkit.errors import ClusterStateError, RpcPickleError
 
 _installed: dict | None = None  # the torch originals while installed
 # thread id -> (id(result), call) of what the last call run on that thread returned. Not a
@@ -60,7 +62,8 @@ class MainByValuePickler(pickle.Pickler):
         return NotImplemented
 
 
-def _torch_internal():
+def require_torch_internals():
+    """``torch.distributed.rpc.internal``, or a ClusterStateError naming what this torch lacks."""
     from torch.distributed.rpc import internal
 
     missing = [name for name in ("_pickler", "_internal_rpc_pickler", "PythonUDF",
@@ -71,11 +74,12 @@ def _torch_internal():
     if missing:
         import torch
 
-        raise LaunchError(
-            f"torch {torch.__version__} has no torch.distributed.rpc.internal."
-            f"{', '.join(missing)}, which ppkit replaces so that RPC sends functions and classes "
-            "defined in a notebook cell by value. ppkit is tested with torch 2.14; install that "
-            "version (pip install 'torch==2.14.*'), or report this at ppkit's issue tracker.")
+        raise ClusterStateError(
+            f"ppkit's RPC world cannot start on torch {torch.__version__}: it has no "
+            f"torch.distributed.rpc.internal.{', '.join(missing)}, which ppkit replaces so that RPC "
+            f"sends functions and classes defined in a notebook cell by value. ppkit is tested with "
+            f"{TESTED_RANGE}: install one of those (pip install 'torch==2.14.1' "
+            "'torchvision==0.29.1'), or report the torch version.")
     return internal
 
 
@@ -84,7 +88,7 @@ def install() -> None:
     global _installed
     if _installed is not None:
         return
-    internal = _torch_internal()
+    internal = require_torch_internals()
     original_serialize = internal._internal_rpc_pickler.serialize
     original_deserialize = internal._internal_rpc_pickler.deserialize
     _installed = {"pickler": internal._pickler}

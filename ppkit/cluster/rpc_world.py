@@ -315,6 +315,7 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     """
     global _active
     require_rpc_internals()
+    rpc_pickle.require_torch_internals()
     if _active is not None:
         _active.close()
     _active = RpcWorld(num_workers, **options)
