@@ -84,6 +84,10 @@ class ExerciseFailed(PPKitError, AssertionError):
         super().__init__(message)
         self.failures = list(failures or [])
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback: the learner's mistake, not the checker's frames
+        return [f"\x1b[31mExerciseFailed\x1b[0m: {self}"]
+
 
 # --- pipeline (branch: pipeline) ---------------------------------------------------------------
 
