@@ -5,6 +5,7 @@
     ├── LaunchError          workers did not start or join
     ├── AuthenticationError  a client with the wrong key tried to join
     ├── ClusterStateError    the cluster is closed, or broken and needs ``restart()``
+    ├── RpcPickleError       an RPC's function, argument or result cannot be pickled (also a TypeError)
     └── WorkerError          something went wrong on a rank during a job
         ├── RemoteError      the job raised on one or more ranks (remote traceback attached)
         ├── WorkerDiedError  a rank's process died
@@ -111,3 +112,8 @@ class StageTimeoutError(StageError, TimeoutError):
     Raised on the stage's rank (the notebook sees it inside a ``RemoteError``); ``process`` is
     ``"rank N"``.
     """
+
+
+# --- RPC pickling (branch p15) ------------------------------------------------------------------
+class RpcPickleError(PPKitError, TypeError):
+    """An RPC's function, argument or result cannot be pickled (a lock, an open file, ...)."""
