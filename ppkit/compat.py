@@ -11,7 +11,12 @@ The versions ppkit is tested with are in docs/versions.md (scripts/version_matri
 
 from __future__ import annotations
 
+import sys
+
 from ppkit.errors import ClusterStateError
+
+RPC_LESSONS = ("notebooks 04 (RPC and RRefs), 05 (model parallel) and 06 (the RPC pipeline), and "
+               "`ppkit pipeline --schedule rpc`")
 
 # (module path, attribute) pairs the RPC world reads or writes.
 RPC_INTERNALS = (
@@ -45,6 +50,18 @@ def missing_rpc_internals() -> list[str]:
         if not hasattr(module, attr):
             missing.append(f"{module_name}.{attr}")
     return missing
+
+
+def require_rpc_platform(platform: str = sys.platform) -> None:
+    """ClusterStateError naming the RPC lessons where torch has no RPC (Windows, some builds)."""
+    import torch.distributed.rpc as rpc
+
+    if platform == "win32" or not rpc.is_available():
+        why = ("torch.distributed.rpc (TensorPipe) is not built for Windows" if platform == "win32"
+               else f"this torch {_torch_version()} was built without torch.distributed.rpc")
+        raise ClusterStateError(
+            f"{RPC_LESSONS} need PyTorch RPC, and {why}, so they cannot run on this machine. The other "
+            "lessons work here; for these, use Linux or macOS (WSL2 on Windows) or a hosted Linux notebook.")
 
 
 def require_rpc_internals() -> None:

@@ -22,7 +22,7 @@ from ppkit.cluster.admission import handle_probe, listen_error, parse_key
 from ppkit.cluster.inbox import FORK_SERVER, Closed, Inbox, Item, LaunchFailed
 from ppkit.cluster.jobs import Job, new_cell_sources
 from ppkit.cluster.output import RankPrinter
-from ppkit.cluster.remote import make_launcher
+from ppkit.cluster.spawning import make_launcher
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 from ppkit.transport import channel
 from ppkit.transport.messages import ForkServerHello, Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
@@ -44,12 +44,14 @@ class Cluster:
     Across machines: ``Cluster(2, listen="10.0.0.1:29600", remote=["worker1"])`` waits for
     ``ppkit worker --connect 10.0.0.1:29600 --name worker1`` on the other machine (see
     ppkit/cluster/remote.py; ``key`` defaults to $PPKIT_KEY or a new one, printed).
+    ``start_method``: "auto", "forkserver" or "spawn" (ppkit/cluster/spawning.py).
     """
 
     def __init__(self, world_size: int, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT_S,
                  start_timeout: float = 120.0, process_group: bool = True,
                  env: dict[str, str] | None = None, labels: list[str] | None = None,
-                 listen: str | None = None, remote=None, key: bytes | str | None = None):
+                 listen: str | None = None, remote=None, key: bytes | str | None = None,
+                 start_method: str = "auto"):
         self.world_size = launch.check_world_size(world_size)
         if listen is not None and backend == "auto":
             backend = "gloo"  # the other machines' GPUs are unknown here
@@ -69,8 +71,9 @@ class Cluster:
         self._sources_sent: set[str] = set()
         self._printer = RankPrinter(labels)  # labels: how output is prefixed, "rank N" by default
         self._broken_reason = ""
-        self._launcher = make_launcher(self.world_size, self._inbox, self._key, listen=listen, remote=remote,
-                                       start_timeout=self.start_timeout, backend=self.backend)
+        self._launcher = make_launcher(self.world_size, self._inbox, self._key, start_method=start_method,
+                                       listen=listen, remote=remote, start_timeout=self.start_timeout,
+                                       backend=self.backend)
         host, port = self._launcher.server_address()
         try:
             self._server = channel.ChannelServer(host, port, self._key, self._greet)

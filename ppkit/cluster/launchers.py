@@ -2,14 +2,14 @@
 
 ``Cluster`` keeps the state machine (starting, ready, broken, closed) and the jobs; a launcher
 only starts and stops processes. Each started worker connects back to the controller by itself,
-so a launcher never carries a job. Two launchers exist:
+so a launcher never carries a job. Three launchers exist:
 
 - ``ForkServerLauncher`` (this module): a fork server (ppkit/transport/zygote.py) imports torch
   once and forks one worker per rank, on this machine.
 - ``RemoteLauncher`` (ppkit/cluster/remote.py): the same for the master's own ranks, plus agents
   on other machines (``ppkit worker``) that fork the remote ranks.
-
-A launcher that starts each worker as a fresh interpreter implements the same methods.
+- ``SpawnLauncher`` (ppkit/cluster/spawning.py): each worker a fresh interpreter, no fork at all
+  (macOS, Windows, or ``start_method="spawn"`` anywhere).
 """
 
 from __future__ import annotations
@@ -196,23 +196,33 @@ class ForkServerLauncher(Launcher):
         return f"{super().timeout_hint(ready)}\nFork server log:\n{self.log_tail()}"
 
 
-def start_fork_server(address: tuple[str, int], key: bytes, log_path: Path) -> subprocess.Popen:
-    """Start the fork server in its own session, so Kernel > Interrupt does not reach it."""
+def child_env(address: tuple[str, int], key: bytes, **extra: str) -> dict[str, str]:
+    """The environment of a process this kernel starts that connects back to ``address``."""
     package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     env.update(PPKIT_ADDR=f"{address[0]}:{address[1]}", PPKIT_KEY=key.hex(),
-               PPKIT_PARENT=str(os.getpid()), PYTHONUNBUFFERED="1")
+               PPKIT_PARENT=str(os.getpid()), PYTHONUNBUFFERED="1", **extra)
     # OpenMP threads that finish early spin-wait for the others by default. With more workers
     # than cores, a spinning thread steals the core its partner needs: a pipeline forward that
     # takes 0.1 s took 2-4 s on 2 cores. Passive waiting sleeps instead. Read once, at torch import.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def start_module(module: str, env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """``python -m module`` in its own session (own process group on Windows), so Kernel >
+    Interrupt does not reach it; its output goes to ``log_path``."""
+    session = ({"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if sys.platform == "win32"
+               else {"start_new_session": True})
     log = open(log_path, "ab")
     try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ppkit.transport.zygote"],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True,
-        )
+        return subprocess.Popen([sys.executable, "-m", module], env=env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, close_fds=True, **session)
     finally:
         log.close()
+
+
+def start_fork_server(address: tuple[str, int], key: bytes, log_path: Path) -> subprocess.Popen:
+    """Start the fork server (ppkit/transport/zygote.py)."""
+    return start_module("ppkit.transport.zygote", child_env(address, key), log_path)

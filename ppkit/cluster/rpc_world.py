@@ -24,10 +24,10 @@ import warnings
 import cloudpickle
 
 from ppkit.checks import positive
-from ppkit.cluster import launch, rpc_pickle
+from ppkit.cluster import launch, rpc_pickle, spawning
 from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
 from ppkit.cluster.controller import Cluster
-from ppkit.compat import require_rpc_internals
+from ppkit.compat import require_rpc_internals, require_rpc_platform
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 from ppkit.transport import procs
 
@@ -122,7 +122,7 @@ class RpcWorld:
     def __init__(self, num_workers: int = 2, *, num_worker_threads: int = 16,
                  rpc_timeout: float = 60.0, start_timeout: float = 120.0,
                  env: dict[str, str] | None = None, listen: str | None = None, remote=None,
-                 key: bytes | str | None = None):
+                 key: bytes | str | None = None, start_method: str = "auto"):
         launch.check_world_size(num_workers)
         if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, int) \
                 or num_worker_threads < 1:
@@ -142,7 +142,7 @@ class RpcWorld:
         self.cluster = Cluster(num_workers, "gloo", process_group=False,
                                timeout=self.start_timeout, start_timeout=self.start_timeout,
                                env=self._env if listen is None else env, labels=self.worker_names,
-                               listen=listen, remote=remote, key=key)
+                               listen=listen, remote=remote, key=key, start_method=start_method)
         if listen is not None:  # this process binds to the listen address; each worker to its own
             self._env = {**self.cluster.local_env(), **(env or {})}
             self._worker_env = without_socket_vars(env or {})
@@ -281,6 +281,8 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     to have the workers join from other machines (``ppkit worker``).
     """
     global _active
+    require_rpc_platform()
+    spawning.resolve_start_method(options.get("start_method", "auto"))
     require_rpc_internals()
     rpc_pickle.require_torch_internals()
     if _active is not None:

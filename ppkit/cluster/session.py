@@ -18,7 +18,7 @@ import itertools
 import shlex
 
 from ppkit.checks import positive
-from ppkit.cluster import launch
+from ppkit.cluster import launch, spawning
 from ppkit.cluster.controller import Cluster
 from ppkit.errors import ClusterStateError, ConfigError
 
@@ -30,7 +30,8 @@ def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
     """Start ``world_size`` background workers and return the cluster.
 
     Closes the cluster that the previous ``start`` made, so re-running the cell is safe.
-    Options: ``timeout`` (seconds per job, default 60), ``start_timeout``, ``process_group``.
+    Options: ``timeout`` (seconds per job, default 60), ``start_timeout``, ``process_group``,
+    ``start_method`` ("auto", "forkserver" or "spawn"; $PPKIT_START_METHOD sets the default).
 
     >>> cluster = ppkit.start(4)
     >>> cluster.run(lambda rank, world_size: rank)
@@ -42,6 +43,7 @@ def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
     world_size = launch.check_world_size(world_size)
     if backend != "auto":
         launch.resolve_backend(backend, world_size)
+    spawning.resolve_start_method(options.get("start_method", "auto"))
     for name in ("timeout", "start_timeout"):
         if name in options:
             positive(options[name], name)

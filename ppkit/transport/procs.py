@@ -25,16 +25,45 @@ def die_with_parent(expected_ppid: int | None = None) -> None:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except OSError:
             pass
-    ppid = expected_ppid if expected_ppid is not None else os.getppid()
-    if os.getppid() != ppid:
+    watch_parent(expected_ppid if expected_ppid is not None else os.getppid())
+
+
+def watch_parent(ppid: int, interval: float = 0.5) -> None:
+    """Exit (code 1) once process ``ppid`` is gone: now, or later from a daemon thread.
+
+    POSIX reparents an orphan (``getppid()`` changes); on Windows ``getppid()`` keeps the old
+    number, so there the thread asks whether that process still runs.
+    """
+    if not _parent_alive(ppid):
         os._exit(1)
-    threading.Thread(target=_watch_parent, args=(ppid,), name="ppkit-parent-watch", daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(ppid, interval), name="ppkit-parent-watch",
+                     daemon=True).start()
 
 
-def _watch_parent(ppid: int) -> None:
+def _parent_alive(ppid: int) -> bool:
+    if os.getppid() != ppid:
+        return False
+    if sys.platform == "win32":
+        return _windows_pid_alive(ppid)
+    return True
+
+
+def _windows_pid_alive(pid: int) -> bool:
+    kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+    handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+    if not handle:
+        return False
+    try:
+        code = ctypes.c_ulong()
+        return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259  # STILL_ACTIVE
+    finally:
+        kernel32.CloseHandle(handle)
+
+
+def _watch_parent(ppid: int, interval: float) -> None:
     while True:
-        time.sleep(1.0)
-        if os.getppid() != ppid:
+        time.sleep(interval)
+        if not _parent_alive(ppid):
             os._exit(1)
 
 
