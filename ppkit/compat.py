@@ -52,10 +52,11 @@ def missing_rpc_internals() -> list[str]:
     return missing
 
 
-def require_rpc_platform(platform: str = sys.platform) -> None:
+def require_rpc_platform(platform: str | None = None) -> None:
     """ClusterStateError naming the RPC lessons where torch has no RPC (Windows, some builds)."""
     import torch.distributed.rpc as rpc
 
+    platform = platform or sys.platform
     if platform == "win32" or not rpc.is_available():
         why = ("torch.distributed.rpc (TensorPipe) is not built for Windows" if platform == "win32"
                else f"this torch {_torch_version()} was built without torch.distributed.rpc")
