@@ -8,6 +8,7 @@ Every start-up is timed in a fresh Python process, as a fresh notebook kernel wo
 - floor: the wall time of ``python -c "import torch"``; no way of starting a torch rank is faster;
 - ppkit, fresh kernel: ``import ppkit; ppkit.Cluster(N)`` in a kernel that has not imported torch;
 - ppkit, kernel that imported torch: the same, after ``import torch`` (a notebook usually has);
+- the same two with ``start_method="spawn"`` (each rank a fresh interpreter: macOS, Windows);
 - mp.spawn: ``torch.multiprocessing.spawn`` of N processes that each call
   ``init_process_group("gloo")`` over loopback (FileStore), timed from the spawn call until the last
   rank has joined, in a parent that already imported torch.
@@ -38,7 +39,7 @@ import json, time
 {preload}
 t0 = time.monotonic()
 import ppkit
-cluster = ppkit.Cluster({world_size}, {backend!r})
+cluster = ppkit.Cluster({world_size}, {backend!r}, start_method={start_method!r})
 ready = time.monotonic() - t0
 cluster.close()
 print(json.dumps([ready, cluster.backend]))
@@ -63,9 +64,9 @@ def floor() -> float:
     return run_child(["-c", "import torch"])[0]
 
 
-def ppkit_ready(world_size: int, backend: str, warm_kernel: bool) -> float:
+def ppkit_ready(world_size: int, backend: str, warm_kernel: bool, start_method: str = "forkserver") -> float:
     code = PPKIT_CHILD.format(preload="import torch" if warm_kernel else "", world_size=world_size,
-                              backend=backend)
+                              backend=backend, start_method=start_method)
     ready, used = json.loads(run_child(["-c", code])[1].strip().splitlines()[-1])
     BACKENDS_USED.add(used)
     return ready
@@ -138,11 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     floor_label = '`python -c "import torch"` (the floor)'
     measurements = [(floor_label, 1, floor)]
     for n in args.sizes:
+        for method in ("forkserver", "spawn"):
+            measurements += [
+                (f"`ppkit.Cluster({n}, start_method={method!r})`, fresh kernel", n,
+                 lambda n=n, m=method: ppkit_ready(n, args.backend, warm_kernel=False, start_method=m)),
+                (f"`ppkit.Cluster({n}, start_method={method!r})`, kernel that imported torch", n,
+                 lambda n=n, m=method: ppkit_ready(n, args.backend, warm_kernel=True, start_method=m)),
+            ]
         measurements += [
-            (f"`ppkit.Cluster({n})`, fresh kernel", n,
-             lambda n=n: ppkit_ready(n, args.backend, warm_kernel=False)),
-            (f"`ppkit.Cluster({n})`, kernel that imported torch", n,
-             lambda n=n: ppkit_ready(n, args.backend, warm_kernel=True)),
             (f"`mp.spawn({n})` + `init_process_group` (gloo), parent that imported torch", n,
              lambda n=n: mp_spawn_ready(n)),
         ]
