@@ -3,7 +3,7 @@
 Who talks to whom (each arrow is one authenticated channel connection, see channel.py):
 
     worker      -> controller   Hello, then Ready or JoinFailed; afterwards Output, Result,
-                                Cancelled and Stacks
+                                Cancelled and Stacks (forked, or a fresh interpreter: fresh.py)
     controller  -> worker       Init or Reject (the answer to Hello); then Run, AskStacks, Cancel,
                                 Shutdown
     fork server -> controller   ForkServerHello, then Spawned and Exited for each worker it forks

@@ -1,4 +1,5 @@
-"""Process helpers: die with the parent, stop politely then firmly, bound a call that may hang."""
+"""Process helpers: die with the parent (PR_SET_PDEATHSIG, or a parent watch alone), stop politely then
+firmly, bound a call that may hang."""
 
 from __future__ import annotations
 
