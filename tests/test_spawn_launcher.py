@@ -51,7 +51,7 @@ def test_a_bad_start_method_is_refused_before_anything_starts(monkeypatch, no_le
     with pytest.raises(ppkit.ConfigError, match="unknown start_method"):
         ppkit.start_rpc(2, start_method="vfork")
     monkeypatch.setenv(spawning.START_METHOD_ENV, "threads")
-    with pytest.raises(ppkit.ConfigError, match=r"PPKIT_START_METHOD= 'threads'.*'spawn'"):
+    with pytest.raises(ppkit.ConfigError, match=r"unknown PPKIT_START_METHOD 'threads'.*'spawn'"):
         ppkit.Cluster(2, "gloo")
 
 

@@ -41,7 +41,7 @@ def resolve_start_method(value: str = "auto", platform: str = sys.platform) -> s
     """'forkserver' or 'spawn': an explicit ``value`` wins, then $PPKIT_START_METHOD, then the platform."""
     check_start_method(value)
     if value == "auto" and os.environ.get(START_METHOD_ENV):
-        value = check_start_method(os.environ[START_METHOD_ENV], f"{START_METHOD_ENV}=")
+        value = check_start_method(os.environ[START_METHOD_ENV], START_METHOD_ENV)
     if value == "auto":
         value = "spawn" if platform in ("darwin", "win32") else "forkserver"
     return value
