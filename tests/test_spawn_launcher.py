@@ -111,6 +111,13 @@ def test_close_leaves_no_process():
     assert wait_gone(pids, GONE_WITHIN_S) == []
 
 
+def test_a_worker_that_dies_before_connecting_fails_the_start_at_once_with_its_output(monkeypatch):
+    monkeypatch.setattr(spawning, "WORKER_MODULE", "ppkit.transport.no_such_module")
+    # the exit is noticed and its output shown (a start_timeout would say "did not start within")
+    with pytest.raises(ppkit.LaunchError, match=r"(?s)exited before it connected.*No module named"):
+        ppkit.Cluster(2, "gloo", start_method="spawn", start_timeout=60)
+
+
 # -- orphans: the parent watch, without PR_SET_PDEATHSIG ---------------------------------------------
 def test_the_parent_watch_alone_ends_an_orphan():
     # a middle process starts a child that only watches it, then the middle one is SIGKILLed

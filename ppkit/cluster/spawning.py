@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 
-from ppkit.cluster.inbox import Inbox, Item
+from ppkit.cluster.inbox import Inbox, Item, LaunchFailed
 from ppkit.cluster.launchers import Launcher, child_env, start_module
 from ppkit.cluster.remote import make_launcher as make_fork_launcher
 from ppkit.errors import ConfigError
@@ -25,6 +25,7 @@ from ppkit.transport.messages import Exited, Spawned
 START_METHODS = ("auto", "forkserver", "spawn")
 START_METHOD_ENV = "PPKIT_START_METHOD"
 SPAWNER = "spawner"  # the source of SpawnLauncher's Spawned/Exited items
+WORKER_MODULE = "ppkit.transport.fresh"
 
 
 def check_start_method(value, where: str = "start_method") -> str:
@@ -73,18 +74,41 @@ class SpawnLauncher(Launcher):
         super().__init__(world_size, inbox)
         self.key = key
         self.processes: dict[int, subprocess.Popen] = {}  # pid -> process, every generation's
+        self._unconnected: dict[int, int] = {}  # rank -> pid, this generation's not connected yet
+
+    def begin(self) -> None:
+        super().begin()
+        self._unconnected = {}
+
+    def init_config(self, rank: int, config: dict, generation: int) -> dict:
+        self._unconnected.pop(rank, None)  # called when the rank's Hello arrives
+        return super().init_config(rank, config, generation)
 
     def spawn(self) -> None:
         for rank in self.local_ranks:
             env = child_env(self.address, self.key, PPKIT_RANK=str(rank))
-            process = start_module("ppkit.transport.fresh", env, self.log_path(rank))
+            process = start_module(WORKER_MODULE, env, self.log_path(rank))
             self.processes[process.pid] = process
+            self._unconnected[rank] = process.pid
             self.inbox.put(Item(SPAWNER, Spawned(rank, process.pid)))
             threading.Thread(target=self._report_exit, args=(rank, process), daemon=True,
                              name=f"ppkit-wait-{rank}").start()
 
     def _report_exit(self, rank: int, process: subprocess.Popen) -> None:
-        self.inbox.put(Item(SPAWNER, Exited(rank, process.pid, wait_status(process.wait()))))
+        status = wait_status(process.wait())
+        self.inbox.put(Item(SPAWNER, Exited(rank, process.pid, status)))
+        if self._unconnected.get(rank) == process.pid:
+            # it never reached the controller (a broken install, an import error): say so now
+            self.inbox.put(Item(SPAWNER, LaunchFailed(rank, (
+                f"rank {rank}'s worker process (pid {process.pid}, `python -m {WORKER_MODULE}`) exited "
+                f"before it connected, with code {process.returncode}. Its output "
+                f"({self.log_path(rank)}):\n{self.log_tail(rank)}"))))
+
+    def log_tail(self, rank: int) -> str:
+        try:
+            return self.log_path(rank).read_text(errors="replace")[-1500:] or "(empty)"
+        except OSError:
+            return "(no log)"
 
     def stop(self, pids: list[int], grace: float = 0.5) -> None:
         """Terminate, wait up to ``grace`` seconds, then kill (through Popen: portable)."""
@@ -107,11 +131,5 @@ class SpawnLauncher(Launcher):
         return self.tmpdir / f"rank-{rank}.log"
 
     def timeout_hint(self, ready: set[int]) -> str:
-        tails = []
-        for rank in (r for r in self.local_ranks if r not in ready):
-            try:
-                tail = self.log_path(rank).read_text(errors="replace")[-1500:] or "(empty)"
-            except OSError:
-                tail = "(no log)"
-            tails.append(f"rank {rank}'s log:\n{tail}")
+        tails = [f"rank {rank}'s log:\n{self.log_tail(rank)}" for rank in self.local_ranks if rank not in ready]
         return "\n".join([super().timeout_hint(ready), *tails])
