@@ -172,6 +172,7 @@ class RpcWorld:
             self._worker_env = without_socket_vars(env or {})
         self.state = "starting"
         self._generation = 0
+        self._cleanups: list = []  # run at restart/close, e.g. undo the master's stage resources
         try:
             self._init()
         except BaseException:
@@ -211,6 +212,20 @@ class RpcWorld:
             _first_world_workers = self.num_workers
         self.state = "ready"
 
+    def add_cleanup(self, fn) -> None:
+        """Call ``fn()`` once when this world next restarts or closes (added once however often)."""
+        if fn not in self._cleanups:
+            self._cleanups.append(fn)
+
+    def _run_cleanups(self) -> None:
+        cleanups, self._cleanups = self._cleanups, []
+        for fn in cleanups:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - a cleanup must not stop the shutdown
+                warnings.warn(f"ppkit: cleanup {fn!r} failed while stopping the RPC world: {exc}",
+                              stacklevel=2)
+
     def restart(self) -> RpcWorld:
         """Shut RPC down everywhere, restart the workers and form a fresh RPC world."""
         if self.state == "closed":
@@ -232,6 +247,7 @@ class RpcWorld:
         global _kernel_rpc_stuck
         from torch.distributed import rpc
 
+        self._run_cleanups()
         if self.state not in ("ready", "broken"):
             return
         self.state = "stopping"
