@@ -86,6 +86,14 @@ def _want(threads: int | None) -> None:
     sync_threads()
 
 
+def current() -> dict:
+    """This process's pid, torch threads (as its computing threads get them) and affinity."""
+    import torch
+
+    sync_threads()
+    return {"pid": os.getpid(), "threads": torch.get_num_threads(), "cpus": _affinity()}
+
+
 def host_report() -> dict:
     """This process's host, pid, cores it may use (before ppkit's change) and torch threads."""
     import torch
