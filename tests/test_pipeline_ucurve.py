@@ -154,3 +154,23 @@ def test_cli_prints_resources_the_ucurve_and_one_speedup_line(world, tmp_path, c
     speedups = [line for line in lines if line.startswith("speed-up over no overlap")]
     assert len(speedups) == 1 and SPEEDUP_LINE.match(speedups[0]) and lines[-1] == speedups[0]
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_widget_ucurve_auto_cut_and_resources(world):
+    from ppkit.widgets.pipeline import PipelineWidget
+
+    ui = PipelineWidget(world, batch_size=2, image_size=48, num_batches=1, microbatch_size=1)
+    assert "auto" in ui.cut.options and ui.stage_threads.value == "auto"
+    assert "ppkit-pipeline-ucurve" in ui.ucurve_button._dom_classes
+    ui.cut.value = "auto"
+    ui.ucurve_button.click()
+    assert ui.status.value.count("speed-up over no overlap") == 1, ui.status.value
+    assert "&lt;- chosen" in ui.cuts_table.value
+    assert "stage 1 on worker1: 1 thread" in ui.resources.value
+    assert ui.curve.counts == [1, 2] and ui.curve.cut in ("stem", "layer1", "layer2", "layer3")
+    assert ui.table.value.count("<tr>") == 3 and "bubble bound s" in ui.table.value
+    assert bytes(ui.sweep_plot.value[:4]) == b"\x89PNG"
+    ui.stage_threads.value = "off"  # another model: nothing pinned, and the widget says so
+    ui.run()
+    assert "unchanged" in ui.resources.value
+    ui.close_model()

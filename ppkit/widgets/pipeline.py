@@ -5,6 +5,8 @@
     ui.microbatch_size.value = 4    # ... or drive it from Python, as the tests do
     ui.run_button.click()
     ui.runs[-1].seconds_per_batch
+    ui.ucurve()                     # 1, 2, 4, ... micro-batches against the no-overlap reference
+    ui.curve.summary()
 
 Every control has a stable description and a ``ppkit-pipeline-*`` DOM class, so a browser test can
 find it. Errors (a bad size, a device that is not there, a failed stage) appear in the status line;
@@ -20,7 +22,9 @@ import ipywidgets as w
 
 from ppkit.errors import ConfigError, PPKitError
 from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT
-from ppkit.pipeline.config import PipelineConfig, Placement, num_microbatches
+from ppkit.pipeline import ucurve
+from ppkit.pipeline.config import AUTO_CUT, PipelineConfig, Placement, num_microbatches
+from ppkit.pipeline.resources import describe
 from ppkit.pipeline.sweep import COLUMNS, build_model, format_rows, train_batches
 
 IMAGE_SIZES = (32, 48, 64, 96, 128)
@@ -65,6 +69,8 @@ class PipelineWidget(w.VBox):
         self._model = None
         self._model_key = None
         self._results_key = None
+        self._auto_cut: tuple | None = None  # (what it was measured for, the cut it chose)
+        self.curve = None
 
         self.batch_size = _styled(w.BoundedIntText(batch_size, min=1, max=1024, description="batch size"),
                                   "batch-size")
@@ -76,7 +82,13 @@ class PipelineWidget(w.VBox):
                                                    description="micro-batch size", continuous_update=True),
                                        "microbatch")
         self.num_microbatches = _styled(w.Label(), "num-microbatches")
-        self.cut = _styled(w.Dropdown(options=CUT_POINTS, value=DEFAULT_CUT, description="cut after"), "cut")
+        self.cut = _styled(w.Dropdown(options=(*CUT_POINTS, AUTO_CUT), value=DEFAULT_CUT, description="cut after",
+                                      tooltip="auto: time every cut here, take the smallest slowest stage"), "cut")
+        self.stage_threads = _styled(w.Dropdown(options=("auto", "off"), value="auto", description="stage threads",
+                                                tooltip="auto: each stage process on its own cores"),
+                                     "stage-threads")
+        self.resources = _styled(w.HTML(), "resources")
+        self.cuts_table = _styled(w.HTML(), "cuts")
         default_processes = (self.names[1:3] if len(self.names) >= 3 else
                              self.names[:2] if len(self.names) >= 2 else self.names * 2)
         self.processes, self.device_choices = [], []
@@ -94,6 +106,9 @@ class PipelineWidget(w.VBox):
                                            tooltip="train at the chosen micro-batch size"), "run")
         self.sweep_button = _styled(w.Button(description="Sweep", tooltip="train at every sweep size"),
                                     "sweep")
+        self.ucurve_button = _styled(w.Button(
+            description="U-curve", tooltip="1, 2, 4, ... micro-batches of this batch against the "
+            "no-overlap reference and the bubble bound"), "ucurve")
         self.clear_button = _styled(w.Button(description="Clear results"), "clear")
         self.progress = _styled(w.IntProgress(0, min=0, max=1, description="progress"), "progress")
         self.status = _styled(w.HTML(), "status")
@@ -106,6 +121,7 @@ class PipelineWidget(w.VBox):
         self.microbatch_size.observe(self._update_sizes, "value")
         self.run_button.on_click(lambda _: self._guarded(self.run))
         self.sweep_button.on_click(lambda _: self._guarded(self.sweep))
+        self.ucurve_button.on_click(lambda _: self._guarded(self.ucurve))
         self.clear_button.on_click(lambda _: self.clear())
         self._update_sizes()
 
@@ -114,9 +130,12 @@ class PipelineWidget(w.VBox):
             w.HBox([self.batch_size, self.image_size, self.num_batches]),
             w.HBox([self.microbatch_size, self.num_microbatches]),
             *placement_rows,
-            self.cut,
-            w.HBox([self.run_button, self.sweep_sizes, self.sweep_button, self.clear_button]),
+            w.HBox([self.cut, self.stage_threads]),
+            self.resources,
+            w.HBox([self.run_button, self.sweep_sizes, self.sweep_button, self.ucurve_button,
+                    self.clear_button]),
             w.HBox([self.progress, self.status]),
+            self.cuts_table,
             self.table,
             self.sweep_plot,
             self.timeline_plot,
@@ -145,7 +164,8 @@ class PipelineWidget(w.VBox):
         return PipelineConfig(batch_size=self.batch_size.value, image_size=self.image_size.value,
                               num_batches=self.num_batches.value,
                               microbatch_sizes=tuple(microbatch_sizes or [self.microbatch_size.value]),
-                              placement=placement, cut=self.cut.value).check()
+                              placement=placement, cut=self.cut.value,
+                              stage_threads=self.stage_threads.value).check()
 
     def parse_sweep_sizes(self) -> list[int]:
         try:
@@ -166,12 +186,64 @@ class PipelineWidget(w.VBox):
         """Train at every size in the sweep box; returns the list of results."""
         return self._run_sizes(self.config(self.parse_sweep_sizes()))
 
+    def ucurve(self):
+        """Measure the U-curve at this batch (1, 2, 4, ... micro-batches; ``ucurve.measure_ucurve``);
+        shows its table, plot and speed-up line, and returns the :class:`UCurve`."""
+        self._ensure_world()
+        config = self._resolve_cut(self.config())
+        model, optimizer = self._model_for(config)
+        counts = ucurve.default_counts(config.batch_size)
+        self.progress.max, self.progress.value = 1, 0
+        self._say(f"measuring {', '.join(map(str, counts))} micro-batches, "
+                  f"{config.num_batches} round(s) after a warm-up ...")
+
+        def step(done, total):
+            self.progress.max, self.progress.value = total, done
+
+        curve = ucurve.measure_ucurve(model, optimizer, config, counts, progress=step)
+        self.curve = curve
+        self.table.value = _html_table(curve.rows(), ucurve.COLUMNS, "ppkit-pipeline-ucurve")
+        from matplotlib.figure import Figure
+
+        from ppkit.pipeline.plots import plot_ucurve
+
+        fig = Figure(figsize=(9, 3.6), layout="constrained")
+        plot_ucurve(fig.subplots(), curve)
+        self.sweep_plot.value = _png(fig)
+        self.timeline_plot.value = _png(_timeline_figure(curve.best.run))
+        for plot in (self.sweep_plot, self.timeline_plot):
+            plot.layout.display = None
+        self._say(f"{curve.summary()}; {curve.overhead_line()}")
+        return curve
+
+    def _resolve_cut(self, config: PipelineConfig) -> PipelineConfig:
+        """With cut "auto": time every cut (once per placement and sizes), show them, take the best."""
+        if config.cut != AUTO_CUT:
+            self.cuts_table.value = ""
+            return config
+        key = (config.placement, config.batch_size, config.image_size, config.stage_threads)
+        if self._auto_cut is None or self._auto_cut[0] != key:
+            from ppkit.pipeline.balance import format_candidates, measure_cuts, pick
+
+            self._ensure_world()
+            self.close_model()
+            self._say(f"cut auto: timing every cut ({', '.join(CUT_POINTS)}) with the whole batch ...")
+            self.progress.max, self.progress.value = len(CUT_POINTS), 0
+            candidates = measure_cuts(config, rounds=1,
+                                      progress=lambda done, _total: setattr(self.progress, "value", done))
+            self._auto_cut = (key, pick(candidates).cut)
+            self.cuts_table.value = ("<b>cut auto</b>: each cut's stages alone on the whole batch<pre>"
+                                     + html.escape(format_candidates(candidates)) + "</pre>")
+        return config.replace(cut=self._auto_cut[1])
+
     def _run_sizes(self, config: PipelineConfig):
-        key = (config.placement, config.cut, config.batch_size, config.image_size, config.num_batches)
+        self._ensure_world()
+        config = self._resolve_cut(config)
+        key = (config.placement, config.cut, config.batch_size, config.image_size, config.num_batches,
+               config.stage_threads)
         if key != self._results_key:
             self.runs = []
             self._results_key = key
-        self._ensure_world()
         model, optimizer = self._model_for(config)
         total = config.num_batches * len(config.microbatch_sizes)
         self.progress.max, self.progress.value = total, 0
@@ -199,12 +271,13 @@ class PipelineWidget(w.VBox):
         self.world = ppkit.start_rpc(len(self.names) - 1)
 
     def _model_for(self, config: PipelineConfig):
-        key = (config.placement, config.cut)
+        key = (config.placement, config.cut, config.stage_threads)
         if self._model is None or key != self._model_key:
             self.close_model()
             self._say(f"building the shards on {', '.join(map(str, config.placement))} ...")
             self._model = build_model(config)
             self._model_key = key
+            self.resources.value = ("stage resources: " + html.escape(describe(self._model[0].resources)))
         return self._model
 
     def _guarded(self, action) -> None:
@@ -223,6 +296,7 @@ class PipelineWidget(w.VBox):
 
     def clear(self) -> None:
         self.runs = []
+        self.curve = None
         self.table.value = ""
         for plot in (self.sweep_plot, self.timeline_plot):
             plot.value = b""
@@ -241,12 +315,7 @@ class PipelineWidget(w.VBox):
         return [run.row() for run in self.runs]
 
     def _show(self, run) -> None:
-        rows = self.rows()
-        head = "".join(f"<th {_CELL}>{html.escape(h)}</th>" for _, h, _ in COLUMNS)
-        body = "".join("<tr>" + "".join(
-            f"<td {_CELL}>{'-' if row[k] is None else fmt.format(row[k])}</td>" for k, _, fmt in COLUMNS)
-            + "</tr>" for row in rows)
-        self.table.value = f'<table class="ppkit-pipeline-results"><tr>{head}</tr>{body}</table>'
+        self.table.value = _html_table(self.rows(), COLUMNS, "ppkit-pipeline-results")
         self.sweep_plot.value = _png(_sweep_figure(self.runs))
         self.timeline_plot.value = _png(_timeline_figure(run))
         for plot in (self.sweep_plot, self.timeline_plot):
@@ -254,6 +323,14 @@ class PipelineWidget(w.VBox):
 
     def text_table(self) -> str:
         return format_rows(self.rows())
+
+
+def _html_table(rows, columns, css_class: str) -> str:
+    head = "".join(f"<th {_CELL}>{html.escape(h)}</th>" for _, h, _ in columns)
+    body = "".join("<tr>" + "".join(
+        f"<td {_CELL}>{'-' if row[k] is None else fmt.format(row[k])}</td>" for k, _, fmt in columns)
+        + "</tr>" for row in rows)
+    return f'<table class="{css_class}"><tr>{head}</tr>{body}</table>'
 
 
 def _sweep_figure(runs):
