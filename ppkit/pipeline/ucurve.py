@@ -17,7 +17,7 @@ and less efficient kernels, one more gradient accumulation of the shard's weight
 
 Steps are measured in rounds (one step at every count per round, after one untimed warm-up step
 each), alternating the order, so a machine that gets busier meanwhile slows every count alike; a
-count's step time is the median of its rounds.
+count's step time is the median of its rounds (the lower of the two middle ones for an even number).
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ class CurvePoint:
 
     @property
     def seconds(self) -> float:
-        return statistics.median(self.step_seconds)
+        """The median of the rounds (the lower middle one for an even count: a measured step)."""
+        return statistics.median_low(self.step_seconds)
 
 
 def fit_overhead(counts, measured, bound) -> float:
@@ -199,9 +200,13 @@ class UCurve:
                 f"micro-batches of {best.microbatch_size})")
 
 
-def _median_busy(runs: list[RunResult], phase: str) -> tuple[float, ...]:
-    stages = runs[0].timeline.num_stages
-    return tuple(statistics.median(run.timeline.busy(s, phase) for run in runs) for s in range(stages))
+def reference_from(runs: list[RunResult]) -> Reference:
+    """The reference from its rounds: the round with the median step time, so that the step and
+    its stage times come from the same step (then the bound for one micro-batch is that step)."""
+    run = sorted(runs, key=lambda r: r.seconds_per_batch)[(len(runs) - 1) // 2]
+    stages = range(run.timeline.num_stages)
+    return Reference(run.seconds_per_batch, tuple(run.timeline.busy(s, "forward") for s in stages),
+                     tuple(run.timeline.busy(s, "backward") for s in stages))
 
 
 def measure_ucurve(model, optimizer, config: PipelineConfig, counts=None, *, rounds: int | None = None,
@@ -239,6 +244,5 @@ def measure_ucurve(model, optimizer, config: PipelineConfig, counts=None, *, rou
     for r in range(rounds):
         for point in (points if r % 2 == 0 else reversed(points)):
             step(point, timed=True)
-    reference = Reference(points[0].seconds, _median_busy(reference_runs, "forward"),
-                          _median_busy(reference_runs, "backward"))
-    return UCurve(config, model.cut, reference, points, list(getattr(model, "resources", [])))
+    return UCurve(config, model.cut, reference_from(reference_runs), points,
+                  list(getattr(model, "resources", [])))
