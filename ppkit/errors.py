@@ -5,6 +5,7 @@
     ├── LaunchError          workers did not start or join
     ├── AuthenticationError  a client with the wrong key tried to join
     ├── ClusterStateError    the cluster is closed, or broken and needs ``restart()``
+    ├── RpcPickleError       an RPC's function, argument or result cannot be pickled (also a TypeError)
     └── WorkerError          something went wrong on a rank during a job
         ├── RemoteError      the job raised on one or more ranks (remote traceback attached)
         ├── WorkerDiedError  a rank's process died
@@ -83,6 +84,10 @@ class ExerciseFailed(PPKitError, AssertionError):
         super().__init__(message)
         self.failures = list(failures or [])
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback: the learner's mistake, not the checker's frames
+        return [f"\x1b[31mExerciseFailed\x1b[0m: {self}"]
+
 
 # --- pipeline (branch: pipeline) ---------------------------------------------------------------
 
@@ -107,3 +112,8 @@ class StageTimeoutError(StageError, TimeoutError):
     Raised on the stage's rank (the notebook sees it inside a ``RemoteError``); ``process`` is
     ``"rank N"``.
     """
+
+
+# --- RPC pickling (branch p15) ------------------------------------------------------------------
+class RpcPickleError(PPKitError, TypeError):
+    """An RPC's function, argument or result cannot be pickled (a lock, an open file, ...)."""

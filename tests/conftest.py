@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 from leftovers import ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
 
 import ppkit
+
+# Checks run by tests and by nbval's kernels (which inherit this environment when `pytest tests notebooks`
+# collects this file first) go to a scratch file, not the learner's ~/.ppkit/progress.json.
+os.environ.setdefault("PPKIT_PROGRESS", os.path.join(tempfile.gettempdir(), f"ppkit-test-progress-{os.getpid()}.json"))
 
 
 @pytest.fixture(autouse=True, scope="session")

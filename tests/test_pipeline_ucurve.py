@@ -12,7 +12,7 @@ import pytest
 import ppkit
 from ppkit.cli import main as cli_main
 from ppkit.errors import ExerciseFailed
-from ppkit.lessons import pipeline_exercises, pipeline_solutions
+from ppkit.lessons import pipeline_exercises, solutions
 from ppkit.pipeline.balance import CutCandidate, format_candidates, measure_cuts, pick
 from ppkit.pipeline.bubble import closed_form
 from ppkit.pipeline.config import PipelineConfig
@@ -87,7 +87,7 @@ def test_balance_picks_the_smallest_slowest_stage():
 
 
 def test_exercise_checker_accepts_the_solution_and_names_the_mistakes():
-    assert pipeline_exercises.check_best_num_microbatches(pipeline_solutions.best_num_microbatches).passed
+    assert pipeline_exercises.check_best_num_microbatches(solutions.best_num_microbatches).passed
     with pytest.raises(ExerciseFailed, match="best without the overhead"):
         pipeline_exercises.check_best_num_microbatches(lambda f, b, fixed, o, c: max(c))
     with pytest.raises(ExerciseFailed, match="stage times are for the whole batch"):

@@ -228,7 +228,7 @@ def run_ucurve(config, progress, say):
 def main(args) -> int:
     try:
         config = config_from_args(args)
-    except ConfigError as exc:
+    except PPKitError as exc:  # a wrong flag, or a torch without what --schedule needs
         print(f"ppkit pipeline: error: {exc}", file=sys.stderr)
         return 2
 

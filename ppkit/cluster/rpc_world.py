@@ -9,8 +9,9 @@ Three things this module takes care of, because learners hit them at once:
 - Every process uses TensorPipe's ``uv`` transport only. With the default transports each idle
   process busy-polls a full core (the shared-memory reactor); the option only works when given
   at construction.
-- RPC pickles functions *by reference* (module + name), so a function defined in a notebook cell
-  cannot be found on a worker. ``ppkit.by_value(fn)`` ships it by value instead.
+- RPC pickles functions and classes *by reference* (module + name), so one defined in a notebook
+  cell cannot be found on a worker. While the world runs, every process sends them by value
+  instead (``ppkit/cluster/rpc_pickle.py``), so the tutorial's code runs as written.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import warnings
 
 import cloudpickle
 
-from ppkit.cluster import launch
+from ppkit.cluster import launch, rpc_pickle
 from ppkit.cluster.controller import Cluster, _check_timeout
 from ppkit.cluster.remote import rpc_remote_names, without_socket_vars
+from ppkit.compat import require_rpc_internals
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 
 MASTER = "master"
@@ -61,7 +63,11 @@ class _ByValue:
 
 
 def by_value(obj):
-    """Wrap a function or class defined in a notebook cell so RPC sends it by value.
+    """Wrap a function or class so RPC sends it by value. No longer needed in a ppkit RPC world.
+
+    ``ppkit.start_rpc`` makes every process send what a notebook cell defines by value by itself,
+    so ``rpc.rpc_sync("worker1", square, args=(3,))`` works as written. The wrapper still works
+    (notebooks written for earlier ppkit versions use it):
 
     >>> def square(x):
     ...     return x * x
@@ -86,6 +92,7 @@ def _init_rpc(name: str, rank: int, world_size: int, options: dict, env: dict,
     from torch.distributed import rpc
 
     os.environ.update(env)
+    rpc_pickle.install()  # before the agent exists: cell-defined code travels by value
     if init_counter is not None:
         # torch prefixes the rendezvous keys with a per-process count of init_rpc calls
         # ("rpc_prefix_N"). A kernel that re-initialises RPC is at N > 0 while fresh workers
@@ -258,6 +265,8 @@ class RpcWorld:
             finished, _ = _run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
             self.cluster._kill_workers(quiet=True)
             time.sleep(0.1)  # TensorPipe logs from its own threads
+        if finished:
+            rpc_pickle.uninstall()
         self.cluster._break("its RPC world was shut down.")
         if not finished:
             _kernel_rpc_stuck = True
@@ -321,6 +330,8 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     to have the workers join from other machines (``ppkit worker``).
     """
     global _active
+    require_rpc_internals()
+    rpc_pickle.require_torch_internals()
     if _active is not None:
         _active.close()
     _active = RpcWorld(num_workers, **options)

@@ -5,9 +5,18 @@
     collectives    lesson 2: every collective run for real, modelled in plain Python, drawn
     data_parallel  lesson 3: gradients by hand == DDP == one process; init methods; samplers
     launchers      lesson 3: what torchrun and SLURM tell each process
-    exercises      the automatically checked exercises at the end of notebooks 01-03
+    exercises      the checkers of the exercises in notebooks 01-03 (they run on real ranks)
     pipeline_exercises  the same for notebooks 05, 06 and 08 (shapes, step time, activations)
+    launch_exercises    the same for notebooks 00 and 07 (each rank's share, SLURM's variables)
+    catalog        every exercise registered in one place: checker, solution, hints
+    solutions      one solution per exercise, out of the learner's notebook
+    workbook       the learner's side: check(name, fn), hint(name), solution(name), progress()
     timeline       spans, "who waited for whom", Gantt charts
+    zero           lesson 9: ZeRO-1, -2, -3 by hand from reduce_scatter and all_gather; the ZeRO formulas
+    fsdp2          lesson 9: the same with torch's fully_shard on a CPU mesh; what needs CUDA
+    tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version
+    sharding_plots   lessons 9-10: memory and traffic per rank, formula and measured
+    sharding_exercises  the checkers of notebooks 09 and 10 (registered in catalog)
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ world size, tensor size, rank and values that were wrong.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import shutil
 import tempfile
@@ -159,8 +160,22 @@ def _collectives_forbidden(exercise: str):
 
 
 def _check_callable(fn, signature: str) -> None:
+    """Refuse what is not a function, or one that cannot be called with ``signature``'s arguments."""
     if not callable(fn):
         raise ConfigError(f"pass your function itself, {signature}, not {type(fn).__name__} {fn!r:.60}.")
+    names = [n.strip() for n in signature[signature.index("(") + 1:signature.rindex(")")].split(",") if n.strip()]
+    try:
+        own = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature to read: let the call decide
+        return
+    try:
+        own.bind(*names)
+    except TypeError as err:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise ConfigError(
+            f"the checker calls your function with {len(names)} argument(s), {signature}, but "
+            f"{name}{own} cannot be called that way ({err}). Change its first line to take "
+            f"({', '.join(names)}).") from None
 
 
 def _compare(label: str, rank: int, got, want: torch.Tensor, own: torch.Tensor | None = None) -> str | None:

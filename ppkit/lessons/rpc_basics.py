@@ -5,6 +5,9 @@ Everything here is defined in a module (not a notebook cell), so RPC can send it
 
 from __future__ import annotations
 
+import threading
+import time
+
 import torch
 from torch import nn
 from torch.distributed import autograd as dist_autograd
@@ -83,6 +86,33 @@ def remote_step(layers, context_id: int) -> None:
 
 def remote_state(layers) -> list[dict[str, torch.Tensor]]:
     return [layer.rpc_sync().state() for layer in layers]
+
+
+def seconds_until_done(fn, deadline: float) -> float | None:
+    """Call ``fn()`` in a background thread: the seconds it took, or ``None`` if it still runs
+    after ``deadline`` seconds (it is left running; restart the RPC world to end it).
+
+    Notebook 04 times the tutorial's shards with too few RPC threads, which never return: the
+    cell must not hang with them. An exception raised before the deadline is raised here.
+    """
+    outcome: list = []
+
+    def target():
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001  (raised in the caller, or dropped if late)
+            outcome.append(exc)
+
+    started = time.perf_counter()
+    thread = threading.Thread(target=target, daemon=True, name="ppkit-timed-call")
+    thread.start()
+    thread.join(deadline)
+    if not outcome:
+        return None
+    if outcome[0] is not None:
+        raise outcome[0]
+    return time.perf_counter() - started
 
 
 # -- the exercise ---------------------------------------------------------------------------

@@ -1,9 +1,16 @@
 """The ResNet50 split as stages of ``torch.distributed.pipelining`` (GPipe, 1F1B), beside RPC.
 
     from ppkit.pipelining import make_batch, run_schedule, reference_step, compare_schedules
+
+Importing it (or any module in it) on a torch without ``torch.distributed.pipelining`` (before 2.4)
+raises ppkit's ClusterStateError saying so, not an ImportError from deep inside.
 """
 
-from ppkit.pipelining.compare import (
+from ppkit.compat import require_pipelining
+
+require_pipelining("ppkit.pipelining (GPipe and 1F1B: notebook 08, ppkit pipeline --schedule gpipe)")
+
+from ppkit.pipelining.compare import (  # noqa: E402
     KINDS,
     ScheduleRun,
     compare_schedules,
@@ -14,8 +21,8 @@ from ppkit.pipelining.compare import (
     rpc_step,
     run_schedule,
 )
-from ppkit.pipelining.memory import ActivationMeter
-from ppkit.pipelining.stage import SCHEDULES, make_batch, train_step
+from ppkit.pipelining.memory import ActivationMeter  # noqa: E402
+from ppkit.pipelining.stage import SCHEDULES, make_batch, train_step  # noqa: E402
 
 __all__ = [
     "KINDS",

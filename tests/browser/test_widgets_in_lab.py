@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 # Notebooks with a learner test below; every other widget notebook gets test_widget_notebook_renders.
-LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb"}
+LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "09_sharded_data_parallel.ipynb",
+                  "10_tensor_parallel.ipynb"}
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -272,3 +273,46 @@ def test_pipeline_widget(lab, open_notebook):
 
     nb.run_last_cell()
     nb.assert_ran_cleanly_and_widgets_render()
+
+
+def _explore(nb, css: str, change, expect: str) -> None:
+    """Change an explorer's controls as a learner would; its summary and its picture must follow."""
+    page = nb.page
+    explorer = page.locator(f".{css}").first
+    explorer.scroll_into_view_if_needed()
+    summary, picture = explorer.locator(f".{css}-summary"), explorer.locator(f".{css}-output")
+    _assert_shows_image(picture)
+    nb.screenshot("before", explorer)
+    before_text, before_images = summary.inner_text(), _image_sources(picture)
+    change(page, explorer)
+    page.wait_for_function("([el, text]) => el.innerText.includes(text)",
+                           arg=[summary.element_handle(), expect], timeout=60_000)
+    nb.wait_kernel_idle()
+    assert summary.inner_text() != before_text
+    after_images = _image_sources(picture)
+    assert after_images and after_images != before_images, "the picture did not change with the settings"
+    nb.screenshot("after", explorer)
+    nb.assert_console_clean()
+
+
+def test_zero_explorer(lab, open_notebook):
+    """09_sharded_data_parallel: another stage and world size; summary and picture follow."""
+    nb = _open_and_run(lab, open_notebook, "09_sharded_data_parallel.ipynb", timeout=300)
+
+    def change(page, explorer):
+        explorer.locator(".ppkit-zero-stage select").select_option(label="ZeRO-3 / FSDP")
+        _set_slider(page, explorer.locator(".ppkit-zero-world-size"), 4)
+
+    # 7B parameters on 4 ranks with ZeRO-3: (4 + 4 + 8) x 7e9 / 4 = 28 GB per rank
+    _explore(nb, "ppkit-zero", change, "ZeRO-3 / FSDP, 4 ranks, 7,000,000,000 parameters: each rank holds 28 GB")
+
+
+def test_tensor_parallel_explorer(lab, open_notebook):
+    """10_tensor_parallel: another TP degree and width; summary and picture follow."""
+    nb = _open_and_run(lab, open_notebook, "10_tensor_parallel.ipynb", timeout=300)
+
+    def change(page, explorer):
+        explorer.locator(".ppkit-tp-d-model select").select_option("768")
+        _set_slider(page, explorer.locator(".ppkit-tp-degree"), 4)
+
+    _explore(nb, "ppkit-tp", change, "TP degree 4, MLP 768 -> 3072 -> 768")

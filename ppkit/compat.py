@@ -1,0 +1,69 @@
+"""What ppkit needs from torch beyond its public API, checked where it is used, with an error that names it.
+
+The RPC world aligns two pieces of torch's private RPC state across processes (the count of
+``init_rpc`` calls that prefixes the rendezvous keys, and the rounds of RPC's internal all_gather);
+without them a second world in one kernel waits forever. torch may rename them in any release, so
+:func:`require_rpc_internals` looks them up first and says which one is missing instead of hanging.
+``torch.distributed.pipelining`` (notebook 08, ``ppkit pipeline --schedule gpipe``) appeared in torch 2.4.
+
+The versions ppkit is tested with are in docs/versions.md (scripts/version_matrix.py makes that table).
+"""
+
+from __future__ import annotations
+
+from ppkit.errors import ClusterStateError
+
+# (module path, attribute) pairs the RPC world reads or writes.
+RPC_INTERNALS = (
+    ("torch.distributed.rpc", "_init_counter"),
+    ("torch.distributed.rpc", "_init_counter_lock"),
+    ("torch.distributed.rpc.api", "_all_gather_sequence_id"),
+    ("torch.distributed.rpc.api", "_all_gather_sequence_id_to_states"),
+    ("torch.distributed.rpc.api", "_is_current_rpc_agent_set"),
+    ("torch.distributed.rpc.api", "_get_current_rpc_agent"),
+)
+TESTED_RANGE = "torch 2.5 to 2.14 (docs/versions.md)"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def missing_rpc_internals() -> list[str]:
+    """The private names of :data:`RPC_INTERNALS` this torch does not have (empty when all are there)."""
+    import importlib
+
+    missing = []
+    for module_name, attr in RPC_INTERNALS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            missing.append(module_name)
+            continue
+        if not hasattr(module, attr):
+            missing.append(f"{module_name}.{attr}")
+    return missing
+
+
+def require_rpc_internals() -> None:
+    """ClusterStateError naming what is missing if this torch lacks the RPC internals ppkit aligns."""
+    missing = missing_rpc_internals()
+    if missing:
+        raise ClusterStateError(
+            f"ppkit's RPC world cannot start on torch {_torch_version()}: it keeps the RPC state of every "
+            f"process in step through torch internals, and this torch has no {', '.join(missing)}. Without "
+            f"them a second RPC world would wait forever. ppkit is tested with {TESTED_RANGE}: install one "
+            "of those (pip install 'torch==2.14.1' 'torchvision==0.29.1'), or report the torch version.")
+
+
+def require_pipelining(what: str = "this lesson") -> None:
+    """ClusterStateError if ``torch.distributed.pipelining`` is absent (torch before 2.4)."""
+    try:
+        import torch.distributed.pipelining  # noqa: F401
+    except ImportError as e:
+        raise ClusterStateError(
+            f"{what} needs torch.distributed.pipelining, which torch {_torch_version()} does not have "
+            f"({e}); it appeared in torch 2.4. Install a newer torch (ppkit is tested with {TESTED_RANGE}), "
+            "or use the RPC pipeline (ppkit pipeline --schedule rpc, notebook 06).") from None

@@ -1,0 +1,129 @@
+"""One correct solution per exercise, out of the learner's notebook but one step away.
+
+``workbook.solution("ring_shift")`` prints one of these; ``%load -s ring_shift <this file>`` puts it in
+a cell. Each function is exactly what goes into its notebook's exercise cell (the names it uses,
+``torch``, ``dist``, ``math``, are the ones that notebook has imported), and
+``tests/test_notebook_solutions.py`` runs every notebook with these in place of the stubs, so a
+solution and its notebook cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ppkit.pipeline.bubble import predict
+
+
+def my_share(rank, world_size, num_items):
+    start = rank * num_items // world_size          # contiguous blocks whose sizes differ by at most 1
+    stop = (rank + 1) * num_items // world_size
+    return list(range(start, stop))
+
+
+def ring_shift(rank, world_size, tensor):
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    received = torch.empty_like(tensor)
+    if rank % 2 == 0:                                # even ranks send first, odd ranks receive first
+        dist.send(tensor, dst=right)
+        dist.recv(received, src=left)
+    else:
+        dist.recv(received, src=left)
+        dist.send(tensor, dst=right)
+    return received
+
+
+def ring_all_reduce(rank, world_size, tensor):
+    chunks = list(tensor.tensor_split(world_size))   # views: adding into a chunk updates tensor
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    for step in range(world_size - 1):               # reduce-scatter
+        send_i, recv_i = (rank - step) % world_size, (rank - step - 1) % world_size
+        incoming = torch.empty_like(chunks[recv_i])
+        req = dist.isend(chunks[send_i], dst=right)  # isend: everyone sends at once without deadlock
+        dist.recv(incoming, src=left)
+        req.wait()
+        chunks[recv_i] += incoming
+    for step in range(world_size - 1):               # all-gather
+        send_i, recv_i = (rank - step + 1) % world_size, (rank - step) % world_size
+        req = dist.isend(chunks[send_i], dst=right)
+        dist.recv(chunks[recv_i], src=left)
+        req.wait()
+    return tensor
+
+
+def bucketed_average(model):
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.flatten() for g in grads])     # one bucket holding every gradient
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:                                    # copy each slice back where it came from
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def remote_sum(rrefs):
+    futures = [r.rpc_async().clone() for r in rrefs]   # all fetches in flight at once
+    return torch.stack(torch.futures.wait_all(futures)).sum(0)
+
+
+def activation_shape(cut, batch_size, image_size):
+    channels = {"stem": 64, "layer1": 256, "layer2": 512, "layer3": 1024}[cut]
+    halvings = {"stem": 2, "layer1": 2, "layer2": 3, "layer3": 4}[cut]  # stride-2 steps before the cut
+    side = image_size
+    for _ in range(halvings):
+        side = (side + 1) // 2  # a stride-2 step rounds up: 97 -> 49
+    return (batch_size, channels, side, side)
+
+
+def pipeline_time(forward_times, backward_times, batch_size, microbatch_size):
+    m = math.ceil(batch_size / microbatch_size)  # the smaller last micro-batch counts too
+    forward = sum(forward_times) + (m - 1) * max(forward_times)
+    backward = sum(backward_times) + (m - 1) * max(backward_times)
+    return forward + backward
+
+
+def best_num_microbatches(forward, backward, fixed_seconds, overhead_seconds, candidates):
+    def step_time(m):
+        ideal = predict([f / m for f in forward], [b / m for b in backward], m).total  # the bubble bound
+        return fixed_seconds + ideal + overhead_seconds * (m - 1)
+
+    return min(sorted(candidates), key=step_time)  # sorted: the smaller count wins a tie
+
+
+def slurm_to_torchrun(env):
+    nodelist = env["SLURM_NODELIST"]
+    prefix, _, rest = nodelist.partition("[")
+    if "," in prefix:            # "login2,cn[10-11]": the first host has no brackets
+        first_host = prefix.split(",")[0]
+    elif rest:                   # "node[07-08]", "n[1,3-4]": the prefix and the first number inside
+        first_host = prefix + rest.split("]")[0].split(",")[0].split("-")[0]
+    else:                        # a single host
+        first_host = prefix
+    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
+            "LOCAL_RANK": env["SLURM_LOCALID"], "MASTER_ADDR": env.get("MASTER_ADDR", first_host),
+            "MASTER_PORT": env.get("MASTER_PORT", "29500")}  # SLURM chooses no port
+
+
+def microbatches_held(schedule, num_stages, num_microbatches):
+    if schedule == "gpipe":  # every forward before any backward
+        return [num_microbatches] * num_stages
+    # 1F1B: stage s runs S - s forwards before its first backward, then one backward per forward
+    return [min(num_microbatches, num_stages - s) for s in range(num_stages)]
+
+
+def zero2_grad_shard(grad, rank, world_size):
+    """Notebook 09: my slice of the gradient averaged over the ranks, by one reduce_scatter."""
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in 2.14
+    shard = torch.empty(grad.numel() // world_size, dtype=grad.dtype)
+    reduce_scatter(shard, grad, op=dist.ReduceOp.SUM)
+    return shard / world_size
+
+
+def row_parallel_forward(x_part, weight_part, bias):
+    """Notebook 10: each rank's partial product, summed over the ranks, then the bias once."""
+    y = x_part @ weight_part.T
+    dist.all_reduce(y)
+    return y + bias
