@@ -6,8 +6,6 @@
     cluster.close()
 """
 
-__version__ = "0.1.0"
-
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.rpc_world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
@@ -26,13 +24,16 @@ from ppkit.errors import (
     WorkerDiedError,
     WorkerError,
 )
+from ppkit.transport.worker import ppkit_version
+
+__version__ = ppkit_version()  # pyproject.toml is the one place it is written
 
 
 def load_ipython_extension(ipython):
     """``%load_ext ppkit`` registers the ``%%ranks`` cell magic."""
-    from ppkit.cluster import magic
+    from ppkit.cluster import session
 
-    magic.register(ipython)
+    session.register(ipython)
 
 
 __all__ = [

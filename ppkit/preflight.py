@@ -23,14 +23,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+from ppkit import machine
+from ppkit.cluster.admission import DEFAULT_PORT
 
 # The versions CI runs the whole course with (constraints.txt). Others may work; they are not tested.
 TESTED = {"python": ("3.11",), "torch": ("2.14.1",), "torchvision": ("0.29.1",)}
 INSTALL_TESTED = "pip install -c constraints.txt -e . (or: make lab) in the ppkit folder"
 MIN_CORES = 2
 MIN_MEMORY_GIB = 4.0  # two ResNet50 shards, their activations and the kernel
-PPKIT_PORT = 29600  # ppkit's default for two machines (ppkit master / ppkit worker)
+PPKIT_PORT = DEFAULT_PORT  # ppkit's default for two machines (ppkit master / ppkit worker)
 RUN_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 40.0
 STATUSES = ("ok", "warn", "FAIL", "skip")
@@ -139,7 +141,7 @@ class Preflight:
         except ImportError:
             return Check("widgets", "FAIL", "ipywidgets is not installed in this Python",
                          fix="pip install 'ipywidgets>=8' in the environment that runs JupyterLab")
-        found = _widget_frontend()
+        found = machine.widget_frontend()
         if found is None:
             return Check("widgets", "FAIL", f"ipywidgets {ipywidgets.__version__}, but JupyterLab's widget "
                          "front-end (@jupyter-widgets/jupyterlab-manager) is missing: widgets would show "
@@ -150,8 +152,8 @@ class Preflight:
     # -- the machine -------------------------------------------------------------------------
     def machine(self) -> Check:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        memory = _memory_gib()
-        detail = f"{cores} cores" + (f", {memory:.1f} GiB memory" if memory is not None else "") + _gpus()
+        memory = machine.memory_gib()
+        detail = f"{cores} cores" + (f", {memory:.1f} GiB memory" if memory is not None else "") + machine.gpus()
         if cores < MIN_CORES:
             return Check("machine", "warn", detail + ": two ranks will share one core, so nothing "
                          "runs in parallel and timings mean little", fix="use a machine (or VM) with 2+ cores")
@@ -174,7 +176,7 @@ class Preflight:
         finally:
             for sock in socks:
                 sock.close()
-        if not _port_free(PPKIT_PORT):
+        if not machine.port_free(PPKIT_PORT):
             return Check("ports", "warn", f"127.0.0.1 free ports ok; {PPKIT_PORT} (ppkit master's default) is "
                          "in use", fix=f"stop what listens on {PPKIT_PORT}, or give ppkit master another port")
         return Check("ports", "ok", f"127.0.0.1 takes new listeners; {PPKIT_PORT} is free")
@@ -245,41 +247,6 @@ def _against_tested(name: str, version: str, fix: str) -> Check:
         return Check(name, "ok", f"{version} (tested: {', '.join(tested)})")
     return Check(name, "warn", f"{version} is not a tested version (tested: {', '.join(tested)}); "
                  "the notebooks may still work", fix=fix)
-
-
-def _widget_frontend() -> str | None:
-    from jupyter_core.paths import jupyter_path
-
-    for folder in jupyter_path("labextensions"):
-        if (Path(folder) / "@jupyter-widgets" / "jupyterlab-manager" / "package.json").is_file():
-            return folder
-    return None
-
-
-def _gpus() -> str:
-    try:
-        import torch
-    except ImportError:
-        return ""
-    if not torch.cuda.is_available():
-        return ", no GPU (the notebooks need none: gloo on the CPU)"
-    return ", GPU " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-
-
-def _memory_gib() -> float | None:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except (ValueError, OSError, AttributeError):  # not on this platform
-        return None
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _first_line(exc: BaseException) -> str:

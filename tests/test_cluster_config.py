@@ -8,7 +8,7 @@ import pytest
 from leftovers import wait_gone
 
 import ppkit
-from ppkit.cluster import launch
+from ppkit.cluster import launch, launchers
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def nothing_may_start(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a process was started before the arguments were checked")
 
-    monkeypatch.setattr(launch, "start_zygote", refuse)
+    monkeypatch.setattr(launchers, "start_fork_server", refuse)
 
 
 @pytest.mark.parametrize("world_size, expected", [

@@ -17,6 +17,8 @@ import pytest
 from leftovers import wait_gone
 
 import ppkit
+from ppkit.cluster.inbox import FORK_SERVER, Item
+from ppkit.transport.messages import Exited
 
 DIED_WITHIN_S = 5.0
 
@@ -220,14 +222,14 @@ def test_a_late_exit_report_about_a_previous_worker_does_not_mislabel_the_new_on
     # restart() stops the old rank 1 politely (exit code 0); the fork server may report that only
     # once the new rank 1 is being started. Replay that ordering, then kill the new rank 1.
     old_pid = fresh.workers[1]["pid"]
-    zygote_send = fresh._zygote_conn.send
+    launcher = fresh._launcher
+    spawn = launcher.spawn
 
-    def send_then_report_old_exit(msg):
-        zygote_send(msg)
-        if msg[0] == "spawn":
-            fresh._inbox.put(("msg", "zygote", ("exited", 1, old_pid, 0), None))
+    def spawn_then_report_old_exit():
+        spawn()
+        launcher.inbox.put(Item(FORK_SERVER, Exited(1, old_pid, 0)))
 
-    monkeypatch.setattr(fresh._zygote_conn, "send", send_then_report_old_exit)
+    monkeypatch.setattr(launcher, "spawn", spawn_then_report_old_exit)
     fresh.restart()
     monkeypatch.undo()
     threading.Timer(0.5, os.kill, (fresh.workers[1]["pid"], signal.SIGKILL)).start()
@@ -256,17 +258,17 @@ def test_remote_tracebacks_and_stacks_show_the_lines_of_notebook_cells(fresh):
 
 
 def test_a_killed_fork_server_takes_its_workers_along_and_restart_brings_it_back(fresh):
-    zygote = fresh._zygote.pid
+    zygote = fresh._launcher.fork_server_pid
     os.kill(zygote, signal.SIGKILL)
     assert wait_gone([w["pid"] for w in fresh.workers.values()], DIED_WITHIN_S) == []
     with pytest.raises(ppkit.ClusterStateError, match=f"the fork server \\(pid {zygote}\\) .* died"):
         fresh.run(lambda rank, world_size: rank)
     restart_gives_a_clean_world(fresh)
-    assert fresh._zygote.pid != zygote
+    assert fresh._launcher.fork_server_pid != zygote
 
 
 def test_a_fork_server_killed_during_a_job_is_reported_as_a_dead_rank(fresh):
-    threading.Timer(0.5, os.kill, (fresh._zygote.pid, signal.SIGKILL)).start()
+    threading.Timer(0.5, os.kill, (fresh._launcher.fork_server_pid, signal.SIGKILL)).start()
     with pytest.raises(ppkit.WorkerDiedError) as info:
         fresh.run(lambda rank, world_size: time.sleep(60))
     assert info.value.ranks in ([0], [1])

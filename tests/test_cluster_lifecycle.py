@@ -31,7 +31,7 @@ GONE_WITHIN_S = 5.0
 
 
 def all_pids(cluster) -> list[int]:
-    return [w["pid"] for w in cluster.workers.values()] + [cluster._zygote.pid]
+    return [w["pid"] for w in cluster.workers.values()] + [cluster._launcher.fork_server_pid]
 
 
 class Kernel:
@@ -123,10 +123,10 @@ def test_leaving_a_with_block_closes_even_on_error(no_leftovers):
 def test_restart_replaces_every_worker_but_keeps_the_fork_server(no_leftovers):
     with ppkit.Cluster(2, "gloo") as cluster:
         old_workers = [w["pid"] for w in cluster.workers.values()]
-        zygote = cluster._zygote.pid
+        zygote = cluster._launcher.fork_server_pid
         cluster.restart()
         assert wait_gone(old_workers, GONE_WITHIN_S) == []
-        assert cluster._zygote.pid == zygote
+        assert cluster._launcher.fork_server_pid == zygote
         assert cluster.run(lambda rank, world_size: rank) == [0, 1]
 
 
@@ -135,7 +135,7 @@ KERNEL_WITH_CLUSTER = """
     import json, sys
     import ppkit
     cluster = ppkit.start(2, "gloo")
-    print("PIDS", json.dumps([w["pid"] for w in cluster.workers.values()] + [cluster._zygote.pid]))
+    print("PIDS", json.dumps([w["pid"] for w in cluster.workers.values()] + [cluster._launcher.fork_server_pid]))
     sys.stdin.read()  # wait until the test closes stdin (or kills us)
 """
 

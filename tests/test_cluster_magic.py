@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ppkit
-from ppkit.cluster import magic, session
+from ppkit.cluster import session
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +65,10 @@ def test_ranks_timeout_option(shell, started):
 @pytest.mark.parametrize("line", ["--timeout", "--timeout soon", "--verbose"])
 def test_bad_ranks_options_are_config_errors(line):
     with pytest.raises(ppkit.ConfigError, match="%%ranks"):
-        magic.parse_line(line)
+        session.parse_line(line)
 
 
 def test_ranks_without_a_cluster_says_to_start_one(monkeypatch):
     monkeypatch.setattr(session, "_active", None)
     with pytest.raises(ppkit.ClusterStateError, match=r"ppkit\.start"):
-        magic.ranks("", "print(rank)")
+        session.ranks("", "print(rank)")

@@ -13,6 +13,7 @@ import pytest
 
 import ppkit
 from ppkit.transport import channel
+from ppkit.transport.messages import Hello, Reject
 
 IDLE_SECONDS = 5.0
 IDLE_CPU_FRACTION = 0.02  # of one core, per process
@@ -29,7 +30,7 @@ class _CreatesFileWhenUnpickled:
 
 
 def ppkit_pids(cluster) -> list[int]:
-    return [os.getpid(), cluster._zygote.pid] + [w["pid"] for w in cluster.workers.values()]
+    return [os.getpid(), cluster._launcher.fork_server_pid] + [w["pid"] for w in cluster.workers.values()]
 
 
 def all_reduce_ones(rank, world_size):
@@ -72,11 +73,11 @@ def test_a_client_that_skips_the_handshake_gets_nothing_unpickled(cluster2, tmp_
 def test_a_client_with_the_key_but_a_rank_outside_the_world_is_rejected(cluster2):
     conn = channel.connect(cluster2.address, cluster2._key)
     try:
-        conn.send(("hello", {"rank": 7, "pid": os.getpid()}))
-        kind, reason = conn.recv()
+        conn.send(Hello({"rank": 7, "pid": os.getpid()}))
+        reply = conn.recv()
     finally:
         conn.close()
-    assert kind == "reject" and "ranks 0..1, not 7" in reason
+    assert isinstance(reply, Reject) and "ranks 0..1, not 7" in reply.reason
     assert cluster2.run(lambda rank, world_size: rank) == [0, 1]
 
 

@@ -13,8 +13,9 @@ from netns import PY, Lines, host_env
 
 from ppkit.cli import main as cli_main
 from ppkit.cluster import doctor
-from ppkit.cluster.remote import handle_probe
+from ppkit.cluster.admission import handle_probe
 from ppkit.transport import channel, worker
+from ppkit.transport.messages import Probe, ProbeReply
 
 two_hosts = netns.two_hosts  # the fixture
 
@@ -81,11 +82,11 @@ class FakeMaster:
 
         def on_connect(conn):
             first = conn.recv()
-            assert first == ("probe",)
+            assert first == Probe()
             if self.versions is None:
                 handle_probe(conn)  # what a real Cluster answers
             else:
-                conn.send(("probe", self.versions))
+                conn.send(ProbeReply(self.versions))
                 conn.close()
 
         self.server = channel.ChannelServer("127.0.0.1", 0, key, on_connect)

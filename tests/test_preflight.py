@@ -11,7 +11,7 @@ import sys
 import pytest
 from leftovers import ppkit_children, wait_gone
 
-from ppkit import preflight
+from ppkit import machine, preflight
 from ppkit.preflight import Preflight
 
 SUMMARY = re.compile(r"^ppkit preflight: (\d+)/(\d+) ok(, \d+ warnings?)? \(python \d+\.\d+\.\d+, "
@@ -76,7 +76,7 @@ def test_a_failed_check_skips_what_needs_it_and_fails_the_summary():
 
 
 def test_missing_widget_frontend_fails_with_the_fix(monkeypatch):
-    monkeypatch.setattr(preflight, "_widget_frontend", lambda: None)
+    monkeypatch.setattr(machine, "widget_frontend", lambda: None)
     checks = {c.name: c for c in _quiet().run()}
     assert checks["widgets"].status == "FAIL"
     assert "jupyterlab-manager" in checks["widgets"].detail

@@ -12,9 +12,10 @@ import time
 import pytest
 
 import ppkit
-from ppkit.cluster import remote
+from ppkit.cluster import admission
 from ppkit.errors import AuthenticationError, ConfigError, LaunchError
 from ppkit.transport import agent, channel, worker
+from ppkit.transport.messages import Admitted, AgentHello, Kill, Reject, Shutdown, Spawn
 
 pytestmark = pytest.mark.timeout(120)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,33 +36,33 @@ def worker_cli(port: int, key: str, name: str = "worker1", *extra) -> subprocess
 
 # -- pure functions ---------------------------------------------------------------------------
 def test_parse_listen():
-    assert remote.parse_listen("127.0.0.1:1234") == ("127.0.0.1", 1234)
-    assert remote.parse_listen("127.0.0.1") == ("127.0.0.1", remote.DEFAULT_PORT)
-    assert remote.parse_listen("localhost:0") == ("127.0.0.1", 0)
+    assert admission.parse_listen("127.0.0.1:1234") == ("127.0.0.1", 1234)
+    assert admission.parse_listen("127.0.0.1") == ("127.0.0.1", admission.DEFAULT_PORT)
+    assert admission.parse_listen("localhost:0") == ("127.0.0.1", 0)
     for bad in ("", "127.0.0.1:http", "127.0.0.1:70000", 5):
         with pytest.raises(ConfigError, match="listen must be 'ADDR:PORT'"):
-            remote.parse_listen(bad)
+            admission.parse_listen(bad)
 
 
 def test_remote_names_give_ranks_in_order():
-    assert remote.remote_names(3, None) == ["worker1", "worker2"]
-    assert remote.remote_names(3, 1) == ["worker1"]
-    assert remote.remote_names(2, ["gpu-box", "laptop"]) == ["gpu-box", "laptop"]
-    assert remote.remote_names(2, {"worker1": "alice@b"}) == ["worker1"]
+    assert admission.remote_names(3, None) == ["worker1", "worker2"]
+    assert admission.remote_names(3, 1) == ["worker1"]
+    assert admission.remote_names(2, ["gpu-box", "laptop"]) == ["gpu-box", "laptop"]
+    assert admission.remote_names(2, {"worker1": "alice@b"}) == ["worker1"]
     with pytest.raises(ConfigError, match="room for 1 to 2 remote workers, not 3"):
-        remote.remote_names(2, 3)
+        admission.remote_names(2, 3)
     with pytest.raises(ConfigError, match="different from each other"):
-        remote.remote_names(2, ["a", "a"])
+        admission.remote_names(2, ["a", "a"])
     with pytest.raises(ConfigError, match="words like 'worker1'"):
-        remote.remote_names(2, ["bad name"])
+        admission.remote_names(2, ["bad name"])
     with pytest.raises(ConfigError, match="number of workers"):
-        remote.remote_names(2, True)
+        admission.remote_names(2, True)
 
 
 def test_version_problem_names_every_difference_and_the_fix():
     ours = {"python": "3.11.7", "torch": "2.14.1", "ppkit": "0.1.0"}
-    assert remote.version_problem(ours, {**ours, "python": "3.11.9"}, "worker1") is None
-    text = remote.version_problem(ours, {"python": "3.10.2", "torch": "2.3.0", "ppkit": "0.1.0",
+    assert admission.version_problem(ours, {**ours, "python": "3.11.9"}, "worker1") is None
+    text = admission.version_problem(ours, {"python": "3.10.2", "torch": "2.3.0", "ppkit": "0.1.0",
                                          "host": "b"}, "worker1")
     assert text.startswith("worker1 on b runs python 3.10.2 (the master has 3.11.7), torch 2.3.0 "
                            "(the master has 2.14.1).")
@@ -71,20 +72,20 @@ def test_version_problem_names_every_difference_and_the_fix():
 def test_interface_problem_only_for_loopback_towards_a_remote_master():
     info = {"name": "worker1", "host": "b", "iface": "lo", "iface_addrs": ["127.0.0.1"],
             "local_address": "10.0.0.2"}
-    assert "would use interface 'lo' (127.0.0.1)" in remote.interface_problem(info, "10.0.0.1")
-    assert remote.interface_problem(info, "127.0.0.1") is None
-    assert remote.interface_problem({**info, "iface_addrs": ["10.0.0.2"]}, "10.0.0.1") is None
+    assert "would use interface 'lo' (127.0.0.1)" in admission.interface_problem(info, "10.0.0.1")
+    assert admission.interface_problem(info, "127.0.0.1") is None
+    assert admission.interface_problem({**info, "iface_addrs": ["10.0.0.2"]}, "10.0.0.1") is None
 
 
 def test_parse_key(monkeypatch):
     monkeypatch.delenv(channel.KEY_ENV, raising=False)
-    assert len(remote.parse_key(None)) == 32
-    assert remote.parse_key("ab" * 16) == b"\xab" * 16
+    assert len(admission.parse_key(None)) == 32
+    assert admission.parse_key("ab" * 16) == b"\xab" * 16
     monkeypatch.setenv(channel.KEY_ENV, "cd" * 16)
-    assert remote.parse_key(None) == b"\xcd" * 16
+    assert admission.parse_key(None) == b"\xcd" * 16
     for bad in ("xyz", "ab", b"short"):
         with pytest.raises(ConfigError):
-            remote.parse_key(bad)
+            admission.parse_key(bad)
 
 
 def test_bad_listen_settings_fail_before_anything_starts(no_leftovers, monkeypatch):
@@ -140,7 +141,7 @@ class FakeAgent:
         self.conn = channel.connect(("127.0.0.1", port), key)
         hello = {"name": name, "host": "fakehost", "pid": 1, **worker.versions(), "iface": "lo",
                  "iface_addrs": ["127.0.0.1"], "local_address": "127.0.0.1", **override}
-        self.conn.send(("agent", hello))
+        self.conn.send(AgentHello(hello))
         self.reply = self.conn.recv()
 
 
@@ -174,21 +175,21 @@ def test_unknown_and_duplicate_names_are_refused_and_a_silent_worker_times_out(n
     thread, box = start_in_thread(world_size=1, listen=f"127.0.0.1:{port}", remote=["worker1"], key=key,
                                   start_timeout=4)
     stranger = connect_when_listening(port, key, "worker9")
-    assert stranger.reply[0] == "reject"
-    assert "expects the worker(s) worker1, not 'worker9'" in stranger.reply[1]
+    assert isinstance(stranger.reply, Reject)
+    assert "expects the worker(s) worker1, not 'worker9'" in stranger.reply.reason
     first = FakeAgent(port, key, "worker1")
-    assert first.reply == ("admitted", {"rank": 0, "world_size": 1, "master": f"127.0.0.1:{port}"})
-    assert first.conn.recv() == ("spawn", [0])  # ... and it never starts the rank
+    assert first.reply == Admitted({"rank": 0, "world_size": 1, "master": f"127.0.0.1:{port}"})
+    assert first.conn.recv() == Spawn((0,))  # ... and it never starts the rank
     again = FakeAgent(port, key, "worker1")
-    assert again.reply[0] == "reject" and "worker1 has already joined from fakehost" in again.reply[1]
+    assert isinstance(again.reply, Reject) and "worker1 has already joined from fakehost" in again.reply.reason
     thread.join(30)
     error = box["error"]
     assert isinstance(error, LaunchError)
     assert ("timed out after 4 s waiting for worker1 (rank 0 of 1, on fakehost, interface lo "
             "127.0.0.1) to join the process group") in str(error)
     assert "connected but never finished joining the process group" in str(error)
-    assert first.conn.recv() == ("kill",)  # the master cleans up what it asked for
-    assert first.conn.recv()[0] == "shutdown"
+    assert first.conn.recv() == Kill()  # the master cleans up what it asked for
+    assert isinstance(first.conn.recv(), Shutdown)
 
 
 def test_a_worker_that_never_comes_is_named_with_the_command_to_run(no_leftovers):
@@ -209,7 +210,7 @@ def test_version_mismatch_is_refused_at_once(no_leftovers):
                                   start_timeout=60)
     started = time.monotonic()
     fake = connect_when_listening(port, key, "worker1", ppkit="0.0.1")
-    assert fake.reply[0] == "reject" and "ppkit 0.0.1 (the master has" in fake.reply[1]
+    assert isinstance(fake.reply, Reject) and "ppkit 0.0.1 (the master has" in fake.reply.reason
     thread.join(30)
     assert time.monotonic() - started < 15
     assert "the master refused worker1: worker1 on fakehost runs ppkit 0.0.1" in str(box["error"])
@@ -278,13 +279,13 @@ def test_agent_with_a_wrong_key_is_refused():
 # -- an RPC world with remote workers ------------------------------------------------------------
 def test_rpc_world_remote_workers_are_the_last_ones():
     names = ["worker1", "worker2", "worker3"]
-    assert remote.rpc_remote_names(names, None) == names
-    assert remote.rpc_remote_names(names, 1) == ["worker3"]
-    assert remote.rpc_remote_names(names, ["worker2", "worker3"]) == ["worker2", "worker3"]
+    assert admission.rpc_remote_names(names, None) == names
+    assert admission.rpc_remote_names(names, 1) == ["worker3"]
+    assert admission.rpc_remote_names(names, ["worker2", "worker3"]) == ["worker2", "worker3"]
     hosts = {"worker3": "alice@c"}
-    assert remote.rpc_remote_names(names, hosts) is hosts
+    assert admission.rpc_remote_names(names, hosts) is hosts
     with pytest.raises(ConfigError, match=r"remote=\['worker3'\], not \['worker1'\]"):
-        remote.rpc_remote_names(names, ["worker1"])
+        admission.rpc_remote_names(names, ["worker1"])
 
 
 def test_rpc_world_with_a_remote_worker_on_loopback(no_leftovers):

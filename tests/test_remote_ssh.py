@@ -65,7 +65,7 @@ def test_cluster_starts_its_worker_over_ssh(tmp_path, no_leftovers, monkeypatch)
     with ppkit.Cluster(2, listen=f"127.0.0.1:{port}", remote={"worker1": host},
                        start_timeout=60) as cluster:
         assert cluster.run(lambda rank, world_size: os.getppid() != os.getpid()) == [True, True]
-        proc = cluster._remote._ssh_procs["worker1"]
+        proc = cluster._launcher._ssh_procs["worker1"]
     assert proc.returncode is not None  # the worker ended with the cluster
 
 

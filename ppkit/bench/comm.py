@@ -11,7 +11,8 @@ nccl-tests defines so that it is comparable across world sizes:
     tcp         busbw = algbw                    (the same pattern over a plain Python socket)
 
 "tcp" is the ceiling for gloo on one machine: gloo moves bytes over loopback TCP too, so its
-p2p can approach but not beat a plain socket between the same two processes.
+p2p can approach but not beat a plain socket between the same two processes. What each rank
+times is in ranks.py; this module drives the ranks and reports.
 
     with ppkit.Cluster(2, "gloo") as cluster:
         rows = run(cluster, sizes=sizes(4 << 10, 1 << 20))
@@ -20,16 +21,11 @@ p2p can approach but not beat a plain socket between the same two processes.
 
 from __future__ import annotations
 
-import socket
 import statistics
-import time
 
-import torch
-import torch.distributed as dist
-
+from ppkit.bench.ranks import OPS, measure
 from ppkit.errors import ConfigError
 
-OPS = ("p2p", "all_reduce", "all_gather", "broadcast")
 MIN_BYTES, MAX_BYTES = 4 << 10, 256 << 20
 TARGET_BYTES, TARGET_RATIO = 64 << 20, 0.5  # issue 3: gloo p2p at >= 64 MB reaches >= 50% of raw TCP
 
@@ -75,132 +71,6 @@ def default_iters(size: int) -> tuple[int, int]:
     """(warmup, iters): many runs of small messages, a few of large ones."""
     iters = max(3, min(20, (512 << 20) // size))
     return (1 if size >= (16 << 20) else 3), iters
-
-
-# -- what every rank runs ---------------------------------------------------------------------
-
-def _device() -> torch.device:
-    """NCCL moves GPU tensors (ppkit's workers have set their device already); gloo, CPU ones."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _sync() -> None:
-    if torch.cuda.is_available() and dist.get_backend() == "nccl":
-        torch.cuda.synchronize()  # NCCL calls return before the GPU has finished
-
-
-def _timed(fn, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync()
-    return (time.perf_counter() - start) / iters
-
-
-def measure(rank, world_size, op: str, size: int, warmup: int, iters: int) -> dict:
-    """Time ``op`` on ``size`` bytes on this rank (run through ``cluster.run``)."""
-    if op not in OPS + ("tcp",):
-        raise ConfigError(f"unknown benchmark operation {op!r}; choose from {', '.join(OPS + ('tcp',))}.")
-    if op in ("p2p", "tcp") and world_size < 2:
-        raise ConfigError(f"{op} needs at least 2 ranks (rank 0 sends to rank 1).")
-    n = world_size
-    if op == "tcp":
-        seconds = _tcp(rank, size, warmup, iters)
-        return {"op": op, "bytes": size, "seconds": seconds}
-    numel = size // 4
-    device = _device()
-    if op == "all_gather":
-        per_rank = size // (4 * n)
-        inp, out = torch.ones(per_rank, device=device), torch.empty(per_rank * n, device=device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        seconds = _timed(lambda: gather(out, inp), warmup, iters)
-        return {"op": op, "bytes": per_rank * n * 4, "seconds": seconds}
-    buf = torch.ones(numel, device=device)
-    if op == "all_reduce":
-        seconds = _timed(lambda: dist.all_reduce(buf), warmup, iters)
-    elif op == "broadcast":
-        seconds = _timed(lambda: dist.broadcast(buf, src=0), warmup, iters)
-    else:
-        seconds = _p2p(rank, buf, warmup, iters)
-    return {"op": op, "bytes": numel * 4, "seconds": seconds}
-
-
-def _p2p(rank: int, buf: torch.Tensor, warmup: int, iters: int) -> float:
-    """Rank 0 sends ``iters`` messages to rank 1, which acknowledges the last one."""
-    ack = torch.zeros(1, device=buf.device)
-
-    def burst(count):
-        for _ in range(count):
-            if rank == 0:
-                dist.send(buf, dst=1)
-            elif rank == 1:
-                dist.recv(buf, src=0)
-        if rank == 0:
-            dist.recv(ack, src=1)
-        elif rank == 1:
-            dist.send(ack, dst=0)
-
-    burst(warmup)
-    _sync()
-    dist.barrier()
-    start = time.perf_counter()
-    burst(iters)
-    _sync()
-    return (time.perf_counter() - start) / iters
-
-
-def _tcp(rank: int, size: int, warmup: int, iters: int) -> float:
-    """The same pattern as ``_p2p`` over one plain loopback socket between ranks 0 and 1."""
-    port = torch.zeros(1, dtype=torch.int64)
-    listener = conn = None
-    if rank == 0:
-        listener = socket.create_server(("127.0.0.1", 0))
-        port[0] = listener.getsockname()[1]
-    dist.broadcast(port, src=0)
-    try:
-        if rank == 0:
-            conn, _ = listener.accept()
-        elif rank == 1:
-            conn = socket.create_connection(("127.0.0.1", int(port)))
-        if conn is not None:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        data = bytearray(b"\x01") * size if rank in (0, 1) else None  # written memory, like torch.ones
-        view = memoryview(data) if data is not None else None
-
-        def burst(count):
-            if rank == 0:
-                for _ in range(count):
-                    conn.sendall(view)
-                _recv_exactly(conn, memoryview(bytearray(1)))
-            elif rank == 1:
-                for _ in range(count):
-                    _recv_exactly(conn, view)
-                conn.sendall(b"k")
-
-        burst(warmup)
-        dist.barrier()
-        start = time.perf_counter()
-        burst(iters)
-        return (time.perf_counter() - start) / iters
-    finally:
-        for s in (conn, listener):
-            if s is not None:
-                s.close()
-
-
-def _recv_exactly(conn: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = conn.recv_into(view[got:], len(view) - got, socket.MSG_WAITALL)  # one wake-up, not hundreds
-        if n == 0:
-            raise ConnectionError("the sending rank closed the benchmark socket early")
-        got += n
 
 
 # -- the controller side ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ppkit.cluster.remote import DEFAULT_PORT
+from ppkit.cluster.admission import DEFAULT_PORT
 from ppkit.errors import PPKitError
 
 HELP = "listen for remote workers and check the cluster with one all_reduce"

@@ -110,7 +110,7 @@ def config_from_args(args):
     # Local workers have this machine's devices: refuse cuda:3 before starting anything.
     listen = getattr(args, "listen", None)
     if listen is not None:  # the workers are on other machines: only master's devices are known
-        from ppkit.cluster.remote import parse_listen
+        from ppkit.cluster.admission import parse_listen
 
         parse_listen(listen)
         if config.num_workers() == 0:

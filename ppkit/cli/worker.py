@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ppkit.cluster.remote import DEFAULT_PORT
+from ppkit.cluster.admission import DEFAULT_PORT
 from ppkit.errors import AuthenticationError, ConfigError, LaunchError
 from ppkit.transport import channel
 

@@ -19,9 +19,10 @@ import textwrap
 from dataclasses import dataclass, field
 from html import escape
 
-from ppkit.cluster.remote import DEFAULT_PORT, version_problem
+from ppkit.cluster.admission import DEFAULT_PORT, version_problem
 from ppkit.errors import AuthenticationError, ConfigError
 from ppkit.transport import channel, ifaces, worker
+from ppkit.transport.messages import Probe, ProbeReply
 
 CONNECT_TIMEOUT_S = 3.0
 STATUSES = ("ok", "info", "warn", "FAIL")
@@ -126,13 +127,15 @@ def probe(host: str, port: int, key: bytes | None, timeout: float = CONNECT_TIME
     except OSError as exc:
         return "FAIL", f"a ppkit master answers at {where} but the key check failed: {exc}.", None
     try:
-        conn.send(("probe",))
+        conn.send(Probe())
         reply = conn.recv()
     except (EOFError, OSError):
         return "warn", f"a ppkit master answers at {where} but did not say its versions.", None
     finally:
         conn.close()
-    return "ok", f"a ppkit master answers at {where} and accepts this key.", reply[1]
+    if not isinstance(reply, ProbeReply):
+        return "warn", f"a ppkit master answers at {where} but did not say its versions.", None
+    return "ok", f"a ppkit master answers at {where} and accepts this key.", reply.info
 
 
 def diagnose(master: str | None = None, key: bytes | str | None = None, environ=None) -> Report:

@@ -1,14 +1,15 @@
-"""Choosing a backend and starting the fork server (zygote) that makes local workers."""
+"""What every launcher needs: a checked world size, a backend, the configuration and socket
+environment of a worker, and a rendezvous store on a network address."""
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
-from pathlib import Path
+from datetime import timedelta
 
 from ppkit.errors import ConfigError
+from ppkit.transport import ifaces
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -53,6 +54,34 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
     return backend
 
 
+def worker_config(rank: int, world_size: int, backend: str, process_group: bool, env: dict,
+                  join_timeout: float) -> dict:
+    """What a worker on this machine is told when it joins (a launcher adds the store)."""
+    return {
+        "rank": rank, "world_size": world_size, "backend": backend, "process_group": process_group,
+        "device": f"cuda:{rank}" if backend == "nccl" else "cpu",
+        # the kernel's sys.path too, so functions imported from modules the notebook can
+        # import (sys.path.append("..") in a cell, pytest's test dirs) unpickle on the workers
+        "env": env, "cwd": os.getcwd(), "sys_path": [os.getcwd(), *filter(None, sys.path)],
+        "join_timeout": join_timeout, "pg_timeout": 1800,
+    }
+
+
+def tcp_store(host: str, world_size: int, timeout: float):
+    """A TCPStore served by this process on ``host`` only (not every interface), any free port."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout), master_listen_fd=sock.detach())
+
+
 def loopback_interface() -> str:
     """The name of the loopback interface ('lo' on Linux, 'lo0' on macOS)."""
     for _, name in socket.if_nameindex():
@@ -63,27 +92,4 @@ def loopback_interface() -> str:
 
 def local_env() -> dict[str, str]:
     """Keep gloo and TensorPipe on loopback, whatever the hostname resolves to."""
-    iface = loopback_interface()
-    return {"GLOO_SOCKET_IFNAME": iface, "TP_SOCKET_IFNAME": iface, "MASTER_ADDR": "127.0.0.1"}
-
-
-def start_zygote(address: tuple[str, int], key: bytes, log_path: Path) -> subprocess.Popen:
-    """Start the fork server in its own session, so Kernel > Interrupt does not reach it."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    env.update(PPKIT_ADDR=f"{address[0]}:{address[1]}", PPKIT_KEY=key.hex(),
-               PPKIT_PARENT=str(os.getpid()), PYTHONUNBUFFERED="1")
-    # OpenMP threads that finish early spin-wait for the others by default. With more workers
-    # than cores, a spinning thread steals the core its partner needs: a pipeline forward that
-    # takes 0.1 s took 2-4 s on 2 cores. Passive waiting sleeps instead. Read once, at torch import.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    log = open(log_path, "ab")
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ppkit.transport.zygote"],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True,
-        )
-    finally:
-        log.close()
+    return {**ifaces.socket_env(loopback_interface()), "MASTER_ADDR": "127.0.0.1"}

@@ -16,20 +16,20 @@ Three things this module takes care of, because learners hit them at once:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import threading
 import time
 import warnings
 
 import cloudpickle
 
+from ppkit.checks import positive
 from ppkit.cluster import launch, rpc_pickle
-from ppkit.cluster.controller import Cluster, _check_timeout
-from ppkit.cluster.remote import rpc_remote_names, without_socket_vars
+from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
+from ppkit.cluster.controller import Cluster
 from ppkit.compat import require_rpc_internals
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
+from ppkit.transport import procs
 
 MASTER = "master"
 _active: RpcWorld | None = None
@@ -116,37 +116,6 @@ def _worker_init(rank: int, world_size: int, rpc_world_size: int, options: dict,
     return _init_rpc(f"worker{rank + 1}", rank + 1, rpc_world_size, options, env, init_counter)
 
 
-def _run_with_deadline(fn, seconds: float) -> tuple[bool, BaseException | None]:
-    """Run ``fn`` in a daemon thread; (finished?, exception). A hung call is left behind."""
-    outcome: list = []
-
-    def target():
-        try:
-            fn()
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001
-            outcome.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True, name="ppkit-rpc")
-    thread.start()
-    thread.join(seconds)
-    return (bool(outcome), outcome[0] if outcome else None)
-
-
-@contextlib.contextmanager
-def _muted_stderr():
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 class RpcWorld:
     """This process as RPC rank 0 ("master") plus ``num_workers`` background workers."""
 
@@ -159,8 +128,8 @@ class RpcWorld:
                 or num_worker_threads < 1:
             raise ConfigError(f"num_worker_threads must be a positive whole number, got "
                               f"{num_worker_threads!r}.")
-        self.rpc_timeout = _check_timeout(rpc_timeout, "rpc_timeout")
-        self.start_timeout = _check_timeout(start_timeout, "start_timeout")
+        self.rpc_timeout = positive(rpc_timeout, "rpc_timeout")
+        self.start_timeout = positive(start_timeout, "start_timeout")
         _check_kernel_free(num_workers)
         self.num_workers = num_workers
         self.num_worker_threads = num_worker_threads
@@ -175,7 +144,7 @@ class RpcWorld:
                                env=self._env if listen is None else env, labels=self.worker_names,
                                listen=listen, remote=remote, key=key)
         if listen is not None:  # this process binds to the listen address; each worker to its own
-            self._env = {**self.cluster._remote.local_env(), **(env or {})}
+            self._env = {**self.cluster.local_env(), **(env or {})}
             self._worker_env = without_socket_vars(env or {})
         self.state = "starting"
         self._generation = 0
@@ -187,10 +156,9 @@ class RpcWorld:
             raise
 
     def _init(self) -> None:
-        store = self.cluster._tmpdir / f"rpc-store-{self._generation}-{time.monotonic_ns()}"
-        remote = self.cluster._remote
+        init_method = self.cluster.rendezvous_url(f"rpc-store-{self._generation}-{time.monotonic_ns()}")
         options = {"num_worker_threads": self.num_worker_threads, "rpc_timeout": self.rpc_timeout,
-                   "init_method": remote.rendezvous_url() if remote else f"file://{store}"}
+                   "init_method": init_method}
         world_size = self.num_workers + 1
         kernel_error: list = []
         from torch.distributed import rpc
@@ -261,13 +229,12 @@ class RpcWorld:
         # Our agent first, so the kernel does not log an "EOF" per worker it loses; TensorPipe
         # still logs "pipe closed" from C++ for each, which would look like an error in the
         # notebook, so fd 2 is muted meanwhile.
-        with _muted_stderr():
-            finished, _ = _run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
-            self.cluster._kill_workers(quiet=True)
+        with procs.muted_stderr():
+            finished, _ = procs.run_with_deadline(lambda: rpc.shutdown(graceful=False), 10)
+            self.cluster.stop_workers("its RPC world was shut down.")
             time.sleep(0.1)  # TensorPipe logs from its own threads
         if finished:
             rpc_pickle.uninstall()
-        self.cluster._break("its RPC world was shut down.")
         if not finished:
             _kernel_rpc_stuck = True
 

@@ -1,10 +1,29 @@
-"""The notebook's current cluster: ``ppkit.start`` replaces it, so re-running a cell leaks nothing."""
+"""The notebook's session: its current cluster and the ``%%ranks`` cell magic.
+
+``ppkit.start`` replaces the current cluster, so re-running a cell leaks nothing. ``%%ranks``
+runs a whole cell on every rank of that cluster:
+
+    %%ranks
+    t = torch.ones(1) * rank
+    dist.all_reduce(t)
+    print(t)
+
+``rank``, ``world_size``, ``torch`` and ``dist`` are defined; names a cell defines stay on the
+workers for the next ``%%ranks`` cell. ``%%ranks --timeout 10`` sets the job timeout.
+"""
 
 from __future__ import annotations
 
+import itertools
+import shlex
+
+from ppkit.checks import positive
+from ppkit.cluster import launch
 from ppkit.cluster.controller import Cluster
+from ppkit.errors import ClusterStateError, ConfigError
 
 _active: Cluster | None = None
+_cell_ids = itertools.count(1)
 
 
 def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
@@ -18,9 +37,6 @@ def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
     [0, 1, 2, 3]
     """
     global _active
-    from ppkit.cluster import launch, magic
-    from ppkit.cluster.controller import _check_timeout
-
     # Check what can be checked before closing the cluster this call replaces: a typo in the
     # arguments should not cost the learner a working cluster.
     world_size = launch.check_world_size(world_size)
@@ -28,15 +44,54 @@ def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
         launch.resolve_backend(backend, world_size)
     for name in ("timeout", "start_timeout"):
         if name in options:
-            _check_timeout(options[name], name)
+            positive(options[name], name)
     if _active is not None:
         _active.close()
         _active = None
     _active = Cluster(world_size, backend, **options)
-    magic.register()
+    register()
     return _active
 
 
 def active() -> Cluster | None:
     """The cluster that ``start`` made last, if it is still open."""
     return _active if _active is not None and _active.state != "closed" else None
+
+
+# -- %%ranks ---------------------------------------------------------------------------------------
+def parse_line(line: str) -> dict:
+    args = shlex.split(line)
+    options: dict = {}
+    while args:
+        flag = args.pop(0)
+        if flag == "--timeout" and args:
+            try:
+                options["timeout"] = float(args.pop(0))
+            except ValueError:
+                raise ConfigError(f"%%ranks --timeout needs seconds, e.g. --timeout 10; got {line!r}")
+        else:
+            raise ConfigError(f"%%ranks does not understand {flag!r}. Usage: %%ranks [--timeout S]")
+    return options
+
+
+def ranks(line: str, cell: str):
+    from ppkit.transport.worker import exec_cell
+
+    cluster = active()
+    if cluster is None:
+        raise ClusterStateError("%%ranks needs a running cluster: run cluster = ppkit.start(4) first.")
+    cluster.run(exec_cell, cell, str(next(_cell_ids)), **parse_line(line))
+
+
+def register(ipython=None) -> bool:
+    """Register ``%%ranks`` in the running IPython, if there is one."""
+    if ipython is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        ipython = get_ipython()
+    if ipython is None:
+        return False
+    ipython.register_magic_function(ranks, magic_kind="cell", magic_name="ranks")
+    return True

@@ -4,7 +4,7 @@ An exercise is a checker, a solution and a list of hints. To add one:
 
 1. write its checker, ``check_x(fn, **options) -> CheckReport``, in a ``*_exercises`` module: it
    raises ``ExerciseFailed`` naming the case, what it expected and what it got
-   (``exercises._check_callable`` refuses a non-function or a wrong signature for you);
+   (``ppkit.checks.check_callable`` refuses a non-function or a wrong signature for you);
 2. write one solution in ``ppkit/lessons/solutions.py``, a function named like the exercise, exactly
    as it would stand in the notebook;
 3. add an ``Exercise`` to ``EXERCISES`` below (name, notebook, signature, checker, solution, hints;

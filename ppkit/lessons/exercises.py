@@ -13,7 +13,6 @@ world size, tensor size, rank and values that were wrong.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import shutil
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
 from ppkit.errors import ConfigError, ExerciseFailed, JobTimeoutError, RemoteError
 from ppkit.lessons import data_parallel
@@ -159,25 +159,6 @@ def _collectives_forbidden(exercise: str):
             setattr(dist, name, fn)
 
 
-def _check_callable(fn, signature: str) -> None:
-    """Refuse what is not a function, or one that cannot be called with ``signature``'s arguments."""
-    if not callable(fn):
-        raise ConfigError(f"pass your function itself, {signature}, not {type(fn).__name__} {fn!r:.60}.")
-    names = [n.strip() for n in signature[signature.index("(") + 1:signature.rindex(")")].split(",") if n.strip()]
-    try:
-        own = inspect.signature(fn)
-    except (TypeError, ValueError):  # some builtins have no signature to read: let the call decide
-        return
-    try:
-        own.bind(*names)
-    except TypeError as err:
-        name = getattr(fn, "__name__", type(fn).__name__)
-        raise ConfigError(
-            f"the checker calls your function with {len(names)} argument(s), {signature}, but "
-            f"{name}{own} cannot be called that way ({err}). Change its first line to take "
-            f"({', '.join(names)}).") from None
-
-
 def _compare(label: str, rank: int, got, want: torch.Tensor, own: torch.Tensor | None = None) -> str | None:
     """None if ``got`` equals ``want``, else one precise sentence."""
     if not isinstance(got, torch.Tensor):
@@ -222,7 +203,7 @@ def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: f
                      cluster: Cluster | None = None) -> CheckReport:
     """Check ``fn(rank, world_size, tensor) -> tensor``: every rank sends ``tensor`` to rank + 1 and
     returns what rank - 1 sent it (the ring wraps around)."""
-    _check_callable(fn, "fn(rank, world_size, tensor)")
+    check_callable(fn, "fn(rank, world_size, tensor)")
     report = CheckReport("ring shift")
     runner = _Runner(world_sizes, timeout, cluster)
     try:
@@ -269,7 +250,7 @@ def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeo
     """Check ``fn(rank, world_size, tensor)``: afterwards (returned, or in ``tensor`` if it returns
     None) every rank holds the element-wise sum over all ranks, as ``dist.all_reduce`` gives, using
     only send/recv/isend/irecv."""
-    _check_callable(fn, "fn(rank, world_size, tensor)")
+    check_callable(fn, "fn(rank, world_size, tensor)")
     report = CheckReport("ring all_reduce")
     runner = _Runner(world_sizes, timeout, cluster)
     try:
@@ -314,7 +295,7 @@ def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, time
                            cluster: Cluster | None = None) -> CheckReport:
     """Check ``fn(model)``: after it, every gradient equals the whole batch's gradient (the average
     of the ranks' gradients), and it used exactly one ``dist.all_reduce`` for all of them."""
-    _check_callable(fn, "fn(model)")
+    check_callable(fn, "fn(model)")
     want = data_parallel.whole_batch_gradients(batch_size)
     report = CheckReport("bucketed gradient averaging")
     runner = _Runner(world_sizes, timeout, cluster)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import operator
 
+from ppkit.checks import check_callable
 from ppkit.cluster.env import TORCHRUN_VARS, read_launch_env
-from ppkit.lessons.exercises import CheckReport, _check_callable, _raise_or_report
+from ppkit.lessons.exercises import CheckReport, _raise_or_report
 from ppkit.lessons.pipeline_exercises import _call
 
 # -- lesson 0: every rank takes its share -----------------------------------------------------------
@@ -61,7 +62,7 @@ def check_my_share(fn, world_sizes=SHARE_WORLD_SIZES, num_items=SHARE_NUM_ITEMS)
     """Check ``fn(rank, world_size, num_items) -> list of item numbers``: over all ranks the lists
     hold every item of ``range(num_items)`` exactly once, and no rank has more than one item more
     than another (what ``cluster.run(fn, num_items)`` would hand out)."""
-    _check_callable(fn, "fn(rank, world_size, num_items)")
+    check_callable(fn, "fn(rank, world_size, num_items)")
     report = CheckReport("my share")
     for world_size in world_sizes:
         report.cases.append(f"world_size {world_size} x items {list(num_items)}")
@@ -99,7 +100,7 @@ def check_slurm_to_torchrun(fn, cases=SLURM_CASES) -> CheckReport:
     """Check ``fn(env) -> dict``: for the variables one ``srun`` task sees, the five torchrun
     variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) as strings, as
     ``read_launch_env(env).as_torchrun_env()`` gives them."""
-    _check_callable(fn, "fn(env)")
+    check_callable(fn, "fn(env)")
     report = CheckReport("SLURM to torchrun")
     for env in cases:
         label = ", ".join(f"{k}={v}" for k, v in env.items())

@@ -18,7 +18,8 @@ import math
 
 import torch
 
-from ppkit.lessons.exercises import CheckReport, _check_callable, _raise_or_report
+from ppkit.checks import check_callable
+from ppkit.lessons.exercises import CheckReport, _raise_or_report
 from ppkit.models.resnet import CUT_POINTS, resnet50, split_resnet50
 from ppkit.pipeline.bubble import predict
 from ppkit.pipeline.config import num_microbatches
@@ -85,7 +86,7 @@ def check_activation_shape(fn, batch_sizes=ACTIVATION_BATCHES, image_sizes=IMAGE
     """Check ``fn(cut, batch_size, image_size) -> shape``: the shape of the tensor shard 1 sends to
     shard 2 when torchvision's ResNet50 is cut after ``cut`` and fed square RGB images, for every cut
     point in ``CUT_POINTS``."""
-    _check_callable(fn, "fn(cut, batch_size, image_size)")
+    check_callable(fn, "fn(cut, batch_size, image_size)")
     report = CheckReport("activation shape")
     for cut in CUT_POINTS:
         report.cases.append(f"cut after {cut}: batches {list(batch_sizes)} x images {list(image_sizes)}")
@@ -148,7 +149,7 @@ def check_pipeline_time(fn, cases=PIPELINE_CASES) -> CheckReport:
     """Check ``fn(forward_times, backward_times, batch_size, microbatch_size) -> seconds``: the time
     of one GPipe step (all forwards, then all backwards) if only computation cost time, where
     ``forward_times[s]`` and ``backward_times[s]`` are stage ``s``'s time per micro-batch."""
-    _check_callable(fn, "fn(forward_times, backward_times, batch_size, microbatch_size)")
+    check_callable(fn, "fn(forward_times, backward_times, batch_size, microbatch_size)")
     report = CheckReport("pipeline time")
     for forward_times, backward_times, batch_size, microbatch_size in cases:
         m = num_microbatches(batch_size, microbatch_size)
@@ -208,7 +209,7 @@ def check_microbatches_held(fn, schedules=HELD_SCHEDULES, shapes=HELD_SHAPES) ->
     """Check ``fn(schedule, num_stages, num_microbatches) -> list``: for ``schedule`` "gpipe" or
     "1f1b", one number per stage (stage 0 first): the most micro-batches whose activations that stage
     keeps at once (forward done, backward not yet). Cases are named "schedule stages x micro-batches"."""
-    _check_callable(fn, "fn(schedule, num_stages, num_microbatches)")
+    check_callable(fn, "fn(schedule, num_stages, num_microbatches)")
     report = CheckReport("micro-batches held")
     for schedule in schedules:
         for num_stages, m in shapes:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
-from ppkit.lessons.exercises import CheckReport, _check_callable, _raise_or_report, _Runner
+from ppkit.lessons.exercises import CheckReport, _raise_or_report, _Runner
 
 NOT_WRITTEN = {"not_written": True}
 
@@ -116,7 +117,7 @@ def check_zero2_grad_shard(fn, world_sizes=(2, 3, 4), numels=GRAD_NUMELS, timeou
     """Check ``fn(grad, rank, world_size) -> shard``: ``grad`` is this rank's flat gradient (its
     length a multiple of world_size); the result is this rank's slice r of the gradient averaged over
     all ranks, made with reduce_scatter (no all_reduce: the full average must never exist)."""
-    _check_callable(fn, "fn(grad, rank, world_size)")
+    check_callable(fn, "fn(grad, rank, world_size)")
 
     def problems(k, results):
         for rank, per_size in enumerate(results):
@@ -204,7 +205,7 @@ def check_row_parallel_forward(fn, world_sizes=(2, 3, 4), timeout: float = 30,
     """Check ``fn(x_part, weight_part, bias) -> y``: rank r holds columns r of the input features
     (``x[:, part]`` and ``W[:, part]``) and the whole bias; every rank must return ``x @ W.T + b``,
     using one dist.all_reduce."""
-    _check_callable(fn, "fn(x_part, weight_part, bias)")
+    check_callable(fn, "fn(x_part, weight_part, bias)")
 
     def problems(k, results):
         return (_row_problem(k, rank, r["got"], r["all_reduce_calls"]) for rank, r in enumerate(results))

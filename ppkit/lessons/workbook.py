@@ -23,9 +23,9 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from ppkit.checks import check_callable
 from ppkit.errors import ExerciseFailed
 from ppkit.lessons import catalog, solutions
-from ppkit.lessons.exercises import _check_callable
 
 PROGRESS_ENV = "PPKIT_PROGRESS"
 PASSED, FAILED, NOT_WRITTEN, NOT_TRIED = "passed", "failed", "not written yet", "not tried"
@@ -42,7 +42,7 @@ def check(name: str, fn, **options):
     ``options`` go to the checker (e.g. ``cluster=`` or ``timeout=``).
     """
     exercise = catalog.get(name)
-    _check_callable(fn, exercise.signature)
+    check_callable(fn, exercise.signature)
     if is_stub(fn):
         return _not_written(name)
     try:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed.rpc as rpc
 from torch import nn
 
+from ppkit.checks import positive
 from ppkit.errors import ClusterStateError, ConfigError, StageError
 from ppkit.models.resnet import DEFAULT_CUT, check_cut
 from ppkit.pipeline import stages
@@ -113,8 +114,8 @@ class PipelineModel(nn.Module):
                 f"({item_list(self.placement)}): give one NAME:DEVICE per shard.")
         if microbatch_size is not None:
             check_microbatch_size(microbatch_size, microbatch_size)
-        if timeout is not None and not timeout > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+        if timeout is not None:
+            positive(timeout, "timeout")
         self.cut = cut
         self.seed = seed
         self.num_classes = num_classes

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from ppkit.checks import positive
 from ppkit.errors import ConfigError, StageTimeoutError
 from ppkit.models.resnet import DEFAULT_CUT, check_cut, resnet50, split_resnet50
 from ppkit.pipelining.memory import ActivationMeter
@@ -142,11 +143,10 @@ def _explain_timeout(exc: Exception, stage: TimedStage, schedule: str, p2p_timeo
 
 def _check_options(schedule, cut, world_size, steps, num_threads, loss, lr, p2p_timeout) -> None:
     check_schedule(schedule)
-    if isinstance(p2p_timeout, bool) or not isinstance(p2p_timeout, (int, float)) or not p2p_timeout > 0:
-        raise ConfigError(f"p2p_timeout must be a positive number of seconds, got {p2p_timeout!r}.")
+    positive(p2p_timeout, "p2p_timeout")
     check_cut(cut)
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
-        raise ConfigError(f"lr must be a positive learning rate or None, got {lr!r}.")
+    if lr is not None:
+        positive(lr, "lr", "a positive learning rate or None")
     if loss not in LOSSES:
         raise ConfigError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}.")
     if world_size != 2:

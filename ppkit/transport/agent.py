@@ -17,6 +17,7 @@ import time
 
 from ppkit.errors import AuthenticationError, LaunchError
 from ppkit.transport import channel, ifaces, procs, worker, zygote
+from ppkit.transport.messages import Admitted, AgentHello, Kill, Reject, Shutdown, Spawn, Spawned
 
 RETRY_EVERY_S = 1.0
 _FATAL_ERRNOS = (errno.ENETUNREACH,)  # no route at all: retrying will not help
@@ -84,16 +85,19 @@ class Agent:
 
     def join(self) -> dict:
         """Introduce ourselves; return the master's answer or raise ``LaunchError`` if refused."""
-        self.conn.send(("agent", self.hello()))
+        self.conn.send(AgentHello(self.hello()))
         try:
             reply = self.conn.recv()
         except (EOFError, OSError) as exc:
             raise LaunchError(
                 f"the master at {self.address[0]}:{self.address[1]} closed the connection before "
                 "admitting this worker.") from exc
-        if reply[0] == "reject":
-            raise LaunchError(f"the master refused {self.name}: {reply[1]}")
-        return reply[1]
+        if isinstance(reply, Reject):
+            raise LaunchError(f"the master refused {self.name}: {reply.reason}")
+        if not isinstance(reply, Admitted):
+            raise LaunchError(f"the master at {self.address[0]}:{self.address[1]} answered {reply!r:.80} "
+                              "instead of admitting this worker: is it the same ppkit version?")
+        return reply.info
 
     def serve(self) -> tuple[bool, str]:
         """Fork workers on request until the master closes; return (closed cleanly?, why we stopped)."""
@@ -107,15 +111,15 @@ class Agent:
             except (EOFError, OSError):
                 self.stop_children()
                 return False, "the master went away (its connection closed)"
-            if msg[0] == "spawn":
+            if isinstance(msg, Spawn):
                 self.stop_children()
-                for rank in msg[1]:
+                for rank in msg.ranks:
                     self._fork(rank)
-            elif msg[0] == "kill":
+            elif isinstance(msg, Kill):
                 self.stop_children()
-            elif msg[0] == "shutdown":
+            elif isinstance(msg, Shutdown):
                 self.stop_children()
-                return True, msg[1] if len(msg) > 1 else "the master closed the cluster"
+                return True, msg.reason or "the master closed the cluster"
 
     def _fork(self, rank: int) -> None:
         with self._have_children:  # held across fork so the reaper cannot miss the pid
@@ -126,7 +130,7 @@ class Agent:
             self._have_children.notify()
         self.say(f"{self.name}: started rank {rank} (pid {pid})")
         with self._lock:
-            self.conn.send(("spawned", rank, pid))
+            self.conn.send(Spawned(rank, pid))
 
     def stop_children(self) -> None:
         with self._have_children:

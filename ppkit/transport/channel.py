@@ -2,7 +2,7 @@
 
 Framed pickled messages over TCP (``multiprocessing.connection``), opened by an HMAC challenge
 with a random per-cluster key: a client that does not know the key is refused before any message
-is read. Messages are tuples whose first item names the kind, e.g. ``("run", job_id, payload, sources)``.
+is read. What travels on it is defined, kind by kind, in messages.py.
 """
 
 from __future__ import annotations
@@ -116,3 +116,17 @@ def connect(address: tuple[str, int], key: bytes, timeout: float = 30.0) -> mpc.
             "(PPKIT_KEY)."
         ) from exc
     return conn
+
+
+def wake_reader(conn) -> None:
+    """Make a thread blocked in ``conn.recv()`` return (EOF) without closing its descriptor."""
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()

@@ -1,7 +1,8 @@
-"""Process helpers: die with the parent, and stop politely then firmly."""
+"""Process helpers: die with the parent, stop politely then firmly, bound a call that may hang."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -67,3 +68,34 @@ def stop_pids(pids: list[int], grace: float = 2.0) -> None:
                 time.sleep(0.02)
         if not live:
             return
+
+
+def run_with_deadline(fn, seconds: float) -> tuple[bool, BaseException | None]:
+    """Run ``fn`` in a daemon thread; (finished?, exception). A hung call is left behind."""
+    outcome: list = []
+
+    def target():
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True, name="ppkit-rpc")
+    thread.start()
+    thread.join(seconds)
+    return (bool(outcome), outcome[0] if outcome else None)
+
+
+@contextlib.contextmanager
+def muted_stderr():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

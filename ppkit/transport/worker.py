@@ -22,10 +22,26 @@ import sys
 import threading
 import traceback
 from datetime import timedelta
+from importlib import metadata
 
 import cloudpickle
 
 from ppkit.transport import channel
+from ppkit.transport.messages import (
+    AskStacks,
+    Cancel,
+    Cancelled,
+    Hello,
+    Init,
+    JoinFailed,
+    Output,
+    Ready,
+    Reject,
+    Result,
+    Run,
+    Shutdown,
+    Stacks,
+)
 
 _SYNC = b"\x00ppkit-sync\x00"
 NAMESPACE: dict = {}  # persistent globals of %%ranks cells on this worker
@@ -35,15 +51,21 @@ class _Cancelled(BaseException):
     """Raised asynchronously in the main thread when the controller cancels the job."""
 
 
+def ppkit_version() -> str:
+    """This installation's ppkit version, as pyproject.toml (the one place it is written) set it."""
+    try:
+        return metadata.version("ppkit")
+    except metadata.PackageNotFoundError:  # a source tree that was never pip-installed
+        return "0+unknown"
+
+
 def versions() -> dict:
     import torch
-
-    import ppkit
 
     # str(): torch.__version__ is a TorchVersion, and unpickling one would make the controller
     # import all of torch (seconds) just to read the hello message
     return {"python": platform.python_version(), "torch": str(torch.__version__),
-            "ppkit": ppkit.__version__}
+            "ppkit": ppkit_version()}
 
 
 class _OutputPipe:
@@ -71,7 +93,7 @@ class _OutputPipe:
             while _SYNC in pending:
                 before, pending = pending.split(_SYNC, 1)
                 if before:
-                    self._send(("out", self.stream, before.decode("utf-8", "replace")))
+                    self._send(Output(self.stream, before.decode("utf-8", "replace")))
                 self._synced.set()
             # keep a tail that could be the start of a sync marker
             cut = len(pending)
@@ -79,7 +101,7 @@ class _OutputPipe:
                 if pending.endswith(_SYNC[:i]):
                     cut = len(pending) - i
             if cut:
-                self._send(("out", self.stream, pending[:cut].decode("utf-8", "replace")))
+                self._send(Output(self.stream, pending[:cut].decode("utf-8", "replace")))
                 pending = pending[cut:]
 
     def sync(self, timeout: float = 2.0) -> None:
@@ -97,14 +119,14 @@ class Worker:
         self._current = None
         self._current_lock = threading.Lock()
         self._main_ident = threading.get_ident()
-        self.send(("hello", hello))
+        self.send(Hello(hello))
         msg = conn.recv()
-        if msg[0] == "reject":
-            print(f"ppkit worker: the controller refused this worker: {msg[1]}", file=sys.stderr)
+        if isinstance(msg, Reject):
+            print(f"ppkit worker: the controller refused this worker: {msg.reason}", file=sys.stderr)
             sys.exit(2)
-        if msg[0] != "init":
-            raise RuntimeError(f"ppkit worker: expected 'init' from the controller, got {msg[0]!r}")
-        self.config: dict = msg[1]
+        if not isinstance(msg, Init):
+            raise RuntimeError(f"ppkit worker: expected Init from the controller, got {msg!r:.80}")
+        self.config: dict = msg.config
         self.rank: int = self.config["rank"]
         self.world_size: int = self.config["world_size"]
 
@@ -139,11 +161,11 @@ class Worker:
             self._init_process_group()
         except BaseException as exc:
             self._sync_output()
-            self.send(("failed", _error_info(exc)))
+            self.send(JoinFailed(_error_info(exc)))
             raise SystemExit(1)
         NAMESPACE.update(rank=self.rank, world_size=self.world_size)
         self._sync_output()
-        self.send(("ready", info))
+        self.send(Ready(info))
 
     def _init_process_group(self) -> None:
         cfg = self.config
@@ -183,19 +205,18 @@ class Worker:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 os._exit(1)  # the controller is gone: so are we
-            kind = msg[0]
-            if kind == "run":
-                self._jobs.put(msg[1:])
-            elif kind == "stacks":
+            if isinstance(msg, Run):
+                self._jobs.put(msg)
+            elif isinstance(msg, AskStacks):
                 frame = sys._current_frames().get(self._main_ident)
                 text = "".join(traceback.format_stack(frame)) if frame else "(no Python frame)"
-                self.send(("stacks", msg[1], self._current, text))
-            elif kind == "cancel":
+                self.send(Stacks(self._current, text))
+            elif isinstance(msg, Cancel):
                 with self._current_lock:
-                    if self._current == msg[1]:
+                    if self._current == msg.job_id:
                         ctypes.pythonapi.PyThreadState_SetAsyncExc(
                             ctypes.c_ulong(self._main_ident), ctypes.py_object(_Cancelled))
-            elif kind == "shutdown":
+            elif isinstance(msg, Shutdown):
                 try:
                     self._sync_output()
                 except Exception:
@@ -206,11 +227,11 @@ class Worker:
     def serve(self) -> None:
         while True:
             try:
-                job_id, payload, sources = self._jobs.get()
-                linecache.cache.update(sources)  # notebook cells, for tracebacks and stacks
+                job = self._jobs.get()
+                linecache.cache.update(job.sources)  # notebook cells, for tracebacks and stacks
                 with self._current_lock:
-                    self._current = job_id
-                msg = self._run_job(job_id, payload)
+                    self._current = job.job_id
+                msg = self._run_job(job.job_id, job.payload)
                 with self._current_lock:
                     self._current = None
                 self._sync_output()
@@ -225,15 +246,15 @@ class Worker:
             with self._current_lock:
                 self._current = None
         except _Cancelled:
-            return ("cancelled", job_id)
+            return Cancelled(job_id)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
             with self._current_lock:
                 self._current = None
-            return ("result", job_id, False, _error_info(exc, skip=1))
+            return Result(job_id, False, _error_info(exc, skip=1))
         try:
-            return ("result", job_id, True, cloudpickle.dumps(value))
+            return Result(job_id, True, cloudpickle.dumps(value))
         except Exception as exc:
-            return ("result", job_id, False, _error_info(exc, note=(
+            return Result(job_id, False, _error_info(exc, note=(
                 f"the job finished but its return value ({type(value).__name__}) cannot be "
                 "pickled to send back to the notebook. Return plain data or tensors instead.")))
 

@@ -16,6 +16,8 @@ import sys
 import threading
 import traceback
 
+from ppkit.transport.messages import Exited, ForkServerHello, Shutdown, Spawn, Spawned
+
 
 def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.Condition,
           exit_when_lost: bool = True) -> None:
@@ -33,7 +35,7 @@ def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.C
             rank = children.pop(pid, None)
         with lock:
             try:
-                conn.send(("exited", rank, pid, status))
+                conn.send(Exited(rank, pid, status))
             except OSError:
                 if exit_when_lost:
                     os._exit(1)
@@ -78,15 +80,15 @@ def main() -> None:
     lock = threading.Lock()
     children: dict[int, int] = {}
     have_children = threading.Condition()
-    conn.send(("zygote", os.getpid()))
+    conn.send(ForkServerHello(os.getpid()))
     threading.Thread(target=_reap, args=(conn, children, lock, have_children), daemon=True).start()
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             os._exit(0)
-        if msg[0] == "spawn":
-            for rank in msg[1]:
+        if isinstance(msg, Spawn):
+            for rank in msg.ranks:
                 with have_children:  # hold it across fork so the reaper cannot miss the pid
                     pid = os.fork()
                     if pid == 0:
@@ -94,8 +96,8 @@ def main() -> None:
                     children[pid] = rank
                     have_children.notify()
                 with lock:
-                    conn.send(("spawned", rank, pid))
-        elif msg[0] == "shutdown":
+                    conn.send(Spawned(rank, pid))
+        elif isinstance(msg, Shutdown):
             os._exit(0)
 
 

@@ -1,0 +1,133 @@
+"""What the Cluster says when something goes wrong: how a process ended, where each rank waits,
+and the errors built from them (each says what happened, why, and what to type next)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from html import escape
+
+from ppkit.errors import (
+    ClusterStateError,
+    JobInterrupted,
+    JobTimeoutError,
+    LaunchError,
+    RemoteError,
+    WorkerDiedError,
+)
+from ppkit.transport.messages import AskStacks, Stacks
+
+RESTART = "Run cluster.restart() for a clean world"
+
+
+def describe_status(status: int | None) -> str:
+    """A wait status in words: "it was killed by signal SIGKILL"."""
+    if status is None:
+        return "its connection closed"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return f"it was killed by signal {name}"
+    return f"it exited with code {os.WEXITSTATUS(status)}"
+
+
+def ask_stacks(send, inbox, ranks: list[int], wait: float = 2.0) -> dict[int, str]:
+    """Where each of ``ranks`` waits now (its main thread's stack); ``send(rank, msg)`` is False
+    for a rank that is gone."""
+    stacks = {rank: "(rank is gone)" for rank in ranks if not send(rank, AskStacks())}
+    deadline = time.monotonic() + wait
+    while len(stacks) < len(ranks):
+        item = inbox.next(deadline)
+        if item is None:
+            break
+        if isinstance(item.msg, Stacks):
+            stacks[item.source] = item.msg.text
+    return {r: stacks.get(r, "(no answer)") for r in ranks}
+
+
+def format_stacks(stacks: dict[int, str]) -> str:
+    return "".join(f"\n--- rank {r} is waiting here ---\n{text}" for r, text in stacks.items())
+
+
+def needs_restart(reason: str) -> ClusterStateError:
+    return ClusterStateError(
+        f"this cluster needs a restart before it can run jobs: {reason} "
+        "Run cluster.restart() (the kernel and your notebook variables stay).")
+
+
+# -- while starting -----------------------------------------------------------------------------
+def start_timed_out(seconds: float, what: str, hint: str) -> LaunchError:
+    return LaunchError(f"timed out after {seconds:.0f} s waiting for {what}. {hint}")
+
+
+def join_failed(rank: int, error: dict, hint: str) -> LaunchError:
+    hint = f"\n{hint}" if hint else ""
+    return LaunchError(
+        f"rank {rank} could not join the process group: {error['type']}: {error['message']}{hint}"
+        f"\n\n--- traceback on rank {rank} ---\n{error['traceback']}")
+
+
+def fork_server_exited(log_path, log_tail: str) -> LaunchError:
+    return LaunchError(
+        "the fork server that starts the workers exited before they were ready.\n"
+        f"Its log ({log_path}) ends with:\n{log_tail}")
+
+
+def died_while_starting(rank: int, status: int | None) -> LaunchError:
+    return LaunchError(f"rank {rank} died while starting: {describe_status(status)}. See its output above.")
+
+
+# -- during a job -------------------------------------------------------------------------------
+def job_timed_out(seconds: float, waiting: list[int], done: list[int], stacks: dict) -> JobTimeoutError:
+    return JobTimeoutError(
+        f"the job did not finish within {seconds:g} s: rank(s) {waiting} are still waiting"
+        + (f" (rank(s) {done} finished)" if done else "")
+        + ". Usually a send without a matching recv, or a collective that not every rank "
+        f"called. {RESTART}; pass run(..., timeout=SECONDS) if "
+        "the job is just slow.\n" + format_stacks(stacks), waiting, stacks)
+
+
+def worker_died(rank: int, label: str, status: int | None) -> WorkerDiedError:
+    return WorkerDiedError(
+        f"rank {rank} ({label}) died during the job: {describe_status(status)}. The other ranks "
+        "may be blocked waiting for it. Run cluster.restart() to start a clean world.", [rank])
+
+
+def ranks_raised(errors: dict[int, dict], waiting: list[int], stacks: dict) -> RemoteError:
+    """``errors``: rank -> the error dict of its ``Result``, for every rank that raised."""
+    failed = sorted(errors)
+    first = errors[failed[0]]
+    text = (f"rank {failed[0]} raised {first['type']}: {first['message']}"
+            if len(failed) == 1 else
+            f"ranks {failed} raised an exception (rank {failed[0]}: {first['type']}: "
+            f"{first['message']})")
+    for r in failed:
+        text += f"\n\n--- traceback on rank {r} ---\n{errors[r]['traceback']}"
+    if waiting:
+        text += (f"\nRank(s) {waiting} are still blocked, probably waiting for the failed "
+                 f"rank. {RESTART}.\n" + format_stacks(stacks))
+    return RemoteError(text, failed, {r: e["traceback"] for r, e in errors.items()},
+                       {r: e["type"] for r, e in errors.items()})
+
+
+def interrupted(stuck: list[int], stacks: dict) -> JobInterrupted:
+    if not stuck:
+        return JobInterrupted(
+            "interrupted: the job was cancelled on every rank; the cluster is ready to use.")
+    return JobInterrupted(
+        f"interrupted: rank(s) {stuck} could not be stopped (they are blocked outside Python, "
+        f"e.g. in a collective). {RESTART}; your notebook variables stay.\n"
+        + format_stacks(stacks))
+
+
+# -- display ------------------------------------------------------------------------------------
+def cluster_html(world_size: int, backend: str, state: str, workers: dict) -> str:
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{escape(str(w.get(k)))}</td>"
+                         for k in ("rank", "pid", "host", "backend", "device")) + "</tr>"
+        for _, w in sorted(workers.items()))
+    return (f"<p><b>ppkit cluster</b>: {world_size} rank(s), backend "
+            f"<code>{escape(backend)}</code>, state <code>{escape(state)}</code></p>"
+            "<table><tr><th>rank</th><th>pid</th><th>host</th><th>backend</th>"
+            f"<th>device</th></tr>{rows}</table>")

@@ -1,0 +1,116 @@
+"""One ``Cluster.run``: send the job to every rank, gather the results, say what went wrong.
+
+A rank that raises gives the others ``ERROR_GRACE_S`` to finish (they may be waiting for it); a
+rank that dies, a timeout and Kernel > Interrupt each end the job with their own error
+(diagnostics.py), and leave the cluster broken when ranks may still be blocked.
+"""
+
+from __future__ import annotations
+
+import linecache
+import time
+
+import cloudpickle
+
+from ppkit.cluster import diagnostics
+from ppkit.cluster.inbox import Closed, Item
+from ppkit.transport.messages import Cancel, Cancelled, Result, Run
+
+ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
+CANCEL_WAIT_S = 2.0  # after Kernel > Interrupt, how long the ranks get to stop
+
+
+def new_cell_sources(sent: set[str]) -> dict:
+    """Notebook cells' source the workers have not had yet (``sent`` names those they have).
+
+    IPython keeps each cell's code in ``linecache`` only (mtime None), not on disk; without it
+    a remote traceback or stack would name the cell's line but not show it.
+    """
+    new = {name: entry for name, entry in list(linecache.cache.items())
+           if len(entry) == 4 and entry[1] is None and name not in sent}
+    sent.update(new)
+    return new
+
+
+class Job:
+    def __init__(self, job_id: int, world_size: int, inbox, send, launcher, printer, on_break):
+        self.job_id = job_id
+        self.world_size = world_size
+        self._inbox = inbox
+        self._send = send  # send(rank, msg) -> False if the rank is gone
+        self._launcher = launcher
+        self._printer = printer
+        self._on_break = on_break  # on_break(reason): the cluster needs a restart
+        self.results: dict[int, Result | Cancelled] = {}
+
+    def run(self, payload: bytes, sources: dict, timeout: float, workers: dict) -> list:
+        """Every rank's return value, by rank; raises the job's error otherwise."""
+        msg = Run(self.job_id, payload, sources)
+        for rank in range(self.world_size):
+            if not self._send(rank, msg):
+                reason = f"rank {rank} is gone."
+                self._on_break(reason)
+                raise diagnostics.needs_restart(reason)
+        try:
+            self._collect(timeout, workers)
+        except KeyboardInterrupt:
+            self._cancel()
+        self._printer.flush()
+        errors = {r: m.value for r, m in self.results.items() if isinstance(m, Result) and not m.ok}
+        if errors:
+            waiting = self.waiting()
+            stacks = self._stacks(waiting) if waiting else {}
+            if waiting:
+                self._on_break(f"rank(s) {waiting} are still blocked after rank {min(errors)} failed.")
+            raise diagnostics.ranks_raised(errors, waiting, stacks)
+        return [cloudpickle.loads(self.results[r].value) for r in range(self.world_size)]
+
+    def waiting(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self.results]
+
+    def _collect(self, timeout: float, workers: dict) -> None:
+        deadline, grace_ends = time.monotonic() + timeout, None
+        while len(self.results) < self.world_size:
+            item = self._inbox.next(deadline if grace_ends is None else min(deadline, grace_ends))
+            if item is None and grace_ends is not None and time.monotonic() >= grace_ends:
+                return
+            if item is None:
+                waiting = self.waiting()
+                stacks = self._stacks(waiting)
+                self._printer.flush()
+                self._on_break(f"a job timed out with rank(s) {waiting} still blocked.")
+                raise diagnostics.job_timed_out(timeout, waiting, sorted(self.results), stacks)
+            if isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
+                rank = item.source
+                self._launcher.wait_exit_status(rank)
+                self._printer.flush()
+                self._on_break(f"rank {rank} died.")
+                raise diagnostics.worker_died(rank, self._launcher.rank_label(rank, workers.get(rank, {})),
+                                              self._launcher.exit_status(rank))
+            if self._take(item) and isinstance(item.msg, Result) and not item.msg.ok:
+                grace_ends = grace_ends or time.monotonic() + ERROR_GRACE_S
+
+    def _take(self, item: Item) -> bool:
+        if isinstance(item.msg, (Result, Cancelled)) and item.msg.job_id == self.job_id:
+            self.results[item.source] = item.msg
+            return True
+        return False
+
+    def _cancel(self) -> None:
+        for rank in self.waiting():
+            self._send(rank, Cancel(self.job_id))
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        try:
+            while self.waiting() and (item := self._inbox.next(deadline)):
+                self._take(item)
+        except KeyboardInterrupt:
+            pass
+        self._printer.flush()
+        stuck = self.waiting()
+        stacks = self._stacks(stuck) if stuck else {}
+        if stuck:
+            self._on_break(f"rank(s) {stuck} did not stop when the job was interrupted.")
+        raise diagnostics.interrupted(stuck, stacks)
+
+    def _stacks(self, ranks: list[int]) -> dict[int, str]:
+        return diagnostics.ask_stacks(self._send, self._inbox, ranks)

@@ -1,0 +1,168 @@
+"""Every message on the control channel, one small frozen dataclass per kind.
+
+Who talks to whom (each arrow is one authenticated channel connection, see channel.py):
+
+    worker      -> controller   Hello, then Ready or JoinFailed; afterwards Output, Result,
+                                Cancelled and Stacks
+    controller  -> worker       Init or Reject (the answer to Hello); then Run, AskStacks, Cancel,
+                                Shutdown
+    fork server -> controller   ForkServerHello, then Spawned and Exited for each worker it forks
+    controller  -> fork server  Spawn, Shutdown
+    agent       -> controller   AgentHello, then Spawned and Exited (as a fork server does)
+    controller  -> agent        Admitted or Reject (the answer to AgentHello); then Spawn, Kill,
+                                Shutdown
+    doctor      -> controller   Probe; the controller answers ProbeReply and hangs up
+
+The first message on a connection says what the peer is. Both ends run the same ppkit (admission
+checks the versions), so the classes pickle by reference. Fields hold plain data only (dicts of
+strings and numbers, bytes), never objects that need torch to unpickle: the controller must be
+able to read a hello without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+# -- a worker's life ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hello:
+    """A worker's first message: ``info`` has its rank, name, pid, host and versions."""
+    info: dict
+
+
+@dataclass(frozen=True)
+class Init:
+    """The controller's answer to ``Hello``: how to join (rank, world size, store, env, ...)."""
+    config: dict
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The controller refuses a worker or an agent; ``reason`` says why and what to do."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker joined its process group; ``info`` is what ``Cluster.workers`` shows."""
+    info: dict
+
+
+@dataclass(frozen=True)
+class JoinFailed:
+    """The worker could not join its process group; ``error`` is as in ``Result``."""
+    error: dict
+
+
+@dataclass(frozen=True)
+class Output:
+    """Text the rank wrote to ``stream`` ("stdout" or "stderr")."""
+    stream: str
+    text: str
+
+
+# -- jobs -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """Run a job: ``payload`` is cloudpickled ``(fn, args, kwargs)``; ``sources`` are notebook
+    cells' lines for ``linecache``, so tracebacks can show them."""
+    job_id: int
+    payload: bytes
+    sources: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Result:
+    """A job ended: ``ok`` with ``value`` the cloudpickled return value, or not ``ok`` with
+    ``value`` a dict of the exception's ``type``, ``message`` and ``traceback``."""
+    job_id: int
+    ok: bool
+    value: bytes | dict
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop job ``job_id`` (Kernel > Interrupt in the notebook)."""
+    job_id: int
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """Job ``job_id`` stopped because it was cancelled."""
+    job_id: int
+
+
+@dataclass(frozen=True)
+class AskStacks:
+    """Where is your main thread now? (asked when a job times out or a rank waits)."""
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """The main thread's stack while running ``job_id`` (None: between jobs)."""
+    job_id: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Exit now (workers, fork server, agents); ``reason`` is for an agent to print."""
+    reason: str = ""
+
+
+# -- starting workers: the fork server and remote agents ---------------------------------------
+@dataclass(frozen=True)
+class ForkServerHello:
+    """The fork server's first message."""
+    pid: int
+
+
+@dataclass(frozen=True)
+class AgentHello:
+    """A remote agent's first message: its name, host, pid, versions and network interface."""
+    info: dict
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The controller's answer to an admitted agent: its rank, the world size and the master."""
+    info: dict
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Fork one worker per rank in ``ranks`` (an agent first stops the ones it has)."""
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Stop the workers you forked, and stay (an agent, before a restart)."""
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """Rank ``rank`` runs as process ``pid`` (a pid of the machine that sends this)."""
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    """Process ``pid`` (rank ``rank``, None if unknown) ended with wait status ``status``."""
+    rank: int | None
+    pid: int
+    status: int
+
+
+# -- ppkit doctor -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Probe:
+    """``ppkit doctor`` asks a master for its versions."""
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    """The master's versions and host."""
+    info: dict
