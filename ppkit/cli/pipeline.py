@@ -84,12 +84,14 @@ def config_from_args(args):
     """The checked :class:`PipelineConfig` for ``args``; ConfigError if any flag is wrong."""
     import torch
 
+    from ppkit.cli.pipeline_rpc import sizes_from_args
     from ppkit.pipeline.config import AUTO_CUT, PipelineConfig, check_placement, parse_placement
 
     if args.batch_size < 1:
         raise ConfigError(f"batch_size must be a whole number >= 1, got {args.batch_size!r}.")
     config = PipelineConfig(batch_size=args.batch_size, image_size=args.image_size,
-                            num_batches=args.num_batches, microbatch_sizes=_sizes(args),
+                            num_batches=args.num_batches,
+                            microbatch_sizes=sizes_from_args(args, DEFAULTS["microbatch_sizes"]),
                             placement=parse_placement(args.placement), cut=args.cut,
                             stage_threads=args.stage_threads).check()
     if args.cut == AUTO_CUT and args.schedule != "rpc":
@@ -122,25 +124,6 @@ def config_from_args(args):
     local = {name: torch.cuda.device_count() for name in config.processes()}
     check_placement(config.placement, local, local)
     return config
-
-
-def _sizes(args) -> tuple[int, ...]:
-    """The micro-batch sizes the flags ask for (from --num-microbatches, --microbatch-sizes or the
-    default counts), largest first for the RPC schedule's U-curve."""
-    from ppkit.pipeline.ucurve import default_counts, sizes_for_counts
-
-    if args.schedule != "rpc":
-        return tuple(args.microbatch_sizes or DEFAULTS["microbatch_sizes"])
-    if args.microbatch_sizes:
-        for size in args.microbatch_sizes:
-            if not 1 <= size <= args.batch_size:
-                from ppkit.pipeline.config import check_microbatch_size
-
-                check_microbatch_size(size, args.batch_size)
-        counts = [-(-args.batch_size // size) for size in args.microbatch_sizes]
-    else:
-        counts = args.num_microbatches or default_counts(args.batch_size)
-    return tuple(size for _, size in sizes_for_counts(args.batch_size, counts))
 
 
 def start_world(args, config):
@@ -190,41 +173,6 @@ def run(args, config, world, progress, on_result):
     return run_schedule(world, config, args.schedule, progress=progress, on_result=on_result)
 
 
-def run_ucurve(config, progress, say):
-    """The RPC schedule: the auto cut if asked for, then the U-curve; returns (curve, model).
-
-    ``say(line)`` prints each result as soon as it is known. The model is left open for --verify.
-    """
-    from ppkit.pipeline.config import AUTO_CUT
-    from ppkit.pipeline.sweep import build_model
-    from ppkit.pipeline.ucurve import measure_ucurve
-
-    if config.cut == AUTO_CUT:
-        from ppkit.pipeline.balance import format_candidates, measure_cuts, pick
-
-        candidates = measure_cuts(config, rounds=config.num_batches, progress=progress)
-        progress.clear()
-        say("--cut auto: each cut's stages alone on the whole batch (forward + backward)")
-        say(format_candidates(candidates))
-        config = config.replace(cut=pick(candidates).cut)
-    model, optimizer = build_model(config)
-    try:
-        from ppkit.pipeline.resources import describe
-
-        say(f"stage resources: {describe(model.resources)}")
-        curve = measure_ucurve(model, optimizer, config, [-(-config.batch_size // size)
-                                                          for size in config.microbatch_sizes],
-                               progress=progress)
-    except BaseException:
-        model.close()
-        raise
-    progress.clear()
-    say(curve.format_table())
-    say(curve.reference.describe())
-    say(curve.overhead_line())
-    return curve, model
-
-
 def main(args) -> int:
     try:
         config = config_from_args(args)
@@ -261,6 +209,8 @@ def main(args) -> int:
     try:
         world = start_world(args, config)
         if rpc:
+            from ppkit.cli.pipeline_rpc import run_ucurve
+
             result, model = run_ucurve(config, progress, say)
             config = config.replace(cut=result.cut)
         else:

@@ -267,7 +267,7 @@ def check_best_num_microbatches(fn, cases=BEST_COUNT_CASES) -> CheckReport:
     ``m`` is the bubble model's GPipe schedule of ``forward[s] / m``, ``backward[s] / m`` plus
     ``fixed_seconds + overhead_seconds * (m - 1)`` (``ppkit.pipeline.ucurve.step_model``); on a tie,
     the smaller count."""
-    _check_callable(fn, "fn(forward, backward, fixed_seconds, overhead_seconds, candidates)")
+    check_callable(fn, "fn(forward, backward, fixed_seconds, overhead_seconds, candidates)")
     report = CheckReport("best number of micro-batches")
     for forward, backward, fixed, overhead, candidates in cases:
         label = (f"forward {list(forward)}, backward {list(backward)}, fixed {fixed} s, overhead "

@@ -16,16 +16,15 @@ find it. Errors (a bad size, a device that is not there, a failed stage) appear 
 from __future__ import annotations
 
 import html
-import io
 
 import ipywidgets as w
 
 from ppkit.errors import ConfigError, PPKitError
 from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT
-from ppkit.pipeline import ucurve
 from ppkit.pipeline.config import AUTO_CUT, PipelineConfig, Placement, num_microbatches
 from ppkit.pipeline.resources import describe
 from ppkit.pipeline.sweep import COLUMNS, build_model, format_rows, train_batches
+from ppkit.widgets.pipeline_ucurve import UCurveControls, html_table, png, timeline_figure
 
 IMAGE_SIZES = (32, 48, 64, 96, 128)
 
@@ -38,7 +37,6 @@ def _styled(widget, name: str):
 
 
 _HIDDEN = "none"
-_CELL = 'style="padding:2px 12px;text-align:right"'
 
 
 def _device_counts(names) -> dict[str, int]:
@@ -57,7 +55,7 @@ def _device_counts(names) -> dict[str, int]:
     return counts
 
 
-class PipelineWidget(w.VBox):
+class PipelineWidget(UCurveControls, w.VBox):
     """Controls and results for pipelined ResNet50 training on an RPC world."""
 
     def __init__(self, world, *, batch_size: int = 16, image_size: int = 64, num_batches: int = 2,
@@ -186,56 +184,6 @@ class PipelineWidget(w.VBox):
         """Train at every size in the sweep box; returns the list of results."""
         return self._run_sizes(self.config(self.parse_sweep_sizes()))
 
-    def ucurve(self):
-        """Measure the U-curve at this batch (1, 2, 4, ... micro-batches; ``ucurve.measure_ucurve``);
-        shows its table, plot and speed-up line, and returns the :class:`UCurve`."""
-        self._ensure_world()
-        config = self._resolve_cut(self.config())
-        model, optimizer = self._model_for(config)
-        counts = ucurve.default_counts(config.batch_size)
-        self.progress.max, self.progress.value = 1, 0
-        self._say(f"measuring {', '.join(map(str, counts))} micro-batches, "
-                  f"{config.num_batches} round(s) after a warm-up ...")
-
-        def step(done, total):
-            self.progress.max, self.progress.value = total, done
-
-        curve = ucurve.measure_ucurve(model, optimizer, config, counts, progress=step)
-        self.curve = curve
-        self.table.value = _html_table(curve.rows(), ucurve.COLUMNS, "ppkit-pipeline-ucurve")
-        from matplotlib.figure import Figure
-
-        from ppkit.pipeline.plots import plot_ucurve
-
-        fig = Figure(figsize=(9, 3.6), layout="constrained")
-        plot_ucurve(fig.subplots(), curve)
-        self.sweep_plot.value = _png(fig)
-        self.timeline_plot.value = _png(_timeline_figure(curve.best.run))
-        for plot in (self.sweep_plot, self.timeline_plot):
-            plot.layout.display = None
-        self._say(f"{curve.summary()}; {curve.overhead_line()}")
-        return curve
-
-    def _resolve_cut(self, config: PipelineConfig) -> PipelineConfig:
-        """With cut "auto": time every cut (once per placement and sizes), show them, take the best."""
-        if config.cut != AUTO_CUT:
-            self.cuts_table.value = ""
-            return config
-        key = (config.placement, config.batch_size, config.image_size, config.stage_threads)
-        if self._auto_cut is None or self._auto_cut[0] != key:
-            from ppkit.pipeline.balance import format_candidates, measure_cuts, pick
-
-            self._ensure_world()
-            self.close_model()
-            self._say(f"cut auto: timing every cut ({', '.join(CUT_POINTS)}) with the whole batch ...")
-            self.progress.max, self.progress.value = len(CUT_POINTS), 0
-            candidates = measure_cuts(config, rounds=1,
-                                      progress=lambda done, _total: setattr(self.progress, "value", done))
-            self._auto_cut = (key, pick(candidates).cut)
-            self.cuts_table.value = ("<b>cut auto</b>: each cut's stages alone on the whole batch<pre>"
-                                     + html.escape(format_candidates(candidates)) + "</pre>")
-        return config.replace(cut=self._auto_cut[1])
-
     def _run_sizes(self, config: PipelineConfig):
         self._ensure_world()
         config = self._resolve_cut(config)
@@ -315,22 +263,14 @@ class PipelineWidget(w.VBox):
         return [run.row() for run in self.runs]
 
     def _show(self, run) -> None:
-        self.table.value = _html_table(self.rows(), COLUMNS, "ppkit-pipeline-results")
-        self.sweep_plot.value = _png(_sweep_figure(self.runs))
-        self.timeline_plot.value = _png(_timeline_figure(run))
+        self.table.value = html_table(self.rows(), COLUMNS, "ppkit-pipeline-results")
+        self.sweep_plot.value = png(_sweep_figure(self.runs))
+        self.timeline_plot.value = png(timeline_figure(run))
         for plot in (self.sweep_plot, self.timeline_plot):
             plot.layout.display = None
 
     def text_table(self) -> str:
         return format_rows(self.rows())
-
-
-def _html_table(rows, columns, css_class: str) -> str:
-    head = "".join(f"<th {_CELL}>{html.escape(h)}</th>" for _, h, _ in columns)
-    body = "".join("<tr>" + "".join(
-        f"<td {_CELL}>{'-' if row[k] is None else fmt.format(row[k])}</td>" for k, _, fmt in columns)
-        + "</tr>" for row in rows)
-    return f'<table class="{css_class}"><tr>{head}</tr>{body}</table>'
 
 
 def _sweep_figure(runs):
@@ -341,19 +281,3 @@ def _sweep_figure(runs):
     fig = Figure(figsize=(8, 3.2), layout="constrained")
     plot_sweep(fig.subplots(), runs)
     return fig
-
-
-def _timeline_figure(run):
-    from matplotlib.figure import Figure
-
-    from ppkit.pipeline.plots import plot_run
-
-    fig = Figure(figsize=(11, 3.2), layout="constrained")
-    plot_run(fig.subplots(1, 2, sharey=True), run)
-    return fig
-
-
-def _png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    return buffer.getvalue()
