@@ -84,8 +84,8 @@ def config_from_args(args):
     """The checked :class:`PipelineConfig` for ``args``; ConfigError if any flag is wrong."""
     import torch
 
-    from ppkit.cli.pipeline_rpc import sizes_from_args
     from ppkit.pipeline.config import AUTO_CUT, PipelineConfig, check_placement, parse_placement
+    from ppkit.pipeline.experiment import sizes_from_args
 
     if args.batch_size < 1:
         raise ConfigError(f"batch_size must be a whole number >= 1, got {args.batch_size!r}.")
@@ -209,7 +209,7 @@ def main(args) -> int:
     try:
         world = start_world(args, config)
         if rpc:
-            from ppkit.cli.pipeline_rpc import run_ucurve
+            from ppkit.pipeline.experiment import run_ucurve
 
             result, model = run_ucurve(config, progress, say)
             config = config.replace(cut=result.cut)

@@ -1,7 +1,5 @@
-"""``ppkit pipeline`` with the RPC schedule: which counts to measure, the auto cut, the U-curve.
-
-Kept apart from ``ppkit/cli/pipeline.py`` (flags, world, output) so each reads in one sitting.
-"""
+"""The RPC pipeline experiment as ``ppkit pipeline`` runs it: which counts the flags ask for, the
+auto cut if asked for, then the U-curve, each result printed as soon as it is known."""
 
 from __future__ import annotations
 
