@@ -22,7 +22,7 @@ RPC_INTERNALS = (
     ("torch.distributed.rpc.api", "_is_current_rpc_agent_set"),
     ("torch.distributed.rpc.api", "_get_current_rpc_agent"),
 )
-TESTED_RANGE = "torch 2.5 to 2.14 (docs/versions.md)"
+TESTED_RANGE = "torch 2.12.1 and 2.14.1 on Python 3.10 to 3.13 (docs/versions.md)"
 
 
 def _torch_version() -> str:

@@ -28,7 +28,8 @@ from ppkit import machine
 from ppkit.cluster.admission import DEFAULT_PORT
 
 # The versions CI runs the whole course with (constraints.txt). Others may work; they are not tested.
-TESTED = {"python": ("3.11",), "torch": ("2.14.1",), "torchvision": ("0.29.1",)}
+TESTED = {"python": ("3.10", "3.11", "3.12", "3.13"), "torch": ("2.12.1", "2.14.1"),  # docs/versions.md
+          "torchvision": ("0.27.1", "0.29.1")}
 INSTALL_TESTED = "pip install -c constraints.txt -e . (or: make lab) in the ppkit folder"
 MIN_CORES = 2
 MIN_MEMORY_GIB = 4.0  # two ResNet50 shards, their activations and the kernel
@@ -106,7 +107,7 @@ class Preflight:
     def python(self) -> Check:
         version = platform.python_version()
         self.facts["python"] = version
-        return _against_tested("python", version, "install Python 3.11 and make the course's .venv "
+        return _against_tested("python", version, "install Python 3.10 to 3.13 and make the course's .venv "
                                "with it (make lab)")
 
     def torch(self) -> Check:
