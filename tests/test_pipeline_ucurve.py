@@ -50,7 +50,7 @@ def test_overhead_fit_recovers_a_known_cost_and_the_best_count():
     counts = [1, 2, 4, 8, 16, 32]
     measured = [ref.bound_seconds(m) + 0.025 * (m - 1) for m in counts]
     assert fit_overhead(counts, measured, [ref.bound_seconds(m) for m in counts]) == pytest.approx(0.025)
-    points = [CurvePoint(m, 32 // m, [t]) for m, t in zip(counts, measured)]
+    points = [CurvePoint(m, 32 // m, [t]) for m, t in zip(counts, measured, strict=True)]
     curve = UCurve(PipelineConfig(batch_size=32), "layer2", ref, points)
     assert curve.overhead_seconds == pytest.approx(0.025)
     assert curve.best.num_microbatches == curve.predicted_best == 8

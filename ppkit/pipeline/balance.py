@@ -29,7 +29,7 @@ class CutCandidate:
 
     @property
     def stage_seconds(self) -> list[float]:
-        return [f + b for f, b in zip(self.forward, self.backward)]
+        return [f + b for f, b in zip(self.forward, self.backward, strict=True)]
 
     @property
     def slowest(self) -> float:

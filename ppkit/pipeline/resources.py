@@ -208,7 +208,7 @@ def plan(placement, setting, reports: dict[str, dict], master: str = "master") -
         cpus = list(reports[names[0]]["cpus"] or [])
         if setting == AUTO and len(cpus) >= len(names):
             shares = _split(cpus, len(names))
-            for name, share in zip(names, shares):
+            for name, share in zip(names, shares, strict=True):
                 plans[name] = ProcessPlan(name, tuple(holders[name]), devices[name], len(share), tuple(share))
             left_over[host] = []
         elif setting == AUTO:  # fewer cores than stage processes: threads only, no pinning

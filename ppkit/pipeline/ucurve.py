@@ -82,7 +82,7 @@ class Reference:
 
     @property
     def stage_seconds(self) -> list[float]:
-        return [f + b for f, b in zip(self.forward, self.backward)]
+        return [f + b for f, b in zip(self.forward, self.backward, strict=True)]
 
     @property
     def fixed_seconds(self) -> float:
@@ -97,7 +97,7 @@ class Reference:
 
     def describe(self) -> str:
         stages = ", ".join(f"stage {s + 1} {f + b:.3f} s ({f:.3f} fwd + {b:.3f} bwd)"
-                           for s, (f, b) in enumerate(zip(self.forward, self.backward)))
+                           for s, (f, b) in enumerate(zip(self.forward, self.backward, strict=True)))
         return (f"each stage alone on the whole batch: {stages}; the rest of a step (loss, optimizer, "
                 f"messages) {self.fixed_seconds:.3f} s")
 
@@ -117,7 +117,7 @@ class CurvePoint:
 
 def fit_overhead(counts, measured, bound) -> float:
     """Least squares of ``measured - bound = overhead * (m - 1)`` over the counts above 1."""
-    pairs = [(m - 1, t - b) for m, t, b in zip(counts, measured, bound) if m > 1]
+    pairs = [(m - 1, t - b) for m, t, b in zip(counts, measured, bound, strict=True) if m > 1]
     denominator = sum(x * x for x, _ in pairs)
     return sum(x * y for x, y in pairs) / denominator if denominator else 0.0
 
