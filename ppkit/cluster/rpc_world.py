@@ -16,6 +16,7 @@ Three things this module takes care of, because learners hit them at once:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -147,7 +148,7 @@ class RpcWorld:
             self._env = {**self.cluster.local_env(), **(env or {})}
             self._worker_env = without_socket_vars(env or {})
         self.state = "starting"
-        self._generation = 0
+        self._generation, self._cleanups = 0, {}  # cleanups: fn -> None, run at restart/close
         try:
             self._init()
         except BaseException:
@@ -186,6 +187,9 @@ class RpcWorld:
             _first_world_workers = self.num_workers
         self.state = "ready"
 
+    def add_cleanup(self, fn) -> None:  # fn() runs once at the next restart or close
+        self._cleanups[fn] = None
+
     def restart(self) -> RpcWorld:
         """Shut RPC down everywhere, restart the workers and form a fresh RPC world."""
         if self.state == "closed":
@@ -207,6 +211,9 @@ class RpcWorld:
         global _kernel_rpc_stuck
         from torch.distributed import rpc
 
+        while self._cleanups:  # e.g. give the kernel back the threads and cores it had
+            with contextlib.suppress(Exception):
+                self._cleanups.popitem()[0]()
         if self.state not in ("ready", "broken"):
             return
         self.state = "stopping"
