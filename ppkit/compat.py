@@ -66,7 +66,8 @@ def require_rpc_platform(platform: str | None = None) -> None:
 
 
 def require_rpc_internals() -> None:
-    """ClusterStateError naming what is missing if this torch lacks the RPC internals ppkit aligns."""
+    """ClusterStateError naming what is missing if this torch lacks RPC or the RPC internals ppkit aligns."""
+    require_rpc_platform()
     missing = missing_rpc_internals()
     if missing:
         raise ClusterStateError(

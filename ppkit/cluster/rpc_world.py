@@ -28,7 +28,7 @@ from ppkit.checks import positive
 from ppkit.cluster import launch, rpc_pickle, spawning
 from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
 from ppkit.cluster.controller import Cluster
-from ppkit.compat import require_rpc_internals, require_rpc_platform
+from ppkit.compat import require_rpc_internals
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 from ppkit.transport import procs
 
@@ -120,10 +120,9 @@ def _worker_init(rank: int, world_size: int, rpc_world_size: int, options: dict,
 class RpcWorld:
     """This process as RPC rank 0 ("master") plus ``num_workers`` background workers."""
 
-    def __init__(self, num_workers: int = 2, *, num_worker_threads: int = 16,
-                 rpc_timeout: float = 60.0, start_timeout: float = 120.0,
-                 env: dict[str, str] | None = None, listen: str | None = None, remote=None,
-                 key: bytes | str | None = None, start_method: str = "auto"):
+    def __init__(self, num_workers: int = 2, *, num_worker_threads: int = 16, rpc_timeout: float = 60.0,
+                 start_timeout: float = 120.0, env: dict[str, str] | None = None, listen: str | None = None,
+                 remote=None, key: bytes | str | None = None, start_method: str = "auto"):
         launch.check_world_size(num_workers)
         if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, int) \
                 or num_worker_threads < 1:
@@ -288,9 +287,8 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     to have the workers join from other machines (``ppkit worker``).
     """
     global _active
-    require_rpc_platform()
-    spawning.resolve_start_method(options.get("start_method", "auto"))
-    require_rpc_internals()
+    require_rpc_internals()  # and RPC itself (not on Windows): the error names the lessons
+    spawning.resolve_start_method(options.get("start_method", "auto"))  # before the last world closes
     rpc_pickle.require_torch_internals()
     if _active is not None:
         _active.close()
