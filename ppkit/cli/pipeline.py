@@ -77,7 +77,7 @@ def add_arguments(parser) -> None:
                         help="also compare the outputs with a local torchvision ResNet50 holding the "
                         "same weights (eval mode); exit 1 if they differ by more than 1e-4 (relative to "
                         "the largest output, if above 1; with --schedule gpipe or 1f1b: the gradients, "
-                        "relative to the largest)")
+                        "by more than 1e-3 of the largest)")
 
 
 def config_from_args(args):
