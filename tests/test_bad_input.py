@@ -208,6 +208,8 @@ def test_pipeline_model_refuses_bad_timeouts(timeout):
     (["master", "--listen", "127.0.0.1:29600", "--local-ranks", "-1"],
      "ppkit master: error: --local-ranks must be 0 or more, got -1"),
     (["master", "--listen", "127.0.0.1:29600", "--key", "abcd"], "ppkit master: error: the key must be at least 16"),
+    (["pipeline", "--start-timeout", "nan"], "ppkit pipeline: error: --start-timeout must be a positive number"),
+    (["bench", "--world-size", str(TOO_MANY)], f"ppkit bench: error: world_size {TOO_MANY} is more than 64 ranks"),
     (["doctor", "--master", "127.0.0.1:99999"],
      "ppkit doctor: error: --master must be ADDR:PORT, e.g. 10.0.0.1:29600; got '127.0.0.1:99999'"),
 ])

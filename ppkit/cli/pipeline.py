@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ppkit.checks import positive
 from ppkit.errors import ConfigError, PPKitError
 from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT
 
@@ -70,6 +71,7 @@ def config_from_args(args):
     config = PipelineConfig(batch_size=args.batch_size, image_size=args.image_size,
                             num_batches=args.num_batches, microbatch_sizes=tuple(args.microbatch_sizes),
                             placement=parse_placement(args.placement), cut=args.cut).check()
+    positive(getattr(args, "start_timeout", 120.0), "--start-timeout")
     if args.plot:
         path = Path(args.plot)
         if path.suffix.lower() not in PLOT_FORMATS:
