@@ -179,6 +179,11 @@ def test_timeline_from_raw_events():
     (["--plot", "sweep.txt"], "end the file name with"),
     (["--num-batches", "0"], "num_batches must be"),
     (["--listen", "127.0.0.1:0", "--placement", "master,master"], "every shard on master"),
+    (["--num-microbatches", "12"], "cannot be cut into 12 micro-batches"),
+    (["--num-microbatches", "64"], "does not fit a batch of 32"),
+    (["--stage-threads", "zero"], "stage threads 'zero'"),
+    (["--cut", "auto", "--schedule", "gpipe"], "--cut auto works with --schedule rpc only"),
+    (["--batch-size", "0"], "batch_size must be"),
 ])
 def test_cli_bad_flags(flags, words, capsys, monkeypatch):
     import ppkit

@@ -137,12 +137,15 @@ def test_cli_end_to_end(world, tmp_path, capsys):
     assert status == 0, out
     lines = out.splitlines()
     assert lines[0].startswith("ResNet50 cut after layer1, placement master:cpu,worker1:cpu")
-    assert "micro-batch size" in lines[1]
-    assert lines[2].split()[:2] == ["1", "4"] and lines[3].split()[:2] == ["4", "1"]
+    assert lines[1].startswith("stage resources: stage 1 on master: ")
+    assert "micro-batch size" in lines[2]
+    # sizes 1 and 4 of a batch of 4: 4 micro-batches and 1 (the reference), rows by count
+    assert lines[3].split()[:2] == ["1", "4"] and lines[4].split()[:2] == ["4", "1"]
     assert f"plots saved to {plot}" in out
     assert plot.read_bytes().startswith(b"\x89PNG")
     verify = next(line for line in lines if line.startswith("verify:"))
     assert "OK" in verify and float(verify.split("= ")[1].split()[0]) <= 1e-4
+    assert lines[-1].startswith("speed-up over no overlap: ")
 
 
 def test_cli_progress_bar():

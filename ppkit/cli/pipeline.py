@@ -1,8 +1,15 @@
 """``ppkit pipeline``: the PyTorch RPC pipeline tutorial's experiment, without a browser.
 
-    ppkit pipeline                                   # laptop-sized defaults
+    ppkit pipeline                                   # the U-curve: 1 2 4 8 16 32 micro-batches of batch 32
+    ppkit pipeline --cut auto                        # first measure every cut, take the most balanced
     ppkit pipeline --batch-size 120 --image-size 128 --num-batches 3 --microbatch-sizes 1 2 4 8
     ppkit pipeline --placement master:cpu,worker1:cpu --cut layer3 --plot sweep.png --verify
+
+With the RPC schedule it measures the U-curve (ppkit/pipeline/ucurve.py): the no-overlap reference
+(one micro-batch) and every count, in rounds, with each stage process on its own cores
+(``--stage-threads``), and ends with one line a script can read::
+
+    speed-up over no overlap: 1.62x (bubble bound 1.74x, 8 micro-batches of 4)
 
 The command runs in three steps, each its own function so options can extend one step without
 touching the others: read and check the flags (:func:`config_from_args`; nothing starts if they are
@@ -19,10 +26,11 @@ from ppkit.checks import positive
 from ppkit.errors import ConfigError, PPKitError
 from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT
 
-HELP = "train ResNet50 pipelined over RPC workers at several micro-batch sizes; print one row each"
+HELP = ("train ResNet50 pipelined over RPC workers at several numbers of micro-batches; print the "
+        "U-curve and the speed-up over no overlap")
 
 DEFAULTS = {"batch_size": 32, "image_size": 64, "num_batches": 3, "microbatch_sizes": [1, 2, 4, 8],
-            "placement": "worker1:cpu,worker2:cpu"}
+            "placement": "worker1:cpu,worker2:cpu"}  # sizes: the --schedule gpipe/1f1b default
 TUTORIAL = "--batch-size 120 --image-size 128 --num-batches 3 --microbatch-sizes 1 2 4 8"
 PLOT_FORMATS = (".png", ".pdf", ".svg")
 
@@ -34,18 +42,29 @@ def add_arguments(parser) -> None:
     parser.add_argument("--image-size", type=int, default=DEFAULTS["image_size"], metavar="PIXELS",
                         help="square image side (default %(default)s; the tutorial: 128)")
     parser.add_argument("--num-batches", type=int, default=DEFAULTS["num_batches"], metavar="N",
-                        help="training batches per configuration (default %(default)s)")
-    parser.add_argument("--microbatch-sizes", type=int, nargs="+", default=DEFAULTS["microbatch_sizes"],
-                        metavar="SIZE", help="images per micro-batch, one configuration each "
-                        "(default: 1 2 4 8; the tutorial calls these 'number of splits')")
+                        help="timed training steps per configuration (default %(default)s; the RPC "
+                        "schedule adds one untimed warm-up step each and reports the median)")
+    counts = parser.add_mutually_exclusive_group()
+    counts.add_argument("--num-microbatches", type=int, nargs="+", metavar="M",
+                        help="numbers of micro-batches to measure, one configuration each (default: 1 2 4 "
+                        "8 16 32, up to the batch size; 1, the no-overlap reference, is always measured)")
+    counts.add_argument("--microbatch-sizes", type=int, nargs="+", metavar="SIZE",
+                        help="or: images per micro-batch, one configuration each (the tutorial calls "
+                        "these 'number of splits'; with --schedule gpipe/1f1b the default is 1 2 4 8)")
+    parser.add_argument("--stage-threads", default="auto", metavar="auto|off|N",
+                        help="each stage process's share of the machine: auto splits this host's cores "
+                        "between the stage processes (pinned, one thread per core; the master gets one "
+                        "thread), off leaves every process as it is, N sets N threads per stage process "
+                        "(default %(default)s)")
     parser.add_argument("--placement", default=DEFAULTS["placement"], metavar="NAME:DEVICE,NAME:DEVICE",
                         help="where each shard runs, in order: master (this process) or workerN, on "
                         "cpu or cuda:N (default %(default)s)")
     parser.add_argument("--cut", default=DEFAULT_CUT, metavar="STAGE",
-                        help=f"the ResNet50 stage after which shard 1 ends: {', '.join(CUT_POINTS)} "
+                        help=f"the ResNet50 stage after which shard 1 ends: {', '.join(CUT_POINTS)}, or "
+                        "auto: measure every cut here and take the one with the smallest slowest stage "
                         "(default %(default)s)")
-    parser.add_argument("--plot", metavar="PATH", help="save the sweep plot and every timeline to PATH "
-                        "(.png, .pdf or .svg)")
+    parser.add_argument("--plot", metavar="PATH", help="save the U-curve and the best count's timeline "
+                        "(with --schedule gpipe/1f1b: the sweep and every timeline) to PATH (.png, .pdf or .svg)")
     parser.add_argument("--listen", metavar="ADDR:PORT",
                         help="wait on this address for the placement's workers to join from other "
                         "machines (on each: ppkit worker --connect ADDR:PORT --name workerN); "
@@ -66,11 +85,18 @@ def config_from_args(args):
     """The checked :class:`PipelineConfig` for ``args``; ConfigError if any flag is wrong."""
     import torch
 
-    from ppkit.pipeline.config import PipelineConfig, check_placement, parse_placement
+    from ppkit.pipeline.config import AUTO_CUT, PipelineConfig, check_placement, parse_placement
+    from ppkit.pipeline.experiment import sizes_from_args
 
+    if args.batch_size < 1:
+        raise ConfigError(f"batch_size must be a whole number >= 1, got {args.batch_size!r}.")
     config = PipelineConfig(batch_size=args.batch_size, image_size=args.image_size,
-                            num_batches=args.num_batches, microbatch_sizes=tuple(args.microbatch_sizes),
-                            placement=parse_placement(args.placement), cut=args.cut).check()
+                            num_batches=args.num_batches,
+                            microbatch_sizes=sizes_from_args(args, DEFAULTS["microbatch_sizes"]),
+                            placement=parse_placement(args.placement), cut=args.cut,
+                            stage_threads=args.stage_threads).check()
+    if args.cut == AUTO_CUT and args.schedule != "rpc":
+        raise ConfigError(f"--cut auto works with --schedule rpc only; name a cut ({', '.join(CUT_POINTS)}).")
     positive(getattr(args, "start_timeout", 120.0), "--start-timeout")
     if args.plot:
         path = Path(args.plot)
@@ -143,15 +169,10 @@ class Progress:
 
 
 def run(args, config, world, progress, on_result):
-    """Run the sweep; returns the :class:`SweepResult` and the model (left open for --verify)."""
-    from ppkit.pipeline.sweep import build_model, run_sweep
+    """The --schedule gpipe/1f1b sweep; returns its :class:`SweepResult` (rows via ``on_result``)."""
+    from ppkit.pipelining.sweep import run_sweep as run_schedule
 
-    if args.schedule != "rpc":
-        from ppkit.pipelining.sweep import run_sweep as run_schedule
-
-        return run_schedule(world, config, args.schedule, progress=progress, on_result=on_result), None
-    model, _ = build_model(config)
-    return run_sweep(config, progress=progress, on_result=on_result, model=model), model
+    return run_schedule(world, config, args.schedule, progress=progress, on_result=on_result)
 
 
 def main(args) -> int:
@@ -163,14 +184,18 @@ def main(args) -> int:
 
     from ppkit.pipeline.sweep import COLUMNS, make_batch
 
-    widths = [max(len(head), 8) for _, head, _ in COLUMNS]
-    where = (f"placement {','.join(map(str, config.placement))}" if args.schedule == "rpc" else
+    rpc = args.schedule == "rpc"
+    where = (f"placement {','.join(map(str, config.placement))}" if rpc else
              f"{args.schedule} schedule of torch.distributed.pipelining on 2 gloo ranks")
-    print(f"ResNet50 cut after {config.cut}, {where}, batch "
-          f"{config.batch_size} of {config.image_size}x{config.image_size}, {config.num_batches} "
-          "batches per configuration")
-    print("  ".join(head.rjust(w) for (_, head, _), w in zip(COLUMNS, widths)), flush=True)
+    steps = (f"{config.num_batches} timed steps per count (after 1 warm-up step)" if rpc else
+             f"{config.num_batches} batches per configuration")
+    cut = "auto (measured below)" if config.cut == "auto" else config.cut
+    print(f"ResNet50 cut after {cut}, {where}, batch {config.batch_size} of "
+          f"{config.image_size}x{config.image_size}, {steps}", flush=True)
     progress = Progress()
+    widths = [max(len(head), 8) for _, head, _ in COLUMNS]
+    if not rpc:
+        print("  ".join(head.rjust(w) for (_, head, _), w in zip(COLUMNS, widths)), flush=True)
 
     def show(result):
         progress.clear()
@@ -178,10 +203,20 @@ def main(args) -> int:
         cells = ["-" if row[key] is None else fmt.format(row[key]) for key, _, fmt in COLUMNS]
         print("  ".join(c.rjust(w) for c, w in zip(cells, widths)), flush=True)
 
-    world = None
+    def say(text):
+        progress.clear()
+        print(text, flush=True)
+
+    world, model = None, None
     try:
         world = start_world(args, config)
-        result, model = run(args, config, world, progress, show)
+        if rpc:
+            from ppkit.pipeline.experiment import run_ucurve
+
+            result, model = run_ucurve(config, progress, say)
+            config = config.replace(cut=result.cut)
+        else:
+            result = run(args, config, world, progress, show)
         progress.clear()
         if args.plot:
             _save_plot(result, args.plot)
@@ -205,8 +240,8 @@ def main(args) -> int:
                   f" (eval mode, same weights, largest output {largest:.3g}): "
                   f"{'OK' if ok else 'TOO LARGE'} (tolerance {limit:.2g})")
             status = 0 if ok else 1
-        if model is not None:
-            model.close()
+        if rpc:
+            print(result.summary(), flush=True)  # last: the line a script reads
         return status
     except PPKitError as exc:
         progress.clear()
@@ -214,6 +249,8 @@ def main(args) -> int:
         return 1
     finally:
         progress.clear()
+        if model is not None:
+            model.close()
         if world is not None:
             world.close()
 
@@ -222,6 +259,8 @@ def _save_plot(result, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from ppkit.pipeline.plots import sweep_figure
+    from ppkit.pipeline.plots import sweep_figure, ucurve_figure
+    from ppkit.pipeline.ucurve import UCurve
 
-    sweep_figure(result, run_index=None).savefig(path, dpi=110)
+    figure = ucurve_figure(result) if isinstance(result, UCurve) else sweep_figure(result, run_index=None)
+    figure.savefig(path, dpi=110)

@@ -16,6 +16,7 @@ Three things this module takes care of, because learners hit them at once:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ import warnings
 
 import cloudpickle
 
-from ppkit.checks import check_keywords, positive
+from ppkit.checks import check_keywords
 from ppkit.cluster import launch, rpc_pickle
 from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
 from ppkit.cluster.controller import Cluster
@@ -126,11 +127,9 @@ class RpcWorld:
                  key: bytes | str | None = None):
         check_rpc(num_workers, num_worker_threads=num_worker_threads, rpc_timeout=rpc_timeout,
                   start_timeout=start_timeout, env=env, listen=listen, remote=remote, key=key)
-        self.rpc_timeout = positive(rpc_timeout, "rpc_timeout")
-        self.start_timeout = positive(start_timeout, "start_timeout")
+        self.rpc_timeout, self.start_timeout = float(rpc_timeout), float(start_timeout)  # checked above
         _check_kernel_free(num_workers)
-        self.num_workers = num_workers
-        self.num_worker_threads = num_worker_threads
+        self.num_workers, self.num_worker_threads = num_workers, num_worker_threads
         self.worker_names = [f"worker{i}" for i in range(1, num_workers + 1)]
         self.names = [MASTER, *self.worker_names]
         self._env = {**launch.local_env(), **(env or {})}
@@ -145,7 +144,7 @@ class RpcWorld:
             self._env = {**self.cluster.local_env(), **(env or {})}
             self._worker_env = without_socket_vars(env or {})
         self.state = "starting"
-        self._generation = 0
+        self._generation, self._cleanups = 0, {}  # cleanups: fn -> None, run at restart/close
         try:
             self._init()
         except BaseException:
@@ -184,6 +183,9 @@ class RpcWorld:
             _first_world_workers = self.num_workers
         self.state = "ready"
 
+    def add_cleanup(self, fn) -> None:  # fn() runs once at the next restart or close
+        self._cleanups[fn] = None
+
     def restart(self) -> RpcWorld:
         """Shut RPC down everywhere, restart the workers and form a fresh RPC world."""
         if self.state == "closed":
@@ -205,6 +207,9 @@ class RpcWorld:
         global _kernel_rpc_stuck
         from torch.distributed import rpc
 
+        while self._cleanups:  # e.g. give the kernel back the threads and cores it had
+            with contextlib.suppress(Exception):
+                self._cleanups.popitem()[0]()
         if self.state not in ("ready", "broken"):
             return
         self.state = "stopping"
@@ -251,8 +256,7 @@ class RpcWorld:
 
 
 def _check_kernel_free(num_workers: int, replacing: bool = False) -> None:
-    """Refuse a world this kernel cannot host; ``replacing``: the running world is ours and is
-    about to be closed, so an RPC agent being set is expected."""
+    """Refuse a world this kernel cannot host (``replacing``: ours runs, about to be closed)."""
     from torch.distributed import rpc
 
     if _first_world_workers is not None and num_workers > _first_world_workers:
@@ -283,8 +287,7 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     global _active
     require_rpc_internals()
     rpc_pickle.require_torch_internals()
-    # every check before the running world is closed: a typo must not cost it
-    check_keywords(RpcWorld, "ppkit.start_rpc()", (num_workers,), options)
+    check_keywords(RpcWorld, "ppkit.start_rpc()", (num_workers,), options)  # all checks before closing it
     check_rpc(num_workers, **options)
     _check_kernel_free(num_workers, replacing=_active is not None and _active.state != "closed")
     if _active is not None:

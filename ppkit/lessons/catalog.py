@@ -127,6 +127,15 @@ EXERCISES = (
          "The backward runs the same way in reverse: add sum(backward_times) + (m - 1) * "
          "max(backward_times).")),
     Exercise(
+        "best_num_microbatches", "06_pipeline",
+        "best_num_microbatches(forward, backward, fixed_seconds, overhead_seconds, candidates)",
+        pipeline_exercises.check_best_num_microbatches, solutions.best_num_microbatches,
+        ("With m micro-batches each stage needs forward[s] / m and backward[s] / m per micro-batch: "
+         "the stage times you get are for the whole batch.",
+         "The bubble bound for m is predict([f / m for f in forward], [b / m for b in backward], m).total "
+         "(or exercise 1's formula with m micro-batches); add fixed_seconds.",
+         "Then add overhead_seconds * (m - 1) and return min(sorted(candidates), key=that time).")),
+    Exercise(
         "slurm_to_torchrun", "07_two_machines", "slurm_to_torchrun(env)",
         launch_exercises.check_slurm_to_torchrun, solutions.slurm_to_torchrun,
         ("RANK is SLURM_PROCID, WORLD_SIZE is SLURM_NTASKS, LOCAL_RANK is SLURM_LOCALID; every value "

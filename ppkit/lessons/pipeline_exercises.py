@@ -3,6 +3,7 @@
     check_activation_shape(fn)   lesson 5: the tensor shard 1 sends to shard 2, for every cut
     check_pipeline_time(fn)      lesson 6: the ideal GPipe step time from stage times and sizes
     check_microbatches_held(fn)  lesson 8: how many micro-batches' activations each stage keeps
+    check_best_num_microbatches(fn)  lesson 6: the bottom of the U-curve from stage times and overhead
 
 Each compares your function with ppkit's own model of the same thing (real shapes from the split
 ResNet50 on the meta device, ``ppkit.pipeline.bubble.predict``, the schedules' orders of work in
@@ -22,6 +23,7 @@ from ppkit.lessons.exercises import CheckReport, _raise_or_report
 from ppkit.models.resnet import CUT_POINTS, resnet50, split_resnet50
 from ppkit.pipeline.bubble import predict
 from ppkit.pipeline.config import num_microbatches
+from ppkit.pipeline.ucurve import best_count, step_model
 from ppkit.pipelining.compare import schedule_orders
 
 
@@ -225,4 +227,64 @@ def check_microbatches_held(fn, schedules=HELD_SCHEDULES, shapes=HELD_SHAPES) ->
             if got_list != want:
                 report.failures.append(f"{label}: expected {want}, got {got_list}"
                                        + _held_hint(got_list, want, schedule, num_stages, m))
+    return _raise_or_report(report)
+
+
+# -- lesson 6: the bottom of the U-curve ---------------------------------------------------------
+
+# (forward, backward, fixed_seconds, overhead_seconds, candidates): stage times alone on the whole
+# batch, the rest of a step, the cost of one more micro-batch, the counts to choose from
+BEST_COUNT_CASES = (
+    ((0.6, 0.8), (1.2, 1.6), 0.10, 0.020, (1, 2, 4, 8, 16, 32)),  # the bottom in the middle
+    ((0.6, 0.8), (1.2, 1.6), 0.10, 0.200, (1, 2, 4, 8, 16, 32)),  # dearer micro-batches: fewer
+    ((1.0, 1.0), (2.0, 2.0), 0.05, 0.0, (1, 2, 4, 8)),            # no overhead: the most
+    ((0.5, 0.5), (1.0, 1.0), 0.0, 1.0, (1, 2, 4)),                # overhead above any gain: 1
+    ((0.3, 0.9), (0.6, 1.8), 0.2, 0.01, (1, 2, 3, 4, 6, 12)),     # unbalanced stages
+    ((0.2, 0.3, 0.1), (0.4, 0.6, 0.2), 0.05, 0.015, (1, 2, 4, 8, 16)),  # three stages
+    ((0.6, 0.8), (1.2, 1.6), 0.10, 0.020, (8, 2, 32, 4)),        # candidates in any order
+)
+
+
+def _best_count_hint(got: int, forward, backward, fixed, overhead, candidates) -> str:
+    if got not in candidates:
+        return f" (choose one of the candidates {sorted(candidates)})"
+    if got == best_count(forward, backward, fixed, 0.0, candidates):
+        return (" (that is the best without the overhead: each micro-batch after the first adds "
+                "overhead_seconds)")
+    whole = min(sorted(candidates), key=lambda m: fixed + sum(forward) + sum(backward)
+                + (m - 1) * (max(forward) + max(backward) + overhead))
+    if got == whole:
+        return (" (the stage times are for the whole batch: with m micro-batches each one takes "
+                "forward[s] / m and backward[s] / m)")
+    return ""
+
+
+def check_best_num_microbatches(fn, cases=BEST_COUNT_CASES) -> CheckReport:
+    """Check ``fn(forward, backward, fixed_seconds, overhead_seconds, candidates) -> int``: the
+    number of micro-batches in ``candidates`` with the shortest training step, where ``forward[s]``
+    and ``backward[s]`` are stage ``s``'s times alone on the whole batch, ``fixed_seconds`` the rest
+    of a step and ``overhead_seconds`` what each micro-batch after the first adds. The step time for
+    ``m`` is the bubble model's GPipe schedule of ``forward[s] / m``, ``backward[s] / m`` plus
+    ``fixed_seconds + overhead_seconds * (m - 1)`` (``ppkit.pipeline.ucurve.step_model``); on a tie,
+    the smaller count."""
+    check_callable(fn, "fn(forward, backward, fixed_seconds, overhead_seconds, candidates)")
+    report = CheckReport("best number of micro-batches")
+    for forward, backward, fixed, overhead, candidates in cases:
+        label = (f"forward {list(forward)}, backward {list(backward)}, fixed {fixed} s, overhead "
+                 f"{overhead * 1e3:g} ms, candidates {list(candidates)}")
+        report.cases.append(f"{len(forward)} stages, overhead {overhead * 1e3:g} ms")
+        got, problem = _call(fn, label, list(forward), list(backward), fixed, overhead, list(candidates))
+        if problem:
+            report.failures.append(problem)
+            continue
+        want = best_count(forward, backward, fixed, overhead, candidates)
+        if isinstance(got, bool) or not isinstance(got, int):
+            report.failures.append(f"{label}: expected a whole number of micro-batches ({want}), got "
+                                   f"{type(got).__name__} {got!r:.60}")
+        elif got != want:
+            report.failures.append(
+                f"{label}: expected {want} ({step_model(forward, backward, fixed, overhead, want):.3f} s "
+                f"per step), got {got}" + (f" ({step_model(forward, backward, fixed, overhead, got):.3f} s)"
+                                           if got >= 1 else "")
+                + _best_count_hint(got, forward, backward, fixed, overhead, candidates))
     return _raise_or_report(report)

@@ -14,6 +14,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from ppkit.pipeline.bubble import predict
+
 
 def my_share(rank, world_size, num_items):
     start = rank * num_items // world_size          # contiguous blocks whose sizes differ by at most 1
@@ -81,6 +83,14 @@ def pipeline_time(forward_times, backward_times, batch_size, microbatch_size):
     forward = sum(forward_times) + (m - 1) * max(forward_times)
     backward = sum(backward_times) + (m - 1) * max(backward_times)
     return forward + backward
+
+
+def best_num_microbatches(forward, backward, fixed_seconds, overhead_seconds, candidates):
+    def step_time(m):
+        ideal = predict([f / m for f in forward], [b / m for b in backward], m).total  # the bubble bound
+        return fixed_seconds + ideal + overhead_seconds * (m - 1)
+
+    return min(sorted(candidates), key=step_time)  # sorted: the smaller count wins a tie
 
 
 def slurm_to_torchrun(env):

@@ -18,6 +18,7 @@ from ppkit.errors import ConfigError
 from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT, check_cut
 
 MASTER = "master"
+AUTO_CUT = "auto"  # measure every cut on this machine and take the most balanced (balance.py)
 _PROCESS = re.compile(r"^(master|worker[1-9][0-9]*)$")
 _DEVICE = re.compile(r"^(cpu|cuda(:[0-9]+)?)$")
 
@@ -119,6 +120,8 @@ class PipelineConfig:
     seed: int = 0
     num_classes: int = 1000
     train_mode: bool = True  # BatchNorm in train mode, as the tutorial trains
+    # each stage process's share of the cores: "auto", "off" or threads per stage (resources.py)
+    stage_threads: str | int = "auto"
 
     def __post_init__(self):
         sizes = self.microbatch_sizes
@@ -143,7 +146,11 @@ class PipelineConfig:
             raise ConfigError("give at least one micro-batch size.")
         for size in self.microbatch_sizes:
             check_microbatch_size(size, self.batch_size)
-        check_cut(self.cut)
+        if self.cut != AUTO_CUT:
+            check_cut(self.cut)
+        from ppkit.pipeline.resources import check_stage_threads
+
+        object.__setattr__(self, "stage_threads", check_stage_threads(self.stage_threads))
         if len(self.placement) != 2:
             raise ConfigError(
                 f"ResNet50 is cut into 2 shards, but the placement names {len(self.placement)} "
@@ -199,6 +206,7 @@ def check_placement(placement, names, devices: dict[str, int] | None = None) -> 
 
 
 __all__ = [
+    "AUTO_CUT",
     "CUT_POINTS",
     "MASTER",
     "PipelineConfig",

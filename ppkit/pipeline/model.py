@@ -124,6 +124,7 @@ class PipelineModel(nn.Module):
         self._rpc_timeout = rpc.constants.UNSET_RPC_TIMEOUT if timeout is None else timeout
         self._steps = itertools.count()
         self._ids: list[str] = []
+        self.resources: list = []  # what each stage process got (sweep.build_model sets it)
         self._check_world(shards)
         self._build(shards)
         self._finalizer = weakref.finalize(self, _release, self._processes_and_ids())

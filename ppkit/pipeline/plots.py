@@ -72,3 +72,37 @@ def sweep_figure(result, run_index: int | None = -1):
     for panel, run in zip(panels[1:], runs):
         plot_run(panel.subplots(1, 2, sharey=True), run)
     return fig
+
+
+def plot_ucurve(ax, curve) -> None:
+    """Step time over the number of micro-batches: measured (median, range of the rounds), the bubble
+    bound from the solo stage times, and the bound plus the fitted per-micro-batch overhead."""
+    counts = curve.counts
+    measured = [p.seconds for p in curve.points]
+    low = [p.seconds - min(p.step_seconds) for p in curve.points]
+    high = [max(p.step_seconds) - p.seconds for p in curve.points]
+    ax.errorbar(counts, measured, yerr=[low, high], fmt="o-", capsize=3, label="measured step (median)")
+    ax.plot(counts, [curve.reference.bound_seconds(m) for m in counts], "^:",
+            label="bubble bound (solo stage times)")
+    ax.plot(counts, [curve.model_seconds(m) for m in counts], "s--",
+            label=f"bound + {curve.overhead_seconds * 1e3:.0f} ms per extra micro-batch")
+    ax.axhline(curve.reference.step_seconds, color="grey", linewidth=0.8, label="no overlap (1 micro-batch)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [f"{p.num_microbatches}\n({p.microbatch_size})" for p in curve.points])
+    ax.set_xlabel("number of micro-batches (micro-batch size)")
+    ax.set_ylabel("seconds per training step")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title(f"batch {curve.config.batch_size} of {curve.config.image_size}x{curve.config.image_size}, "
+                 f"cut after {curve.cut}: {curve.summary()}", fontsize=9)
+
+
+def ucurve_figure(curve):
+    """The U-curve on top, the measured timeline of the best count beside its bubble model below."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 6.4), layout="constrained")
+    top, bottom = fig.subfigures(2, 1)
+    plot_ucurve(top.subplots(), curve)
+    plot_run(bottom.subplots(1, 2, sharey=True), curve.best.run)
+    return fig

@@ -32,6 +32,8 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch import nn
 
+from ppkit.pipeline.resources import sync_threads
+
 MAX_EVENTS = 100_000  # per stage; the driver drains them after every batch
 
 # Stages living in this process, by id. The driver (PipelineModel) creates and releases them.
@@ -124,6 +126,7 @@ class Stage:
                     f"pipeline stage {self.index + 1} was released before micro-batch {key[1]} ran"))
 
     def _compute(self, key, x, grad):
+        sync_threads()  # the stage's share of the cores (ppkit/pipeline/resources.py)
         start = time.time()
         with torch.set_grad_enabled(grad):
             x = x.to(self.device)
@@ -149,6 +152,7 @@ class Stage:
             output.grad_fn.register_hook(lambda grad_inputs, grad_outputs: done())
 
     def _backward_began(self, key) -> None:
+        sync_threads()  # on the thread that runs this process's backward
         with self._lock:
             self._backward_starts[key] = time.time()
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed.autograd as dist_autograd
 from torch import nn
 
+from ppkit.pipeline import resources
 from ppkit.pipeline.bubble import BubblePrediction, predict_from_timeline
 from ppkit.pipeline.config import PipelineConfig, check_microbatch_size, num_microbatches
 from ppkit.pipeline.model import PipelineModel, PipelineOptimizer
@@ -89,8 +90,13 @@ COLUMNS = (
 
 def format_rows(rows: list[dict], markdown: bool = False) -> str:
     """A fixed-width (or Markdown) table of :meth:`RunResult.row` dicts."""
-    heads = [head for _, head, _ in COLUMNS]
-    body = [[("-" if row[key] is None else fmt.format(row[key])) for key, _, fmt in COLUMNS]
+    return format_table(rows, COLUMNS, markdown)
+
+
+def format_table(rows: list[dict], columns, markdown: bool = False) -> str:
+    """``rows`` (dicts) as a fixed-width or Markdown table; ``columns``: (key, heading, format)."""
+    heads = [head for _, head, _ in columns]
+    body = [[("-" if row[key] is None else fmt.format(row[key])) for key, _, fmt in columns]
             for row in rows]
     if markdown:
         lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---:" for _ in heads) + "|"]
@@ -146,11 +152,21 @@ def train_batches(model: PipelineModel, optimizer: PipelineOptimizer, config: Pi
 
 
 def build_model(config: PipelineConfig) -> tuple[PipelineModel, PipelineOptimizer]:
-    """The pipeline model and its per-shard SGD for ``config`` (an RPC world must be running)."""
+    """The pipeline model and its per-shard SGD for ``config`` (an RPC world must be running).
+
+    Each stage process also gets its share of the cores (``config.stage_threads``); what each got
+    is in ``model.resources`` (:class:`ppkit.pipeline.resources.ProcessPlan` per process).
+    """
     model = PipelineModel(config.placement, cut=config.cut, seed=config.seed,
                           num_classes=config.num_classes)
-    model.train(config.train_mode)
-    return model, PipelineOptimizer(model, torch.optim.SGD, lr=LEARNING_RATE)
+    try:
+        model.resources = resources.assign(config.placement, config.stage_threads)
+        model.train(config.train_mode)
+        optimizer = PipelineOptimizer(model, torch.optim.SGD, lr=LEARNING_RATE)
+    except BaseException:
+        model.close()
+        raise
+    return model, optimizer
 
 
 def run_sweep(config: PipelineConfig, *, progress=None, on_result=None, rebuild: bool = False,

@@ -5,6 +5,8 @@
     ui.microbatch_size.value = 4    # ... or drive it from Python, as the tests do
     ui.run_button.click()
     ui.runs[-1].seconds_per_batch
+    ui.ucurve()                     # 1, 2, 4, ... micro-batches against the no-overlap reference
+    ui.curve.summary()
 
 Every control has a stable description and a ``ppkit-pipeline-*`` DOM class, so a browser test can
 find it. Errors (a bad size, a device that is not there, a failed stage) appear in the status line;
@@ -14,14 +16,15 @@ find it. Errors (a bad size, a device that is not there, a failed stage) appear 
 from __future__ import annotations
 
 import html
-import io
 
 import ipywidgets as w
 
 from ppkit.errors import ConfigError, PPKitError
 from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT
-from ppkit.pipeline.config import PipelineConfig, Placement, num_microbatches
+from ppkit.pipeline.config import AUTO_CUT, PipelineConfig, Placement, num_microbatches
+from ppkit.pipeline.resources import describe
 from ppkit.pipeline.sweep import COLUMNS, build_model, format_rows, train_batches
+from ppkit.widgets.pipeline_ucurve import UCurveControls, html_table, png, timeline_figure
 
 IMAGE_SIZES = (32, 48, 64, 96, 128)
 
@@ -34,7 +37,6 @@ def _styled(widget, name: str):
 
 
 _HIDDEN = "none"
-_CELL = 'style="padding:2px 12px;text-align:right"'
 
 
 def _device_counts(names) -> dict[str, int]:
@@ -53,7 +55,7 @@ def _device_counts(names) -> dict[str, int]:
     return counts
 
 
-class PipelineWidget(w.VBox):
+class PipelineWidget(UCurveControls, w.VBox):
     """Controls and results for pipelined ResNet50 training on an RPC world."""
 
     def __init__(self, world, *, batch_size: int = 16, image_size: int = 64, num_batches: int = 2,
@@ -65,6 +67,8 @@ class PipelineWidget(w.VBox):
         self._model = None
         self._model_key = None
         self._results_key = None
+        self._auto_cut: tuple | None = None  # (what it was measured for, the cut it chose)
+        self.curve = None
 
         self.batch_size = _styled(w.BoundedIntText(batch_size, min=1, max=1024, description="batch size"),
                                   "batch-size")
@@ -76,7 +80,13 @@ class PipelineWidget(w.VBox):
                                                    description="micro-batch size", continuous_update=True),
                                        "microbatch")
         self.num_microbatches = _styled(w.Label(), "num-microbatches")
-        self.cut = _styled(w.Dropdown(options=CUT_POINTS, value=DEFAULT_CUT, description="cut after"), "cut")
+        self.cut = _styled(w.Dropdown(options=(*CUT_POINTS, AUTO_CUT), value=DEFAULT_CUT, description="cut after",
+                                      tooltip="auto: time every cut here, take the smallest slowest stage"), "cut")
+        self.stage_threads = _styled(w.Dropdown(options=("auto", "off"), value="auto", description="stage threads",
+                                                tooltip="auto: each stage process on its own cores"),
+                                     "stage-threads")
+        self.resources = _styled(w.HTML(), "resources")
+        self.cuts_table = _styled(w.HTML(), "cuts")
         default_processes = (self.names[1:3] if len(self.names) >= 3 else
                              self.names[:2] if len(self.names) >= 2 else self.names * 2)
         self.processes, self.device_choices = [], []
@@ -94,6 +104,9 @@ class PipelineWidget(w.VBox):
                                            tooltip="train at the chosen micro-batch size"), "run")
         self.sweep_button = _styled(w.Button(description="Sweep", tooltip="train at every sweep size"),
                                     "sweep")
+        self.ucurve_button = _styled(w.Button(
+            description="U-curve", tooltip="1, 2, 4, ... micro-batches of this batch against the "
+            "no-overlap reference and the bubble bound"), "ucurve")
         self.clear_button = _styled(w.Button(description="Clear results"), "clear")
         self.progress = _styled(w.IntProgress(0, min=0, max=1, description="progress"), "progress")
         self.status = _styled(w.HTML(), "status")
@@ -106,6 +119,7 @@ class PipelineWidget(w.VBox):
         self.microbatch_size.observe(self._update_sizes, "value")
         self.run_button.on_click(lambda _: self._guarded(self.run))
         self.sweep_button.on_click(lambda _: self._guarded(self.sweep))
+        self.ucurve_button.on_click(lambda _: self._guarded(self.ucurve))
         self.clear_button.on_click(lambda _: self.clear())
         self._update_sizes()
 
@@ -114,9 +128,12 @@ class PipelineWidget(w.VBox):
             w.HBox([self.batch_size, self.image_size, self.num_batches]),
             w.HBox([self.microbatch_size, self.num_microbatches]),
             *placement_rows,
-            self.cut,
-            w.HBox([self.run_button, self.sweep_sizes, self.sweep_button, self.clear_button]),
+            w.HBox([self.cut, self.stage_threads]),
+            self.resources,
+            w.HBox([self.run_button, self.sweep_sizes, self.sweep_button, self.ucurve_button,
+                    self.clear_button]),
             w.HBox([self.progress, self.status]),
+            self.cuts_table,
             self.table,
             self.sweep_plot,
             self.timeline_plot,
@@ -145,7 +162,8 @@ class PipelineWidget(w.VBox):
         return PipelineConfig(batch_size=self.batch_size.value, image_size=self.image_size.value,
                               num_batches=self.num_batches.value,
                               microbatch_sizes=tuple(microbatch_sizes or [self.microbatch_size.value]),
-                              placement=placement, cut=self.cut.value).check()
+                              placement=placement, cut=self.cut.value,
+                              stage_threads=self.stage_threads.value).check()
 
     def parse_sweep_sizes(self) -> list[int]:
         try:
@@ -167,11 +185,13 @@ class PipelineWidget(w.VBox):
         return self._run_sizes(self.config(self.parse_sweep_sizes()))
 
     def _run_sizes(self, config: PipelineConfig):
-        key = (config.placement, config.cut, config.batch_size, config.image_size, config.num_batches)
+        self._ensure_world()
+        config = self._resolve_cut(config)
+        key = (config.placement, config.cut, config.batch_size, config.image_size, config.num_batches,
+               config.stage_threads)
         if key != self._results_key:
             self.runs = []
             self._results_key = key
-        self._ensure_world()
         model, optimizer = self._model_for(config)
         total = config.num_batches * len(config.microbatch_sizes)
         self.progress.max, self.progress.value = total, 0
@@ -199,12 +219,13 @@ class PipelineWidget(w.VBox):
         self.world = ppkit.start_rpc(len(self.names) - 1)
 
     def _model_for(self, config: PipelineConfig):
-        key = (config.placement, config.cut)
+        key = (config.placement, config.cut, config.stage_threads)
         if self._model is None or key != self._model_key:
             self.close_model()
             self._say(f"building the shards on {', '.join(map(str, config.placement))} ...")
             self._model = build_model(config)
             self._model_key = key
+            self.resources.value = ("stage resources: " + html.escape(describe(self._model[0].resources)))
         return self._model
 
     def _guarded(self, action) -> None:
@@ -223,6 +244,7 @@ class PipelineWidget(w.VBox):
 
     def clear(self) -> None:
         self.runs = []
+        self.curve = None
         self.table.value = ""
         for plot in (self.sweep_plot, self.timeline_plot):
             plot.value = b""
@@ -241,14 +263,9 @@ class PipelineWidget(w.VBox):
         return [run.row() for run in self.runs]
 
     def _show(self, run) -> None:
-        rows = self.rows()
-        head = "".join(f"<th {_CELL}>{html.escape(h)}</th>" for _, h, _ in COLUMNS)
-        body = "".join("<tr>" + "".join(
-            f"<td {_CELL}>{'-' if row[k] is None else fmt.format(row[k])}</td>" for k, _, fmt in COLUMNS)
-            + "</tr>" for row in rows)
-        self.table.value = f'<table class="ppkit-pipeline-results"><tr>{head}</tr>{body}</table>'
-        self.sweep_plot.value = _png(_sweep_figure(self.runs))
-        self.timeline_plot.value = _png(_timeline_figure(run))
+        self.table.value = html_table(self.rows(), COLUMNS, "ppkit-pipeline-results")
+        self.sweep_plot.value = png(_sweep_figure(self.runs))
+        self.timeline_plot.value = png(timeline_figure(run))
         for plot in (self.sweep_plot, self.timeline_plot):
             plot.layout.display = None
 
@@ -264,19 +281,3 @@ def _sweep_figure(runs):
     fig = Figure(figsize=(8, 3.2), layout="constrained")
     plot_sweep(fig.subplots(), runs)
     return fig
-
-
-def _timeline_figure(run):
-    from matplotlib.figure import Figure
-
-    from ppkit.pipeline.plots import plot_run
-
-    fig = Figure(figsize=(11, 3.2), layout="constrained")
-    plot_run(fig.subplots(1, 2, sharey=True), run)
-    return fig
-
-
-def _png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    return buffer.getvalue()
