@@ -8,6 +8,8 @@ import importlib
 import pkgutil
 import sys
 
+from ppkit.errors import ConfigError
+
 
 def _subcommands() -> dict:
     found = {}
@@ -29,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return commands[args.command].main(args) or 0
+    except ConfigError as exc:  # a flag's value that a subcommand did not check itself: no traceback
+        print(f"ppkit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("ppkit: interrupted", file=sys.stderr)
         return 130

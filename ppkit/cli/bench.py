@@ -33,6 +33,7 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     import ppkit
     from ppkit.bench import comm
+    from ppkit.cluster.launch import check_world_size
 
     try:
         sizes = comm.sizes(comm.parse_size(args.min_bytes), comm.parse_size(args.max_bytes), args.factor)
@@ -44,8 +45,9 @@ def main(args) -> int:
             raise ppkit.ConfigError(f"--iters must be at least 1, got {args.iters}.")
         if args.repeats < 1:
             raise ppkit.ConfigError(f"--repeats must be at least 1, got {args.repeats}.")
+        check_world_size(args.world_size)
     except ppkit.ConfigError as exc:
-        print(f"ppkit bench: {exc}", file=sys.stderr)
+        print(f"ppkit bench: error: {exc}", file=sys.stderr)
         return 2
     print(f"# ppkit bench: {args.world_size} local ranks, backend {args.backend}, "
           f"sizes {comm._human(sizes[0])}..{comm._human(sizes[-1])}, median of {args.repeats} "

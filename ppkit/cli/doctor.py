@@ -22,7 +22,7 @@ def main(args) -> int:
     try:
         report = diagnose(args.master, key=args.key)
     except (ConfigError, ValueError) as exc:
-        print(f"ppkit doctor: {exc}", file=sys.stderr)
+        print(f"ppkit doctor: error: {exc}", file=sys.stderr)
         return 2
     print(report)
     return 0 if report.ok else 1

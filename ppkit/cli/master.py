@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import sys
 
+from ppkit.checks import positive
+from ppkit.cluster import options
 from ppkit.cluster.admission import DEFAULT_PORT
-from ppkit.errors import PPKitError
+from ppkit.errors import ConfigError, PPKitError
 
 HELP = "listen for remote workers and check the cluster with one all_reduce"
 
@@ -36,10 +38,15 @@ def main(args) -> int:
     from ppkit.cluster.allreduce_check import check, expected_sum
     from ppkit.cluster.controller import Cluster
 
-    if args.local_ranks < 0:
-        print(f"ppkit master: --local-ranks must be 0 or more, got {args.local_ranks}", file=sys.stderr)
-        return 2
     world_size = args.local_ranks + len(args.workers)
+    try:  # the flags first: a mistake there is a usage error (status 2), not a failed run
+        if args.local_ranks < 0:
+            raise ConfigError(f"--local-ranks must be 0 or more, got {args.local_ranks}.")
+        positive(args.start_timeout, "--start-timeout")
+        options.check_cluster(world_size, "gloo", listen=args.listen, remote=args.workers, key=args.key)
+    except ConfigError as exc:
+        print(f"ppkit master: error: {exc}", file=sys.stderr)
+        return 2
     try:
         with Cluster(world_size, "gloo", listen=args.listen, remote=args.workers, key=args.key,
                      start_timeout=args.start_timeout, timeout=60) as cluster:

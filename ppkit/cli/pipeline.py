@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ppkit.checks import positive
 from ppkit.errors import ConfigError, PPKitError
 from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT
 
@@ -77,7 +78,7 @@ def add_arguments(parser) -> None:
                         help="also compare the outputs with a local torchvision ResNet50 holding the "
                         "same weights (eval mode); exit 1 if they differ by more than 1e-4 (relative to "
                         "the largest output, if above 1; with --schedule gpipe or 1f1b: the gradients, "
-                        "relative to the largest)")
+                        "by more than 1e-3 of the largest)")
 
 
 def config_from_args(args):
@@ -96,6 +97,7 @@ def config_from_args(args):
                             stage_threads=args.stage_threads).check()
     if args.cut == AUTO_CUT and args.schedule != "rpc":
         raise ConfigError(f"--cut auto works with --schedule rpc only; name a cut ({', '.join(CUT_POINTS)}).")
+    positive(getattr(args, "start_timeout", 120.0), "--start-timeout")
     if args.plot:
         path = Path(args.plot)
         if path.suffix.lower() not in PLOT_FORMATS:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ppkit.checks import check_port, positive
 from ppkit.cluster.admission import DEFAULT_PORT
 from ppkit.errors import AuthenticationError, ConfigError, LaunchError
 from ppkit.transport import channel
@@ -39,6 +40,7 @@ def resolve(args, environ=None) -> tuple[tuple[str, int], str, bytes]:
     """The address, name and key to use, from the flags and else the launcher's variables."""
     environ = os.environ if environ is None else environ
     connect, name = args.connect, args.name
+    check_port(args.port, "--port")
     if connect is None or name is None:
         launch = _launch_env(environ)
         if launch is None:
@@ -53,7 +55,8 @@ def resolve(args, environ=None) -> tuple[tuple[str, int], str, bytes]:
         address = channel.parse_address(connect)
     except ValueError as exc:
         raise ConfigError(
-            f"--connect must be ADDR:PORT, e.g. 10.0.0.1:{DEFAULT_PORT}; got {connect!r}.") from exc
+            f"--connect must be ADDR:PORT, e.g. 10.0.0.1:{DEFAULT_PORT}; "
+            f"{exc}.") from exc
     key = args.key or environ.get(channel.KEY_ENV)
     if not key:
         raise ConfigError(
@@ -64,8 +67,7 @@ def resolve(args, environ=None) -> tuple[tuple[str, int], str, bytes]:
     except ValueError as exc:
         raise ConfigError(f"the key must be hex digits as the master printed it, got {len(key)} characters "
                           "that are not.") from exc
-    if args.timeout <= 0:
-        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout}.")
+    positive(args.timeout, "--timeout")
     return address, name, key_bytes
 
 
@@ -87,7 +89,7 @@ def main(args) -> int:
     try:
         address, name, key = resolve(args)
     except ConfigError as exc:
-        print(f"ppkit worker: {exc}", file=sys.stderr)
+        print(f"ppkit worker: error: {exc}", file=sys.stderr)
         return 2
     where = f"{address[0]}:{address[1]}"
     say(f"{name}: connecting to the master at {where} ...")

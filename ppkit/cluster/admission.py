@@ -48,14 +48,17 @@ def parse_key(key) -> bytes:
             return channel.new_key()
     if isinstance(key, bytes):
         if len(key) < 16:
-            raise ConfigError(f"the key must be at least 16 bytes long, got {len(key)}.")
+            raise ConfigError(
+                f"the key must be at least 16 bytes long (32 hex digits), got {len(key)}: a shorter one can be "
+                "guessed. Use the key the master prints, or leave key unset to have a new one made.")
         return key
     try:
-        return parse_key(bytes.fromhex(key))
+        decoded = bytes.fromhex(key)
     except (TypeError, ValueError) as exc:
         raise ConfigError(
             "the key must be hex digits, such as the PPKIT_KEY the master prints (or bytes); got "
             f"{type(key).__name__} of length {len(key) if hasattr(key, '__len__') else '?'}.") from exc
+    return parse_key(decoded)  # outside the try: its length error is not a hex error
 
 
 def remote_names(world_size: int, remote) -> list[str]:

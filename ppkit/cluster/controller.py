@@ -17,7 +17,7 @@ import weakref
 import cloudpickle
 
 from ppkit.checks import positive
-from ppkit.cluster import diagnostics, launch
+from ppkit.cluster import diagnostics, launch, options
 from ppkit.cluster.admission import handle_probe, listen_error, parse_key
 from ppkit.cluster.inbox import FORK_SERVER, Closed, Inbox, Item, LaunchFailed
 from ppkit.cluster.jobs import Job, new_cell_sources
@@ -52,7 +52,9 @@ class Cluster:
                  env: dict[str, str] | None = None, labels: list[str] | None = None,
                  listen: str | None = None, remote=None, key: bytes | str | None = None,
                  start_method: str = "auto"):
-        self.world_size = launch.check_world_size(world_size)
+        self.world_size = options.check_cluster(world_size, backend, timeout=timeout, start_timeout=start_timeout,
+                                                process_group=process_group, env=env, labels=labels,
+                                                listen=listen, remote=remote, key=key, start_method=start_method)
         if listen is not None and backend == "auto":
             backend = "gloo"  # the other machines' GPUs are unknown here
         # 'auto' counts GPUs, which imports torch (seconds): done below, once the fork server is

@@ -12,6 +12,7 @@ from ppkit.errors import ConfigError
 from ppkit.transport import ifaces
 
 BACKENDS = ("auto", "gloo", "nccl")
+MAX_RANKS_PER_CORE = 64  # a sanity bound on world_size (a typo such as 2000 for 2), not a tuned limit
 
 
 def check_world_size(world_size) -> int:
@@ -25,6 +26,13 @@ def check_world_size(world_size) -> int:
             f"world_size must be at least 1, got {world_size}. A process group needs one rank "
             "or more; ppkit.start(2) is the smallest world where ranks can talk."
         )
+    limit = MAX_RANKS_PER_CORE * (os.cpu_count() or 1)
+    if world_size > limit:
+        raise ConfigError(
+            f"world_size {world_size} is more than {MAX_RANKS_PER_CORE} ranks per CPU core of this machine "
+            f"({limit} for {os.cpu_count() or 1} core(s)): each rank is a process holding torch (hundreds "
+            "of MB), so this would exhaust memory rather than teach anything. Use a few ranks, e.g. "
+            "ppkit.start(4).")
     return world_size
 
 

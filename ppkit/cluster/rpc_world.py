@@ -24,10 +24,11 @@ import warnings
 
 import cloudpickle
 
-from ppkit.checks import positive
-from ppkit.cluster import launch, rpc_pickle, spawning
+from ppkit.checks import check_keywords
+from ppkit.cluster import launch, rpc_pickle
 from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.options import check_rpc
 from ppkit.compat import require_rpc_internals
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 from ppkit.transport import procs
@@ -120,19 +121,15 @@ def _worker_init(rank: int, world_size: int, rpc_world_size: int, options: dict,
 class RpcWorld:
     """This process as RPC rank 0 ("master") plus ``num_workers`` background workers."""
 
-    def __init__(self, num_workers: int = 2, *, num_worker_threads: int = 16, rpc_timeout: float = 60.0,
-                 start_timeout: float = 120.0, env: dict[str, str] | None = None, listen: str | None = None,
-                 remote=None, key: bytes | str | None = None, start_method: str = "auto"):
-        launch.check_world_size(num_workers)
-        if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, int) \
-                or num_worker_threads < 1:
-            raise ConfigError(f"num_worker_threads must be a positive whole number, got "
-                              f"{num_worker_threads!r}.")
-        self.rpc_timeout = positive(rpc_timeout, "rpc_timeout")
-        self.start_timeout = positive(start_timeout, "start_timeout")
+    def __init__(self, num_workers: int = 2, *, num_worker_threads: int = 16,
+                 rpc_timeout: float = 60.0, start_timeout: float = 120.0,
+                 env: dict[str, str] | None = None, listen: str | None = None, remote=None,
+                 key: bytes | str | None = None, start_method: str = "auto"):
+        check_rpc(num_workers, num_worker_threads=num_worker_threads, rpc_timeout=rpc_timeout, env=env,
+                  start_timeout=start_timeout, listen=listen, remote=remote, key=key, start_method=start_method)
+        self.rpc_timeout, self.start_timeout = float(rpc_timeout), float(start_timeout)  # checked above
         _check_kernel_free(num_workers)
-        self.num_workers = num_workers
-        self.num_worker_threads = num_worker_threads
+        self.num_workers, self.num_worker_threads = num_workers, num_worker_threads
         self.worker_names = [f"worker{i}" for i in range(1, num_workers + 1)]
         self.names = [MASTER, *self.worker_names]
         self._env = {**launch.local_env(), **(env or {})}
@@ -258,7 +255,8 @@ class RpcWorld:
         return f"<ppkit.RpcWorld names={self.names} state={self.state!r}>"
 
 
-def _check_kernel_free(num_workers: int) -> None:
+def _check_kernel_free(num_workers: int, replacing: bool = False) -> None:
+    """Refuse a world this kernel cannot host (``replacing``: ours runs, about to be closed)."""
     from torch.distributed import rpc
 
     if _first_world_workers is not None and num_workers > _first_world_workers:
@@ -273,7 +271,7 @@ def _check_kernel_free(num_workers: int) -> None:
         raise ClusterStateError(
             "an earlier RPC shutdown in this kernel never returned, so RPC cannot start again in "
             "this process. Restart the kernel (Kernel > Restart), then run the cell again.")
-    if rpc.api._is_current_rpc_agent_set():
+    if not replacing and rpc.api._is_current_rpc_agent_set():
         raise ClusterStateError(
             "RPC is already running in this kernel (rpc.init_rpc was called outside ppkit). "
             "Call rpc.shutdown() first, or restart the kernel.")
@@ -288,8 +286,10 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     """
     global _active
     require_rpc_internals()  # and RPC itself (not on Windows): the error names the lessons
-    spawning.resolve_start_method(options.get("start_method", "auto"))  # before the last world closes
     rpc_pickle.require_torch_internals()
+    check_keywords(RpcWorld, "ppkit.start_rpc()", (num_workers,), options)  # all checks before closing it
+    check_rpc(num_workers, **options)
+    _check_kernel_free(num_workers, replacing=_active is not None and _active.state != "closed")
     if _active is not None:
         _active.close()
     _active = RpcWorld(num_workers, **options)

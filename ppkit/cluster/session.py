@@ -17,9 +17,9 @@ from __future__ import annotations
 import itertools
 import shlex
 
-from ppkit.checks import positive
-from ppkit.cluster import launch, spawning
+from ppkit.checks import check_keywords
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.options import check_cluster
 from ppkit.errors import ClusterStateError, ConfigError
 
 _active: Cluster | None = None
@@ -40,13 +40,8 @@ def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
     global _active
     # Check what can be checked before closing the cluster this call replaces: a typo in the
     # arguments should not cost the learner a working cluster.
-    world_size = launch.check_world_size(world_size)
-    if backend != "auto":
-        launch.resolve_backend(backend, world_size)
-    spawning.resolve_start_method(options.get("start_method", "auto"))
-    for name in ("timeout", "start_timeout"):
-        if name in options:
-            positive(options[name], name)
+    check_keywords(Cluster, "ppkit.start()", (world_size, backend), options)
+    world_size = check_cluster(world_size, backend, **options)
     if _active is not None:
         _active.close()
         _active = None

@@ -48,17 +48,22 @@ def resolve_start_method(value: str = "auto", platform: str = sys.platform) -> s
     return value
 
 
-def make_launcher(world_size: int, inbox: Inbox, key: bytes, *, start_method: str, listen: str | None,
-                  remote, start_timeout: float, backend: str) -> Launcher:
+def check_start(start_method: str = "auto", listen: str | None = None) -> str:
+    """The start method a cluster with these options uses; ConfigError if they do not go together."""
     method = resolve_start_method(start_method)
-    if method == "forkserver":
-        return make_fork_launcher(world_size, inbox, key, listen=listen, remote=remote,
-                                  start_timeout=start_timeout, backend=backend)
-    if listen is not None:
+    if method == "spawn" and listen is not None:
         raise ConfigError(
             "a cluster across machines (listen=...) forks its workers on every machine, so it needs "
             "start_method='forkserver' (Linux); the spawn start method serves this machine only. "
             f"Pass start_method='forkserver' or unset {START_METHOD_ENV}.")
+    return method
+
+
+def make_launcher(world_size: int, inbox: Inbox, key: bytes, *, start_method: str, listen: str | None,
+                  remote, start_timeout: float, backend: str) -> Launcher:
+    if check_start(start_method, listen) == "forkserver":
+        return make_fork_launcher(world_size, inbox, key, listen=listen, remote=remote,
+                                  start_timeout=start_timeout, backend=backend)
     return SpawnLauncher(world_size, inbox, key)
 
 

@@ -124,7 +124,12 @@ class PipelineConfig:
     stage_threads: str | int = "auto"
 
     def __post_init__(self):
-        object.__setattr__(self, "microbatch_sizes", tuple(self.microbatch_sizes))
+        sizes = self.microbatch_sizes
+        if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+            raise ConfigError(
+                f"microbatch_sizes is a list of sizes to try, got {sizes!r}: write microbatch_sizes=({sizes!r},) "
+                "for one size, or e.g. microbatch_sizes=(1, 2, 4, 8) for a sweep.")
+        object.__setattr__(self, "microbatch_sizes", tuple(sizes))
         if not all(isinstance(p, Placement) for p in self.placement):
             object.__setattr__(self, "placement", parse_placement(self.placement))
 

@@ -29,9 +29,11 @@ PHASE = {"F": "forward", "B": "backward"}
 # "Equal" for these float32 computations. Convolutions pick their algorithm by batch size, so a
 # micro-batch's gradients differ from the whole batch's in the last bits: measured up to 5.6e-5 of
 # the largest gradient (64x64 images, micro-batches of 4 against a batch of 16, one thread per
-# stage), 3.9e-7 at 32x32. A real mistake (a missing 1/m, a wrong micro-batch) is off by far more.
+# stage), 3.9e-7 at 32x32; and 2.0e-4 on an AMD EPYC (40x40, micro-batches of 2, cut after layer1:
+# with one thread, 1x1 convolutions of fewer than 16 images take torch's native kernel, not oneDNN).
+# A real mistake (a missing 1/m, a wrong micro-batch) is off by far more (0.5 and up).
 LOSS_RTOL = 1e-5
-GRAD_RTOL = 1e-4
+GRAD_RTOL = 1e-3
 
 
 @dataclass

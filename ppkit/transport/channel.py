@@ -27,6 +27,8 @@ def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"expected HOST:PORT, got {text!r}")
+    if not 1 <= int(port) <= 65535:  # the kernel would dial int(port) % 65536, another port
+        raise ValueError(f"the port must be from 1 to 65535, got {port} in {text!r}")
     return host.strip("[]"), int(port)
 
 
