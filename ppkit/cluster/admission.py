@@ -51,6 +51,13 @@ def parse_key(key) -> bytes:
             raise ConfigError(
                 f"the key must be at least 16 bytes long (32 hex digits), got {len(key)}: a shorter one can be "
                 "guessed. Use the key the master prints, or leave key unset to have a new one made.")
+        weak = key_weakness(key)
+        if weak:
+            raise ConfigError(
+                f"the key given by key= (or ${channel.KEY_ENV}) is {weak}, so anyone who can reach the "
+                "port could guess it, join the cluster and run code on it. Leave key unset (and "
+                f"${channel.KEY_ENV} empty) to have a random one made and printed once, or make one "
+                "with: python -c \"import secrets; print(secrets.token_hex(32))\"")
         return key
     try:
         decoded = bytes.fromhex(key)
@@ -59,6 +66,27 @@ def parse_key(key) -> bytes:
             "the key must be hex digits, such as the PPKIT_KEY the master prints (or bytes); got "
             f"{type(key).__name__} of length {len(key) if hasattr(key, '__len__') else '?'}.") from exc
     return parse_key(decoded)  # outside the try: its length error is not a hex error
+
+
+def key_weakness(key: bytes) -> str | None:
+    """Why ``key`` is trivially guessable (all zeros, one byte repeated, a short pattern repeated,
+    a counting sequence), or None. A random key is none of these, except with negligible odds."""
+    if len(set(key)) == 1:
+        return "all zeros" if key[0] == 0 else f"one byte (0x{key[0]:02x}) repeated"
+    for period in range(2, 5):
+        if all(key[i] == key[i % period] for i in range(len(key))):
+            return f"a {period}-byte pattern ({key[:period].hex()}) repeated"
+    steps = {(b - a) % 256 for a, b in zip(key, key[1:])}
+    if len(steps) == 1:
+        return "a counting sequence of bytes"
+    return None
+
+
+def mask_key(key: bytes) -> str:
+    """The key as shown anywhere but the first start: enough to tell keys apart, too little to use.
+    (The full key is printed once, where the other machine needs it; a saved notebook keeps its
+    outputs, and error texts and restart messages land there.)"""
+    return f"{key.hex()[:4]}..."
 
 
 def remote_names(world_size: int, remote) -> list[str]:

@@ -75,19 +75,31 @@ def worker_config(rank: int, world_size: int, backend: str, process_group: bool,
     }
 
 
-def tcp_store(host: str, world_size: int, timeout: float):
-    """A TCPStore served by this process on ``host`` only (not every interface), any free port."""
+def tcp_store(host: str, world_size: int, timeout: float, port: int = 0, multi_tenant: bool = False):
+    """A TCPStore served by this process on ``host`` only, on ``port`` (0: any free one; the
+    store's ``.port`` says which).
+
+    Given a host and a port, torch's TCPStore server still listens on every interface, so it is
+    handed a socket bound here instead. ``multi_tenant``: a later ``TCPStore(host, port,
+    is_master=True, multi_tenant=True)`` in this process (what ``init_process_group`` and
+    ``init_rpc`` make for ``tcp://``/``env://``) reuses this server rather than binding its own.
+    """
     import torch.distributed as dist
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind((host, 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server does
+        sock.bind((host, port))
         sock.listen(128)
     except OSError:
         sock.close()
         raise
-    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout), master_listen_fd=sock.detach())
+    # the bound port, not 0: torch files a multi-tenant server under its port, and only looks
+    # there (dropping a stale entry of an earlier store on that port) when given one
+    port = sock.getsockname()[1]
+    return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout), master_listen_fd=sock.detach(),
+                         multi_tenant=multi_tenant)
 
 
 def loopback_interface() -> str:

@@ -14,12 +14,12 @@ listen mode the rendezvous store is a TCPStore hosted by the controller on the l
 
 from __future__ import annotations
 
-import socket
 import threading
 
 from ppkit.cluster import launch
 from ppkit.cluster.admission import (
     interface_problem,
+    mask_key,
     master_interface,
     parse_listen,
     remote_names,
@@ -65,6 +65,8 @@ class RemoteLauncher(ForkServerLauncher):
         self.agents: dict[str, tuple] = {}  # name -> (conn, info)
         self._store = None
         self._store_port = None
+        self._rpc_store = None  # the RPC world's rendezvous store, see rendezvous_url
+        self._key_shown = False  # the full key is printed once, at the first start
         self._ssh_procs: dict[str, object] = {}
         self.iface = master_interface(self.host)
 
@@ -83,10 +85,10 @@ class RemoteLauncher(ForkServerLauncher):
         super().bind(address)
         self.port = address[1]  # the port the system chose for listen='ADDR:0'
 
-    def join_command(self, name: str) -> str:
-        """What to type on the worker's machine."""
-        return (f"PPKIT_KEY={self.key.hex()} ppkit worker --connect {self.host}:{self.port} "
-                f"--name {name}")
+    def join_command(self, name: str, full_key: bool = False) -> str:
+        """What to type on the worker's machine; the key masked unless ``full_key``."""
+        key = self.key.hex() if full_key else f"{mask_key(self.key)} (the key printed at the first start)"
+        return f"PPKIT_KEY={key} ppkit worker --connect {self.host}:{self.port} --name {name}"
 
     def init_config(self, rank: int, config: dict, generation: int) -> dict:
         config = {**config, "store": ("tcp", self.host, self._store_port)}
@@ -97,10 +99,11 @@ class RemoteLauncher(ForkServerLauncher):
         return config
 
     def rendezvous_url(self, name: str = "") -> str:
-        """A ``tcp://`` init_method on the listen address, for a rendezvous that rank 0 hosts."""
-        with socket.socket() as sock:
-            sock.bind((self.host, 0))
-            return f"tcp://{self.host}:{sock.getsockname()[1]}"
+        """A ``tcp://`` init_method for a rendezvous that rank 0 (this process) hosts: the store
+        listens on the listen address only, on a port it holds (rank 0's own multi-tenant
+        TCPStore reuses it; a port picked by bind-then-close could be taken in between)."""
+        self._rpc_store = launch.tcp_store(self.host, 1, self._start_timeout, multi_tenant=True)
+        return f"tcp://{self.host}:{self._rpc_store.port}"
 
     def rank_label(self, rank: int, info: dict) -> str:
         if not self.is_remote(rank):
@@ -177,9 +180,10 @@ class RemoteLauncher(ForkServerLauncher):
                 self._spawn(name)
         self._start_ssh(missing)
         hand = [n for n in missing if n not in self.ssh_hosts]
-        if hand:
+        if hand:  # the whole key once, where the other machine needs it; saved outputs keep it
+            full, self._key_shown = not self._key_shown, True
             say(f"Waiting for {', '.join(hand)} to join {self.host}:{self.port}. On each worker's "
-                "machine run:\n" + "\n".join(f"  {self.join_command(n)}" for n in hand), flush=True)
+                "machine run:\n" + "\n".join(f"  {self.join_command(n, full)}" for n in hand), flush=True)
 
     def end_start(self) -> None:
         with self._lock:
@@ -293,4 +297,4 @@ class RemoteLauncher(ForkServerLauncher):
             channel.wake_reader(conn)  # its reader thread closes it (closing it here too would race)
         for proc in self._ssh_procs.values():
             ssh.stop(proc)
-        self._store = None
+        self._store = self._rpc_store = None

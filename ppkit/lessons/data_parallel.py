@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -21,7 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
+from ppkit.cluster import launch
 from ppkit.errors import ConfigError
+from ppkit.transport import ifaces
 
 IN_FEATURES, HIDDEN, CLASSES = 4, 16, 3
 
@@ -151,6 +155,8 @@ def init_demo(rank, world_size, init_method: str, env: dict | None = None, timeo
     start = time.perf_counter()
     if init_method == "env://":
         os.environ.update({**(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world_size)})
+    store = loopback_store(init_method, world_size, timeout_s) if rank == 0 else None
+    if init_method == "env://":
         dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout_s))
     else:
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
@@ -163,6 +169,28 @@ def init_demo(rank, world_size, init_method: str, env: dict | None = None, timeo
                 "world_size": dist.get_world_size(), "all_reduce": t.item(), "join_s": joined}
     finally:
         dist.destroy_process_group()
+        del store  # the store's server stops with its last user: the port is free for the next demo
+
+
+def loopback_store(init_method: str, world_size: int, timeout_s: float):
+    """Rank 0's rendezvous store for ``tcp://`` and ``env://`` on a loopback address, or None.
+
+    Given ``tcp://127.0.0.1:PORT``, torch's TCPStore still listens on every interface of the
+    machine (0.0.0.0 and ::), where anyone on the network could reach it. ppkit keeps local-mode
+    sockets on 127.0.0.1, so rank 0 serves the store from a socket bound there, and the
+    ``init_process_group`` call reuses that server (torch shares a port's server in a process).
+    Across machines you want torch's default: the other machines must reach the store.
+    """
+    if init_method == "env://":
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    elif init_method.startswith("tcp://"):
+        parsed = urlparse(init_method)
+        host, port = parsed.hostname or "", parsed.port or 0
+    else:
+        return None
+    if not ifaces.is_loopback(host) or sys.platform == "win32":  # no listen socket to hand over there
+        return None
+    return launch.tcp_store(host, world_size, timeout_s, port=port, multi_tenant=True)
 
 
 # -- samplers and DataParallel ------------------------------------------------------------------

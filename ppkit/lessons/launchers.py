@@ -1,6 +1,7 @@
 """How launchers tell a process who it is: real torchrun runs, and what SLURM would set.
 
-``torchrun_env`` starts torchrun on this machine (loopback only) as if it were ``nnodes`` machines
+``torchrun_env`` starts torchrun on this machine (every socket on 127.0.0.1: ppkit/cluster/torchrun.py)
+as if it were ``nnodes`` machines
 and returns what ``read_launch_env`` reads in every process it started. ``slurm_env`` writes the
 variables that ``srun`` gives a task, for a job you describe, so that the SLURM half of
 ``read_launch_env`` can be shown without a SLURM cluster.
@@ -34,7 +35,8 @@ def torchrun_env(nnodes: int = 2, nproc_per_node: int = 2, port: int | None = No
            "OMP_NUM_THREADS": "1"}
     agents = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+            # torchrun itself; ppkit.cluster.torchrun only keeps its store on 127.0.0.1
+            [sys.executable, "-m", "ppkit.cluster.torchrun", f"--nnodes={nnodes}",
              f"--node_rank={node}", f"--nproc_per_node={nproc_per_node}", "--master_addr=127.0.0.1",
              f"--master_port={port}", "-m", "ppkit.cluster.env"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
