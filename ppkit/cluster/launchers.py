@@ -19,13 +19,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from ppkit.cluster import launch
-from ppkit.cluster.inbox import FORK_SERVER, Inbox, Item
+from ppkit.cluster.inbox import FORK_SERVER, Inbox, Item, LaunchFailed
 from ppkit.transport import procs
-from ppkit.transport.messages import Exited, ForkServerHello, Shutdown, Spawn, Spawned
+from ppkit.transport.messages import Exited, ForkServerHello, Kill, Shutdown, Spawn, Spawned
+
+STOP_WAIT_S = 4.0  # how long the fork server gets to stop its workers (SIGTERM, 0.5 s, SIGKILL)
 
 
 class Launcher:
@@ -110,11 +113,18 @@ class Launcher:
 
     def wait_exit_status(self, rank: int, wait: float = 1.0) -> None:
         """Give the launcher's process a moment to report how ``rank`` ended."""
-        deadline = time.monotonic() + wait
+        self.await_reports(lambda: self.exit_status(rank) is not None, time.monotonic() + wait)
+
+    def await_reports(self, done, deadline: float) -> bool:
+        """Read the inbox until ``done()`` (exit reports, which it takes in as they come) or
+        ``deadline``; what else arrives is put back for whoever reads next. True if ``done()``."""
         unhandled = []
-        while self.exit_status(rank) is None and (item := self.inbox.next(deadline)):
-            unhandled.append(item)
-        self.inbox.put_back(unhandled)  # e.g. the fork server's EOF: for whoever reads next
+        while not done() and time.monotonic() < deadline:
+            # in slices: next() returns only what is not routine, and exit reports are
+            if (item := self.inbox.next(min(deadline, time.monotonic() + 0.05))) is not None:
+                unhandled.append(item)
+        self.inbox.put_back(unhandled)  # e.g. the fork server's EOF
+        return done()
 
     # -- words for error messages -------------------------------------------------------------
     def rank_label(self, rank: int, info: dict) -> str:
@@ -138,6 +148,8 @@ class ForkServerLauncher(Launcher):
         self.key = key
         self.process: subprocess.Popen | None = None
         self._conn = None
+        self._hello = False  # the running fork server has connected
+        self._closing = False
 
     @property
     def fork_server_pid(self) -> int | None:
@@ -149,11 +161,27 @@ class ForkServerLauncher(Launcher):
             if self._conn is not None:  # the last one died: start afresh
                 self._conn.close()
                 self._conn = None
-            self.process = start_fork_server(self.address, self.key, self.log_path)
+            self._hello = False
+            # from a thread that outlives the caller's: see procs.in_lasting_thread
+            self.process = procs.in_lasting_thread(lambda: start_fork_server(self.address, self.key, self.log_path))
+            threading.Thread(target=self._watch, args=(self.process,), name="ppkit-fork-server-wait",
+                             daemon=True).start()
+
+    def _watch(self, process: subprocess.Popen) -> None:
+        """A fork server that exits before it connects (torch fails to import, a broken install)
+        fails the start at once, with its output, as SpawnLauncher does for its workers."""
+        code = process.wait()
+        if not self._hello and self.process is process and not self._closing:
+            self.inbox.put(Item(FORK_SERVER, LaunchFailed(None, (
+                f"the fork server (pid {process.pid}, `python -m ppkit.transport.zygote`), which imports "
+                f"torch once and forks the workers, exited with code {code} before it connected, so no "
+                f"worker could start. Its output ({self.log_path}):\n{self.log_tail()}\nIf torch fails "
+                "to import there, check this environment: python -c 'import torch'."))))
 
     def accept(self, conn, first) -> bool:
         if not isinstance(first, ForkServerHello):
             return False
+        self._hello = True
         self._conn = conn
         self.inbox.put(Item(FORK_SERVER, first))  # wakes a start() waiting for it
         self.inbox.read(conn, FORK_SERVER)
@@ -170,14 +198,42 @@ class ForkServerLauncher(Launcher):
         if self.local_ranks:
             self._conn.send(Spawn(tuple(self.local_ranks)))
 
+    def stop(self, pids: list[int]) -> None:
+        """Have the fork server stop this generation's workers and wait for their exit reports.
+
+        Their parent does the signalling (zygote.stop_children): it alone knows which of its pids
+        it has not reaped yet; signalling from here could hit a process that reuses the number
+        of a worker that already ended. If it does not answer, it goes, and its workers with it.
+        """
+        ours = set(pids) | {pid for source, pid in self._spawned.values() if source == FORK_SERVER}
+        if not ours or self._conn is None or self.process is None or self.process.poll() is not None:
+            return  # no fork server: its workers died with it (PR_SET_PDEATHSIG)
+        try:
+            self._conn.send(Kill())
+        except OSError:
+            return
+        if not self.await_reports(lambda: all((FORK_SERVER, pid) in self._exit_status for pid in ours),
+                                  time.monotonic() + STOP_WAIT_S):
+            self._stop_fork_server(grace=0.0)  # stopped (SIGSTOP) or hung: prepare() starts another
+
+    def _stop_fork_server(self, grace: float) -> None:
+        """Terminate, then kill; through Popen, which never signals a pid it has reaped."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.process.wait()
+
     def close(self) -> None:
+        self._closing = True
         if self.process is not None:
             try:
                 self._conn and self._conn.send(Shutdown())
             except OSError:
                 pass
-            procs.stop_pids([self.process.pid], grace=1.0)
-            self.process.wait()
+            self._stop_fork_server(grace=1.0)
         if self._conn is not None:
             self._conn.close()
         super().close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import signal
 import sys
 import threading
@@ -98,6 +99,46 @@ def stop_pids(pids: list[int], grace: float = 2.0) -> None:
                 time.sleep(0.02)
         if not live:
             return
+
+
+_lasting: dict = {}  # pid -> the queue of this process's lasting thread (a fork starts its own)
+_lasting_lock = threading.Lock()
+
+
+def in_lasting_thread(fn):
+    """``fn()``, run by a thread that lives as long as this process; its result or its exception.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked a process ends, not the process: a fork
+    server started from a short-lived thread (a notebook's background thread, a test's helper)
+    would be killed, with its workers, as soon as that thread returned. So a process that must
+    die with this one is started from the main thread (it lives as long as the process) and,
+    from any other thread, by one daemon thread kept for that. Ctrl-C reaches the main thread
+    only, so only there could a hand-over be interrupted half-way, leaving a process untracked.
+    """
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    with _lasting_lock:
+        jobs = _lasting.get(os.getpid())
+        if jobs is None:
+            jobs = _lasting[os.getpid()] = queue.SimpleQueue()
+            threading.Thread(target=_serve_lasting, args=(jobs,), name="ppkit-starter", daemon=True).start()
+    done, box = threading.Event(), []
+    jobs.put((fn, box, done))
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _serve_lasting(jobs) -> None:
+    while True:
+        fn, box, done = jobs.get()
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box.append((False, exc))
+        done.set()
 
 
 def run_with_deadline(fn, seconds: float) -> tuple[bool, BaseException | None]:

@@ -12,33 +12,60 @@ Run as ``python -m ppkit.transport.zygote`` with PPKIT_ADDR, PPKIT_KEY and PPKIT
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
+import time
 import traceback
 
-from ppkit.transport.messages import Exited, ForkServerHello, Shutdown, Spawn, Spawned
+from ppkit.transport.messages import Exited, ForkServerHello, Kill, Shutdown, Spawn, Spawned
 
 
 def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.Condition,
           exit_when_lost: bool = True) -> None:
     """Wait for forked workers and report each exit. If the controller is gone, the fork server
-    exits (``exit_when_lost``); a remote agent's main loop sees the EOF and exits by itself."""
+    exits (``exit_when_lost``); a remote agent's main loop sees the EOF and exits by itself.
+
+    A pid is reaped with ``have_children`` held (it is only peeked at before), so a pid that
+    ``stop_children`` finds in ``children`` is still ours, at worst a zombie: never a number the
+    system has given to another process since."""
     while True:
         with have_children:
             while not children:
                 have_children.wait()
         try:
-            pid, status = os.waitpid(-1, 0)
+            if hasattr(os, "waitid"):  # not on macOS: there a reaped pid may be signalled
+                os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+            with have_children:
+                pid, status = os.waitpid(-1, 0)
+                rank = children.pop(pid, None)
+                have_children.notify_all()
         except ChildProcessError:
             continue
-        with have_children:
-            rank = children.pop(pid, None)
         with lock:
             try:
                 conn.send(Exited(rank, pid, status))
             except OSError:
                 if exit_when_lost:
                     os._exit(1)
+                return
+
+
+def stop_children(children: dict, have_children: threading.Condition, grace: float = 0.5) -> None:
+    """SIGTERM every worker still ours, wait up to ``grace`` s, then SIGKILL the rest (and wait
+    up to 2 s more). Only this process may signal them: it alone knows which pids it has not
+    reaped yet (see ``_reap``); the controller, which is not their parent, cannot tell."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        deadline = time.monotonic() + wait
+        with have_children:
+            for pid in children:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            while children and time.monotonic() < deadline:
+                have_children.wait(deadline - time.monotonic())
+            if not children:
                 return
 
 
@@ -94,9 +121,11 @@ def main() -> None:
                     if pid == 0:
                         _child(conn, address, key, rank, os.getppid())
                     children[pid] = rank
-                    have_children.notify()
+                    have_children.notify_all()
                 with lock:
                     conn.send(Spawned(rank, pid))
+        elif isinstance(msg, Kill):
+            stop_children(children, have_children)
         elif isinstance(msg, Shutdown):
             os._exit(0)
 
