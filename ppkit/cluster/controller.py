@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import time
 import weakref
 
@@ -24,10 +25,11 @@ from ppkit.cluster.jobs import Job, new_cell_sources
 from ppkit.cluster.output import RankPrinter
 from ppkit.cluster.spawning import make_launcher
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
-from ppkit.transport import channel
+from ppkit.transport import channel, sending
 from ppkit.transport.messages import ForkServerHello, Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
 
 DEFAULT_TIMEOUT_S = 60.0
+CONTROL_SEND_S = 2.0  # a control message (cancel, shutdown, ...) to a rank that reads nothing
 _live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
@@ -64,6 +66,7 @@ class Cluster:
         self.start_timeout = positive(start_timeout, "start_timeout")
         self.process_group = bool(process_group)
         self.state = "starting"
+        self._pid = os.getpid()  # the process that owns the workers (see _close_all)
         self.workers: dict[int, dict] = {}
         self._key = parse_key(key) if listen is not None else channel.new_key()
         self._inbox = Inbox(self._routine)
@@ -133,11 +136,7 @@ class Cluster:
             conn.close()
 
     def _send(self, rank: int, msg) -> bool:
-        try:
-            self._conns[rank].send(msg)
-        except (OSError, KeyError):
-            return False
-        return True
+        return sending.send_within(self._conns.get(rank), msg, CONTROL_SEND_S)
 
     # -- the inbox ------------------------------------------------------------------------------
     def _routine(self, item: Item) -> bool:
@@ -271,7 +270,7 @@ class Cluster:
                 f"{exc}. Pass data (tensors, numbers, lists), not open files, locks or "
                 "process handles.") from exc
         job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
-                  self._printer, self._break)
+                  self._printer, self._break, self._conns)
         return job.run(payload, new_cell_sources(self._sources_sent), timeout, self.workers)
 
     def _check_usable(self) -> None:
@@ -291,5 +290,7 @@ class Cluster:
 
 @atexit.register
 def _close_all() -> None:
-    for cluster in list(_live_clusters):
+    # a child forked by the user (os.fork, multiprocessing's fork) runs this too, with copies of
+    # the clusters: closing them there would shut down the workers of the process that owns them
+    for cluster in [c for c in _live_clusters if c._pid == os.getpid()]:
         cluster.close()

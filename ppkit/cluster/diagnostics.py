@@ -88,6 +88,20 @@ def job_timed_out(seconds: float, waiting: list[int], done: list[int], stacks: d
         "the job is just slow.\n" + format_stacks(stacks), waiting, stacks)
 
 
+def job_not_taken(seconds: float, ranks: list[int], size: int) -> JobTimeoutError:
+    return JobTimeoutError(
+        f"rank(s) {ranks} did not take the job ({size / 1e6:.1f} MB) within {seconds:g} s: they read "
+        "nothing from the notebook, so the job could not even be sent. Usually the process is "
+        "stopped (SIGSTOP, Ctrl-Z in its terminal) or its machine stopped answering. "
+        f"{RESTART}; pass run(..., timeout=SECONDS) if a large job just needs longer to send.", ranks, {})
+
+
+def interrupted_while_sending(ranks: list[int], size: int) -> JobInterrupted:
+    return JobInterrupted(
+        f"interrupted while sending the job ({size / 1e6:.1f} MB): rank(s) {ranks} had not taken it "
+        f"(they read nothing: stopped, or busy outside ppkit). {RESTART}; your notebook variables stay.")
+
+
 def worker_died(rank: int, label: str, status: int | None) -> WorkerDiedError:
     return WorkerDiedError(
         f"rank {rank} ({label}) died during the job: {describe_status(status)}. The other ranks "

@@ -4,15 +4,23 @@ Each connection (a worker, the fork server, a remote agent) has a reader thread 
 ``Item``s in the queue; everything else happens in the thread that called ``start``/``run``, so
 output lands in the right notebook cell. ``Inbox.next`` is the one polling loop: it hands routine
 items (output, exit reports) to the cluster's ``routine`` function and returns the rest.
+
+Nobody reads between two cells, and a rank may print meanwhile (a thread that logs in a loop), so
+queued output is bounded: beyond ``MAX_OUTPUT_CHARS`` a rank's output is dropped, and a note says
+how much, where the gap is. Every other message is kept, whatever the queue holds.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import dataclass
 
+from ppkit.transport.messages import Output
+
 FORK_SERVER = "fork server"  # the source of the local fork server's items (agents use their names)
+MAX_OUTPUT_CHARS = 4_000_000  # of queued output, all ranks together
 
 
 @dataclass(frozen=True)
@@ -22,8 +30,9 @@ class Closed:
 
 @dataclass(frozen=True)
 class LaunchFailed:
-    """A launcher gave up on ``rank`` (its agent was refused or went away); ``reason`` says why."""
-    rank: int
+    """A launcher gave up on ``rank`` (its agent was refused or went away; None: on every rank, the
+    fork server never came); ``reason`` says why."""
+    rank: int | None
     reason: str
 
 
@@ -42,12 +51,45 @@ class Item:
 
 
 class Inbox:
-    def __init__(self, routine):
+    def __init__(self, routine, max_output_chars: int = MAX_OUTPUT_CHARS):
         self._queue: queue.Queue[Item] = queue.Queue()
         self._routine = routine  # routine(item) -> True if it dealt with the item
+        self.max_output_chars = max_output_chars
+        self._lock = threading.Lock()  # guards the two below (readers put, the caller takes)
+        self._output_chars = 0  # queued now
+        self._dropped: dict = {}  # source -> [chars dropped, the latest dropped item's generation]
 
     def put(self, item: Item) -> None:
+        if isinstance(item.msg, Output):
+            with self._lock:
+                size = len(item.msg.text)
+                if self._output_chars + size > self.max_output_chars:
+                    dropped = self._dropped.setdefault(item.source, [0, None])
+                    dropped[0] += size
+                    dropped[1] = item.generation
+                    return
+                if item.source in self._dropped:  # room again: say what is missing, in its place
+                    self._queue.put(self._note(item.source))
+                self._output_chars += size
         self._queue.put(item)
+
+    def _note(self, source) -> Item:
+        chars, generation = self._dropped.pop(source)
+        text = (f"[ppkit: {chars} characters of output were dropped here: this rank printed faster "
+                "than the notebook read it (more than "
+                f"{self.max_output_chars} waiting). Print less, or return the data from the job.]\n")
+        self._output_chars += len(text)
+        return Item(source, Output("stderr", text), generation)
+
+    def _took(self, item: Item) -> None:
+        if isinstance(item.msg, Output):
+            with self._lock:
+                self._output_chars -= len(item.msg.text)
+
+    def _notes(self) -> list[Item]:
+        """Notes for output dropped with nothing queued after it (the rank stopped printing)."""
+        with self._lock:
+            return [self._note(source) for source in list(self._dropped)] if self._dropped else []
 
     def read(self, conn, source, generation: int | None = None) -> None:
         """Queue everything ``conn`` sends until it closes (runs in the connection's thread)."""
@@ -72,9 +114,12 @@ class Inbox:
                         return None
                     item = self._queue.get(timeout=min(left, 0.1))
             except queue.Empty:
-                if deadline is None:
+                for note in self._notes():
+                    self._queue.put(note)
+                if deadline is None and self._queue.empty():
                     return None
                 continue
+            self._took(item)
             if not self._routine(item):
                 return item
 

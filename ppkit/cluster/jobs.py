@@ -2,7 +2,9 @@
 
 A rank that raises gives the others ``ERROR_GRACE_S`` to finish (they may be waiting for it); a
 rank that dies, a timeout and Kernel > Interrupt each end the job with their own error
-(diagnostics.py), and leave the cluster broken when ranks may still be blocked.
+(diagnostics.py), and leave the cluster broken when ranks may still be blocked. The job's
+timeout and Kernel > Interrupt hold while it is being sent too (a rank that reads nothing,
+e.g. stopped with SIGSTOP, would otherwise block a large job's send for ever: transport/sending.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import cloudpickle
 
 from ppkit.cluster import diagnostics
 from ppkit.cluster.inbox import Closed, Item
+from ppkit.transport import channel
 from ppkit.transport.messages import Cancel, Cancelled, Result, Run
+from ppkit.transport.sending import Broadcast
 
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
 CANCEL_WAIT_S = 2.0  # after Kernel > Interrupt, how long the ranks get to stop
@@ -33,11 +37,12 @@ def new_cell_sources(sent: set[str]) -> dict:
 
 
 class Job:
-    def __init__(self, job_id: int, world_size: int, inbox, send, launcher, printer, on_break):
+    def __init__(self, job_id: int, world_size: int, inbox, send, launcher, printer, on_break, conns=None):
         self.job_id = job_id
         self.world_size = world_size
         self._inbox = inbox
         self._send = send  # send(rank, msg) -> False if the rank is gone
+        self._conns = conns if conns is not None else {}  # rank -> connection, for the job itself
         self._launcher = launcher
         self._printer = printer
         self._on_break = on_break  # on_break(reason): the cluster needs a restart
@@ -45,14 +50,10 @@ class Job:
 
     def run(self, payload: bytes, sources: dict, timeout: float, workers: dict) -> list:
         """Every rank's return value, by rank; raises the job's error otherwise."""
-        msg = Run(self.job_id, payload, sources)
-        for rank in range(self.world_size):
-            if not self._send(rank, msg):
-                reason = f"rank {rank} is gone."
-                self._on_break(reason)
-                raise diagnostics.needs_restart(reason)
+        deadline = time.monotonic() + timeout
+        self._deliver(Run(self.job_id, payload, sources), timeout, deadline)
         try:
-            self._collect(timeout, workers)
+            self._collect(deadline, timeout, workers)
         except KeyboardInterrupt:
             self._cancel()
         self._printer.flush()
@@ -68,8 +69,35 @@ class Job:
     def waiting(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.results]
 
-    def _collect(self, timeout: float, workers: dict) -> None:
-        deadline, grace_ends = time.monotonic() + timeout, None
+    def _deliver(self, msg: Run, timeout: float, deadline: float) -> None:
+        """Send the job to every rank before ``deadline``; Kernel > Interrupt stops the sending."""
+        sending = Broadcast({rank: self._conns.get(rank) for rank in range(self.world_size)}, msg)
+        try:
+            sending.send(deadline)
+        except KeyboardInterrupt:
+            self._close(sending.partial)
+            if not sending.unsent:  # every rank has it: cancel as during the job
+                self._cancel()
+            self._on_break(f"rank(s) {sending.unsent} never received the interrupted job.")
+            for rank in sending.complete:
+                self._send(rank, Cancel(self.job_id))
+            raise diagnostics.interrupted_while_sending(sending.unsent, sending.size) from None
+        if sending.gone:
+            reason = f"rank {min(sending.gone)} is gone."
+            self._on_break(reason)
+            raise diagnostics.needs_restart(reason)
+        if sending.unsent:
+            self._close(sending.partial)
+            self._on_break(f"rank(s) {sending.unsent} did not take a job within its timeout.")
+            raise diagnostics.job_not_taken(timeout, sending.unsent, sending.size)
+
+    def _close(self, ranks: list[int]) -> None:
+        """Half a message is on these connections: end them (their readers see EOF)."""
+        for rank in ranks:
+            channel.wake_reader(self._conns[rank])
+
+    def _collect(self, deadline: float, timeout: float, workers: dict) -> None:
+        grace_ends = None
         while len(self.results) < self.world_size:
             item = self._inbox.next(deadline if grace_ends is None else min(deadline, grace_ends))
             if item is None and grace_ends is not None and time.monotonic() >= grace_ends:

@@ -7,7 +7,7 @@ A worker has two threads that matter:
   the reader sees EOF and the worker exits, so a killed kernel leaves no worker behind.
 
 Everything the rank writes to file descriptors 1 and 2 (Python prints and C++ logs alike) is
-captured through pipes and sent to the controller, which prints it with a rank prefix.
+captured through pipes (capture.py) and sent to the controller, which prints it with a rank prefix.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from importlib import metadata
 import cloudpickle
 
 from ppkit.transport import channel
+from ppkit.transport.capture import OutputPipe
 from ppkit.transport.messages import (
     AskStacks,
     Cancel,
@@ -34,7 +35,6 @@ from ppkit.transport.messages import (
     Hello,
     Init,
     JoinFailed,
-    Output,
     Ready,
     Reject,
     Result,
@@ -43,7 +43,6 @@ from ppkit.transport.messages import (
     Stacks,
 )
 
-_SYNC = b"\x00ppkit-sync\x00"
 NAMESPACE: dict = {}  # persistent globals of %%ranks cells on this worker
 
 
@@ -68,56 +67,15 @@ def versions() -> dict:
             "ppkit": ppkit_version()}
 
 
-class _OutputPipe:
-    """Redirect one file descriptor into a pipe whose contents go to the controller."""
-
-    def __init__(self, fd: int, stream: str, send):
-        self.fd, self.stream, self._send = fd, stream, send
-        self._synced = threading.Event()
-        read_end, write_end = os.pipe()
-        os.dup2(write_end, fd)
-        os.close(write_end)
-        self._read_end = read_end
-        threading.Thread(target=self._pump, name=f"ppkit-{stream}", daemon=True).start()
-
-    def _pump(self) -> None:
-        pending = b""
-        while True:
-            try:
-                data = os.read(self._read_end, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            pending += data
-            while _SYNC in pending:
-                before, pending = pending.split(_SYNC, 1)
-                if before:
-                    self._send(Output(self.stream, before.decode("utf-8", "replace")))
-                self._synced.set()
-            # keep a tail that could be the start of a sync marker
-            cut = len(pending)
-            for i in range(1, len(_SYNC)):
-                if pending.endswith(_SYNC[:i]):
-                    cut = len(pending) - i
-            if cut:
-                self._send(Output(self.stream, pending[:cut].decode("utf-8", "replace")))
-                pending = pending[cut:]
-
-    def sync(self, timeout: float = 2.0) -> None:
-        """Return once everything written to the descriptor so far has been sent."""
-        self._synced.clear()
-        os.write(self.fd, _SYNC)
-        self._synced.wait(timeout)
-
-
 class Worker:
     def __init__(self, conn, hello: dict):
         self.conn = conn
         self._send_lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         self._current = None
-        self._current_lock = threading.Lock()
+        self._current_lock = threading.Lock()  # guards the three below
+        self._started = 0  # the last job id the main thread took (ids only grow)
+        self._cancelled: set[int] = set()  # jobs cancelled before the main thread took them
         self._main_ident = threading.get_ident()
         self.send(Hello(hello))
         msg = conn.recv()
@@ -143,7 +101,7 @@ class Worker:
         if cfg.get("capture_output", True):
             sys.stdout.flush()
             sys.stderr.flush()
-            self._pipes = [_OutputPipe(1, "stdout", self.send), _OutputPipe(2, "stderr", self.send)]
+            self._pipes = [OutputPipe(1, "stdout", self.send), OutputPipe(2, "stderr", self.send)]
             sys.stdout.reconfigure(line_buffering=True)
             sys.stderr.reconfigure(line_buffering=True)
         else:
@@ -216,6 +174,8 @@ class Worker:
                     if self._current == msg.job_id:
                         ctypes.pythonapi.PyThreadState_SetAsyncExc(
                             ctypes.c_ulong(self._main_ident), ctypes.py_object(_Cancelled))
+                    elif msg.job_id > self._started:  # queued, not started: it never will be
+                        self._cancelled.add(msg.job_id)
             elif isinstance(msg, Shutdown):
                 try:
                     self._sync_output()
@@ -226,30 +186,47 @@ class Worker:
     # -- the main thread --------------------------------------------------------------------
     def serve(self) -> None:
         while True:
+            job = self._jobs.get()
             try:
-                job = self._jobs.get()
-                linecache.cache.update(job.sources)  # notebook cells, for tracebacks and stacks
-                with self._current_lock:
-                    self._current = job.job_id
-                msg = self._run_job(job.job_id, job.payload)
-                with self._current_lock:
-                    self._current = None
-                self._sync_output()
-                self.send(msg)
-            except _Cancelled:  # a cancel that arrived just as a job ended
-                continue
+                reply = self._begin(job) or self._run_job(job.job_id, job.payload)
+            except _Cancelled:  # a cancel that landed as the job ended, past its own handlers
+                reply = Cancelled(job.job_id)
+            while True:  # a cancel may still land inside _leave; after it none can
+                try:
+                    self._leave()
+                    break
+                except _Cancelled:
+                    continue
+            self._sync_output()
+            self.send(reply)
+
+    def _begin(self, job: Run) -> Cancelled | None:
+        """Make ``job`` the current one; its reply at once if it was cancelled while queued."""
+        linecache.cache.update(job.sources)  # notebook cells, for tracebacks and stacks
+        with self._current_lock:
+            self._started = job.job_id
+            if job.job_id in self._cancelled:
+                self._cancelled = {j for j in self._cancelled if j > job.job_id}
+                return Cancelled(job.job_id)
+            self._current = job.job_id
+        return None
+
+    def _leave(self) -> None:
+        """No job is current: from now on no cancel is raised in the main thread, and one raised
+        but not delivered yet is dropped (NULL clears a thread's pending async exception)."""
+        with self._current_lock:
+            self._current = None
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._main_ident), None)
 
     def _run_job(self, job_id, payload):
         try:
             fn, args, kwargs = cloudpickle.loads(payload)
             value = fn(self.rank, self.world_size, *args, **kwargs)
-            with self._current_lock:
-                self._current = None
+            self._leave()  # the job is done: pickling its result is not cancelled
         except _Cancelled:
             return Cancelled(job_id)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
-            with self._current_lock:
-                self._current = None
+            self._leave()
             return Result(job_id, False, _error_info(exc, skip=1))
         try:
             return Result(job_id, True, cloudpickle.dumps(value))
