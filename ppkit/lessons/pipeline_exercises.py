@@ -7,7 +7,7 @@
 
 Each compares your function with ppkit's own model of the same thing (real shapes from the split
 ResNet50 on the meta device, ``ppkit.pipeline.bubble.predict``, the schedules' orders of work in
-``ppkit.pipelining.compare``), returns a ``CheckReport`` when every case agrees and raises
+``ppkit.pipelining.bubble_model``), returns a ``CheckReport`` when every case agrees and raises
 ``ExerciseFailed`` otherwise, naming the case, what was expected and what your function returned.
 """
 
@@ -24,7 +24,7 @@ from ppkit.models.resnet import CUT_POINTS, resnet50, split_resnet50
 from ppkit.pipeline.bubble import predict
 from ppkit.pipeline.config import num_microbatches
 from ppkit.pipeline.ucurve import best_count, step_model
-from ppkit.pipelining.compare import schedule_orders
+from ppkit.pipelining.bubble_model import schedule_orders
 
 
 def _call(fn, label: str, *args):
@@ -182,7 +182,7 @@ HELD_SHAPES = ((2, 4), (2, 1), (4, 8), (4, 2), (5, 3), (3, 12))  # (num_stages, 
 
 def microbatches_held_of(schedule: str, num_stages: int, num_microbatches: int) -> list[int]:
     """Per stage, the most micro-batches whose forward ran and whose backward has not, replaying
-    the schedule's order of work (``compare.schedule_orders``)."""
+    the schedule's order of work (``bubble_model.schedule_orders``)."""
     peaks = []
     for order in schedule_orders(schedule, num_stages, num_microbatches):
         live = peak = 0
