@@ -19,7 +19,7 @@ import math
 import torch
 
 from ppkit.checks import check_callable
-from ppkit.lessons.exercises import CheckReport, _raise_or_report
+from ppkit.lessons.check_report import CheckReport, raise_or_report
 from ppkit.models.resnet import CUT_POINTS, resnet50, split_resnet50
 from ppkit.pipeline.bubble import predict
 from ppkit.pipeline.config import num_microbatches
@@ -105,7 +105,7 @@ def check_activation_shape(fn, batch_sizes=ACTIVATION_BATCHES, image_sizes=IMAGE
                 if got_shape != want:
                     report.failures.append(f"{label}: expected {want}, got {got_shape}"
                                            + _shape_hint(got_shape, want, image_size))
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 6: the ideal GPipe step ------------------------------------------------------------
@@ -171,7 +171,7 @@ def check_pipeline_time(fn, cases=PIPELINE_CASES) -> CheckReport:
         elif not math.isclose(seconds, want, rel_tol=1e-9, abs_tol=1e-12):
             report.failures.append(f"{label}: expected {want:g} s, got {seconds:g} s" + _time_hint(
                 seconds, forward_times, backward_times, batch_size, microbatch_size))
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 8: activations each stage keeps ------------------------------------------------------
@@ -227,7 +227,7 @@ def check_microbatches_held(fn, schedules=HELD_SCHEDULES, shapes=HELD_SHAPES) ->
             if got_list != want:
                 report.failures.append(f"{label}: expected {want}, got {got_list}"
                                        + _held_hint(got_list, want, schedule, num_stages, m))
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 6: the bottom of the U-curve ---------------------------------------------------------
@@ -287,4 +287,4 @@ def check_best_num_microbatches(fn, cases=BEST_COUNT_CASES) -> CheckReport:
                 f"per step), got {got}" + (f" ({step_model(forward, backward, fixed, overhead, got):.3f} s)"
                                            if got >= 1 else "")
                 + _best_count_hint(got, forward, backward, fixed, overhead, candidates))
-    return _raise_or_report(report)
+    return raise_or_report(report)
