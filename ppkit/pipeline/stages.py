@@ -6,7 +6,7 @@ process's RPC threads for as long as the previous stage needs to produce that mi
 16 threads and 16+ micro-batches in flight every thread waits and nothing is left to deliver the
 answers they wait for. Here every RPC entry point is ``@rpc.functions.async_execution``: it queues
 work and returns a Future at once, and the RPC thread is free again. The shard itself runs on one
-compute thread per stage (like a CUDA stream: micro-batches run one at a time, in arrival order),
+compute thread per stage (``ppkit.pipeline.stage``; micro-batches run one at a time, in order),
 and a stage *pulls* its input from the previous stage with a nested ``rpc_async`` whose answer
 comes when that micro-batch is ready. No RPC thread ever waits, so any number of micro-batches
 works with the default 16 threads.
