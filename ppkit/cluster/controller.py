@@ -14,8 +14,6 @@ import itertools
 import time
 import weakref
 
-import cloudpickle
-
 from ppkit.checks import positive
 from ppkit.cluster import diagnostics, launch, options
 from ppkit.cluster.admission import handle_probe, listen_error, parse_key
@@ -24,7 +22,7 @@ from ppkit.cluster.jobs import Job, new_cell_sources
 from ppkit.cluster.output import RankPrinter
 from ppkit.cluster.spawning import make_launcher
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
-from ppkit.transport import channel
+from ppkit.transport import byvalue, channel
 from ppkit.transport.messages import ForkServerHello, Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -264,7 +262,7 @@ class Cluster:
         timeout = self.timeout if timeout is None else positive(timeout, "timeout")
         self._check_usable()
         try:
-            payload = cloudpickle.dumps((fn, args, kwargs))
+            payload = byvalue.dumps((fn, args, kwargs))
         except Exception as exc:
             raise ConfigError(
                 f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments to the workers: "

@@ -10,10 +10,9 @@ from __future__ import annotations
 import linecache
 import time
 
-import cloudpickle
-
 from ppkit.cluster import diagnostics
 from ppkit.cluster.inbox import Closed, Item
+from ppkit.transport import byvalue
 from ppkit.transport.messages import Cancel, Cancelled, Result, Run
 
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
@@ -63,7 +62,7 @@ class Job:
             if waiting:
                 self._on_break(f"rank(s) {waiting} are still blocked after rank {min(errors)} failed.")
             raise diagnostics.ranks_raised(errors, waiting, stacks)
-        return [cloudpickle.loads(self.results[r].value) for r in range(self.world_size)]
+        return [byvalue.loads(self.results[r].value) for r in range(self.world_size)]
 
     def waiting(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.results]

@@ -24,9 +24,7 @@ import traceback
 from datetime import timedelta
 from importlib import metadata
 
-import cloudpickle
-
-from ppkit.transport import channel
+from ppkit.transport import byvalue, channel
 from ppkit.transport.messages import (
     AskStacks,
     Cancel,
@@ -241,7 +239,7 @@ class Worker:
 
     def _run_job(self, job_id, payload):
         try:
-            fn, args, kwargs = cloudpickle.loads(payload)
+            fn, args, kwargs = byvalue.loads(payload)
             value = fn(self.rank, self.world_size, *args, **kwargs)
             with self._current_lock:
                 self._current = None
@@ -252,7 +250,7 @@ class Worker:
                 self._current = None
             return Result(job_id, False, _error_info(exc, skip=1))
         try:
-            return Result(job_id, True, cloudpickle.dumps(value))
+            return Result(job_id, True, byvalue.dumps(value))
         except Exception as exc:
             return Result(job_id, False, _error_info(exc, note=(
                 f"the job finished but its return value ({type(value).__name__}) cannot be "
