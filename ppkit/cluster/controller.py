@@ -164,6 +164,8 @@ class Cluster:
     def _drain(self) -> None:
         """Take in what arrived between calls: a rank or the fork server that died breaks the cluster."""
         while (item := self._inbox.next(None)) is not None:
+            if isinstance(item.msg, LaunchFailed) and self.state == "ready":  # a machine lost between jobs
+                self._break(item.msg.reason)
             if not isinstance(item.msg, Closed) or self.state not in ("ready", "broken"):
                 continue
             if item.source == FORK_SERVER:

@@ -1,8 +1,8 @@
 """One ``Cluster.run``: send the job to every rank, gather the results, say what went wrong.
 
 A rank that raises gives the others ``ERROR_GRACE_S`` to finish (they may be waiting for it); a
-rank that dies, a timeout and Kernel > Interrupt each end the job with their own error
-(diagnostics.py), and leave the cluster broken when ranks may still be blocked.
+rank that dies or whose machine stops answering, a timeout and Kernel > Interrupt each end the job
+with their own error (diagnostics.py), and leave the cluster broken when ranks may still be blocked.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import linecache
 import time
 
 from ppkit.cluster import diagnostics
-from ppkit.cluster.inbox import Closed, Item
+from ppkit.cluster.inbox import Closed, Item, LaunchFailed
 from ppkit.transport import byvalue
 from ppkit.transport.messages import Cancel, Cancelled, Result, Run
 
@@ -86,6 +86,10 @@ class Job:
                 self._on_break(f"rank {rank} died.")
                 raise diagnostics.worker_died(rank, self._launcher.rank_label(rank, workers.get(rank, {})),
                                               self._launcher.exit_status(rank))
+            if isinstance(item.msg, LaunchFailed) and item.msg.rank in self.waiting():  # its machine is lost
+                self._printer.flush()
+                self._on_break(item.msg.reason)
+                raise diagnostics.rank_lost(item.msg.rank, item.msg.reason)
             if self._take(item) and isinstance(item.msg, Result) and not item.msg.ok:
                 grace_ends = grace_ends or time.monotonic() + ERROR_GRACE_S
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from ppkit.cluster import launch
+from ppkit.cluster import diagnostics, launch
 from ppkit.cluster.admission import (
     interface_problem,
     master_interface,
@@ -29,7 +29,7 @@ from ppkit.cluster.admission import (
 from ppkit.cluster.inbox import Item, LaunchFailed
 from ppkit.cluster.launchers import ForkServerLauncher
 from ppkit.errors import ConfigError
-from ppkit.transport import channel, ifaces, worker
+from ppkit.transport import channel, heartbeat, ifaces, worker
 from ppkit.transport.messages import Admitted, AgentHello, Exited, Kill, Reject, Shutdown, Spawn, Spawned
 
 
@@ -113,6 +113,8 @@ class RemoteLauncher(ForkServerLauncher):
             return super().accept(conn, first)
         info = first.info
         name = info.get("name")
+        # heartbeats from now on (the checks below may import torch) to an agent that knows them
+        pulse = heartbeat.Pulse(conn, self._lock, beating=info.get("ppkit") == worker.ppkit_version())
         problem = self._problem(name, info)  # slow checks first, outside the lock
         with self._lock:
             refusal, fatal = self._refusal(name, info) if problem is None else (problem, True)
@@ -124,11 +126,11 @@ class RemoteLauncher(ForkServerLauncher):
                     self._spawn(name)
         if refusal is not None:
             self._send(conn, Reject(refusal))
-            conn.close()
+            pulse.close()
             if fatal:
                 self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], f"the master refused {name}: {refusal}")))
             return True
-        self._serve_agent(name, conn, info)
+        self._serve_agent(name, conn, info, pulse)
         return True
 
     def _problem(self, name, info) -> str | None:
@@ -149,21 +151,23 @@ class RemoteLauncher(ForkServerLauncher):
             return why, False
         return None, False
 
-    def _serve_agent(self, name: str, conn, info: dict) -> None:
+    def _serve_agent(self, name: str, conn, info: dict, pulse) -> None:
+        silent = None  # or for how long it said nothing before we gave it up
         while True:
             try:
-                msg = conn.recv()
+                msg = heartbeat.receive(conn)
             except (EOFError, OSError):
+                break
+            except heartbeat.PeerSilent as exc:
+                silent = exc.seconds
                 break
             if isinstance(msg, (Spawned, Exited)):  # the source, ``name``, tells the machines' pids apart
                 self.inbox.put(Item(name, msg))
         with self._lock:
             if self.agents.get(name, (None,))[0] is conn:
                 del self.agents[name]
-        conn.close()
-        self.inbox.put(Item(name, LaunchFailed(
-            self.rank_of[name], f"{name} on {info.get('host')} disconnected: its `ppkit worker` process stopped or the "
-            "network between the machines failed. Start it again, then run cluster.restart().")))
+        pulse.close()
+        self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], diagnostics.agent_lost(name, info, silent))))
 
     # -- start, restart, close -----------------------------------------------------------------
     def begin(self, say=print) -> None:
