@@ -37,7 +37,7 @@ def main() -> int:
 
     import ppkit
     from ppkit.pipeline import PipelineModel
-    from ppkit.pipelining import compare, stage
+    from ppkit.pipelining import compare, report, stage, verify
 
     print(f"{os.cpu_count()} CPUs, one thread per stage, cut after {args.cut}, {args.rounds} rounds x "
           f"{args.steps} timed steps per schedule, torch {__import__('torch').__version__}\n", flush=True)
@@ -50,13 +50,13 @@ def main() -> int:
         print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for batch, image, microbatches in args.sizes:
             x, y = stage.make_batch(batch, image)
-            reference = compare.reference_step(x, y, args.cut)
+            reference = verify.reference_step(x, y, args.cut)
             runs = compare.compare_schedules(cluster, model, x, y, microbatches, steps=args.steps,
                                              rounds=args.rounds, timeout=600)
-            rows = compare.table_rows(runs)
+            rows = report.table_rows(runs)
             for (name, run), row in zip(runs.items(), rows):
                 times = run.step_times
-                diff = compare.grad_difference(run.grads, reference["grads"])
+                diff = verify.grad_difference(run.grads, reference["grads"])
                 print(f"| {batch} | {image} | {microbatches} | {name} | {run.step_time:.3f} "
                       f"({min(times):.3f}-{max(times):.3f}) | {' | '.join(row[3:])} | {diff:.1e} |",
                       flush=True)

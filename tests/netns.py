@@ -50,22 +50,26 @@ def host_env(key: str, **extra) -> dict:
 
 
 class Lines:
-    """Read a process's stdout in a thread, so a test can wait for one line with a deadline."""
+    """Read a process's stdout in a thread, so a test can wait for one line with a deadline.
+
+    ``when`` is the ``time.monotonic()`` at which the last line ``wait_for`` matched arrived.
+    """
 
     def __init__(self, proc):
         self.proc, self.seen, self._q = proc, [], queue.Queue()
+        self.when: float | None = None
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self):
         for line in self.proc.stdout:
-            self._q.put(line)
-        self._q.put(None)
+            self._q.put((time.monotonic(), line))
+        self._q.put((time.monotonic(), None))
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                line = self._q.get(timeout=0.2)
+                when, line = self._q.get(timeout=0.2)
             except queue.Empty:
                 continue
             if line is None:
@@ -73,13 +77,14 @@ class Lines:
             self.seen.append(line)
             match = re.search(pattern, line)
             if match:
+                self.when = when
                 return match
         raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(self.seen)}")
 
     def rest(self, timeout: float) -> str:
         self.proc.wait(timeout=timeout)
         while True:
-            line = self._q.get(timeout=5)
+            _, line = self._q.get(timeout=5)
             if line is None:
                 return "".join(self.seen)
             self.seen.append(line)

@@ -9,6 +9,7 @@ from torch import nn
 
 import ppkit
 from ppkit.pipeline.bubble import predict
+from ppkit.pipelining import bubble_model, report, verify
 from ppkit.pipelining import compare as cmp
 from ppkit.pipelining import stage as pp
 from ppkit.pipelining.memory import ActivationMeter
@@ -24,7 +25,7 @@ def batch():
 
 @pytest.fixture(scope="module")
 def reference(batch):
-    return cmp.reference_step(*batch)
+    return verify.reference_step(*batch)
 
 
 @pytest.fixture(scope="module")
@@ -105,24 +106,24 @@ def test_activation_meter_counts_saved_tensors_until_backward_frees_them():
 
 def test_grad_difference():
     a = [{"w": torch.tensor([1.0, -2.0])}]
-    assert cmp.grad_difference(a, a) == 0
-    assert cmp.grad_difference([{"w": torch.tensor([1.0, -1.5])}], a) == pytest.approx(0.25)
+    assert verify.grad_difference(a, a) == 0
+    assert verify.grad_difference([{"w": torch.tensor([1.0, -1.5])}], a) == pytest.approx(0.25)
     with pytest.raises(ppkit.ConfigError, match="different parameters"):
-        cmp.grad_difference([{"v": torch.zeros(2)}], a)
+        verify.grad_difference([{"v": torch.zeros(2)}], a)
 
 
 @pytest.mark.parametrize("times", [([1.0, 1.0], [2.0, 2.0]), ([0.3, 1.1], [0.9, 2.5]),
                                    ([2.0, 0.5], [1.0, 0.2])])
 def test_ideal_gpipe_timeline_agrees_with_the_rpc_pipelines_bubble_model(times):
     forward, backward = times
-    events = cmp.ideal_timeline(cmp.schedule_orders("gpipe", 2, 5), forward, backward)
+    events = bubble_model.ideal_timeline(bubble_model.schedule_orders("gpipe", 2, 5), forward, backward)
     assert max(e.end for e in events) == pytest.approx(predict(forward, backward, 5).total)
 
 
 @pytest.mark.parametrize("stages, m", [(2, 2), (2, 4), (2, 8), (3, 6), (4, 4)])
 def test_ideal_1f1b_with_equal_stages_has_the_textbook_bubble(stages, m):
     f, b = 1.0, 2.0
-    events = cmp.ideal_timeline(cmp.schedule_orders("1f1b", stages, m), [f] * stages, [b] * stages)
+    events = bubble_model.ideal_timeline(bubble_model.schedule_orders("1f1b", stages, m), [f] * stages, [b] * stages)
     total = max(e.end for e in events)
     assert total == pytest.approx((m + stages - 1) * (f + b))
     idle = 1 - sum(e.duration for e in events) / (stages * total)
@@ -134,28 +135,28 @@ def test_ideal_1f1b_with_equal_stages_has_the_textbook_bubble(stages, m):
 def test_orders_that_wait_on_each_other_are_refused():
     deadlock = [[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]]
     with pytest.raises(ppkit.ConfigError, match="deadlock"):
-        cmp.ideal_timeline(deadlock, [1.0, 1.0], [1.0, 1.0])
+        bubble_model.ideal_timeline(deadlock, [1.0, 1.0], [1.0, 1.0])
     with pytest.raises(ppkit.ConfigError, match="unknown schedule"):
-        cmp.schedule_orders("interleaved", 2, 4)
+        bubble_model.schedule_orders("interleaved", 2, 4)
 
 
 # -- the pipeline on a real 2-rank gloo cluster ------------------------------------------------
 @pytest.mark.parametrize("schedule", list(pp.SCHEDULES))
 def test_loss_and_gradients_equal_one_local_model(runs, reference, schedule):
     run = runs[schedule]
-    assert run.loss == pytest.approx(reference["loss"], rel=cmp.LOSS_RTOL)
-    assert cmp.grad_difference(run.grads, reference["grads"]) < cmp.GRAD_RTOL
+    assert run.loss == pytest.approx(reference["loss"], rel=verify.LOSS_RTOL)
+    assert verify.grad_difference(run.grads, reference["grads"]) < verify.GRAD_RTOL
     # and not trivially: the gradients are not all zero
     assert max(g.abs().max().item() for stage in run.grads for g in stage.values()) > 0
 
 
 def test_the_rpc_pipeline_computes_the_same_loss_and_gradients(rpc_run, reference):
     assert rpc_run.schedule == "rpc" and len(rpc_run.step_times) == 2
-    assert rpc_run.loss == pytest.approx(reference["loss"], rel=cmp.LOSS_RTOL)
-    assert cmp.grad_difference(rpc_run.grads, reference["grads"]) < cmp.GRAD_RTOL
+    assert rpc_run.loss == pytest.approx(reference["loss"], rel=verify.LOSS_RTOL)
+    assert verify.grad_difference(rpc_run.grads, reference["grads"]) < verify.GRAD_RTOL
     assert sorted((e.stage, e.phase, e.microbatch) for e in rpc_run.timeline.events) == sorted(
         (s, p, mb) for s in range(2) for p in ("forward", "backward") for mb in range(MICROBATCHES))
-    table = cmp.format_table({"rpc": rpc_run})
+    table = report.format_table({"rpc": rpc_run})
     assert "not measured" in table  # no activation meter inside the RPC stages
 
 
@@ -178,7 +179,7 @@ def test_gpipe_runs_all_forwards_first_and_1f1b_interleaves(runs):
     assert _order(runs["1f1b"], 1) == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
     # and the bubble model runs the same orders
     for name, run in runs.items():
-        orders = cmp.schedule_orders(name, 2, MICROBATCHES)
+        orders = bubble_model.schedule_orders(name, 2, MICROBATCHES)
         assert [[f"{k}{mb}" for k, mb in order] for order in orders] == [_order(run, 0), _order(run, 1)]
 
 
@@ -190,7 +191,7 @@ def test_measured_runs_have_step_times_idle_share_and_an_ideal_timeline(runs):
         assert sorted((e.stage, e.phase, e.microbatch) for e in model.schedule) == sorted(
             (e.stage, e.phase, e.microbatch) for e in run.timeline.events)
         assert model.total == max(e.end for e in model.schedule) > 0 and 0 <= model.bubble < 1
-    table = cmp.format_table(runs)
+    table = report.format_table(runs)
     assert "gpipe" in table and "1f1b" in table and "MiB" in table
 
 

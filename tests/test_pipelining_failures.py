@@ -10,6 +10,7 @@ import pytest
 import ppkit
 from ppkit.pipelining import compare as cmp
 from ppkit.pipelining import stage as pp
+from ppkit.pipelining import verify
 
 RUN_TIMEOUT = 180  # a pipeline error must come from p2p_timeout (3 s here), long before this
 
@@ -33,7 +34,7 @@ def test_stages_that_disagree_end_in_a_clear_error_and_restart_recovers(batch, n
         assert "num_microbatches" in str(info.value)
         cluster.restart()
         run = cmp.run_schedule(cluster, *batch, "1f1b", timeout=RUN_TIMEOUT, return_grads=False)
-        assert run.loss == pytest.approx(cmp.reference_step(*batch)["loss"], rel=cmp.LOSS_RTOL)
+        assert run.loss == pytest.approx(verify.reference_step(*batch)["loss"], rel=verify.LOSS_RTOL)
 
 
 def test_a_failing_stage_does_not_leave_its_neighbour_hanging(batch, no_leftovers):

@@ -89,6 +89,12 @@ def mask_key(key: bytes) -> str:
     return f"{key.hex()[:4]}..."
 
 
+def join_command(key: bytes, master: str, name: str, full_key: bool = False) -> str:
+    """What to type on a worker's machine to join ``master``; the key masked unless ``full_key``."""
+    shown = key.hex() if full_key else f"{mask_key(key)} (the key printed at the first start)"
+    return f"PPKIT_KEY={shown} ppkit worker --connect {master} --name {name}"
+
+
 def remote_names(world_size: int, remote) -> list[str]:
     """The names of the remote workers, in rank order (``remote`` is a count, names, or a mapping)."""
     if remote is None:

@@ -15,8 +15,6 @@ import os
 import time
 import weakref
 
-import cloudpickle
-
 from ppkit.checks import positive
 from ppkit.cluster import diagnostics, launch, options
 from ppkit.cluster.admission import handle_probe, listen_error, parse_key
@@ -25,7 +23,7 @@ from ppkit.cluster.jobs import Job, new_cell_sources
 from ppkit.cluster.output import RankPrinter
 from ppkit.cluster.spawning import make_launcher
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
-from ppkit.transport import channel, sending
+from ppkit.transport import byvalue, channel, sending
 from ppkit.transport.messages import ForkServerHello, Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -165,6 +163,8 @@ class Cluster:
     def _drain(self) -> None:
         """Take in what arrived between calls: a rank or the fork server that died breaks the cluster."""
         while (item := self._inbox.next(None)) is not None:
+            if isinstance(item.msg, LaunchFailed) and self.state == "ready":  # a machine lost between jobs
+                self._break(item.msg.reason)
             if not isinstance(item.msg, Closed) or self.state not in ("ready", "broken"):
                 continue
             if item.source == FORK_SERVER:
@@ -263,7 +263,7 @@ class Cluster:
         timeout = self.timeout if timeout is None else positive(timeout, "timeout")
         self._check_usable()
         try:
-            payload = cloudpickle.dumps((fn, args, kwargs))
+            payload = byvalue.dumps((fn, args, kwargs))
         except Exception as exc:
             raise ConfigError(
                 f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments to the workers: "

@@ -78,11 +78,24 @@ def died_while_starting(rank: int, status: int | None) -> LaunchError:
     return LaunchError(f"rank {rank} died while starting: {describe_status(status)}. See its output above.")
 
 
+def agent_lost(name: str, info: dict, silent_s: float | None) -> str:
+    """Why remote worker ``name``'s agent is gone: its connection closed, or it said nothing for
+    ``silent_s`` seconds (no heartbeat: its machine froze or left the network)."""
+    if silent_s is None:
+        why = "disconnected: its `ppkit worker` process stopped or the network between the machines failed"
+    else:
+        why = (f"stopped answering: nothing from its `ppkit worker` for {silent_s:g} s (that machine froze, "
+               "lost power or left the network, or the network between the machines failed)")
+    return f"{name} on {info.get('host')} {why}. Start it again, then run cluster.restart()."
+
+
 # -- during a job -------------------------------------------------------------------------------
 def job_timed_out(seconds: float, waiting: list[int], done: list[int], stacks: dict) -> JobTimeoutError:
+    mute = [r for r in waiting if stacks.get(r) == "(no answer)"]  # a frozen (SIGSTOPped) process says nothing
     return JobTimeoutError(
         f"the job did not finish within {seconds:g} s: rank(s) {waiting} are still waiting"
         + (f" (rank(s) {done} finished)" if done else "")
+        + (f". Rank(s) {mute} did not even say where they wait: stopped, frozen or overloaded" if mute else "")
         + ". Usually a send without a matching recv, or a collective that not every rank "
         f"called. {RESTART}; pass run(..., timeout=SECONDS) if "
         "the job is just slow.\n" + format_stacks(stacks), waiting, stacks)
@@ -106,6 +119,11 @@ def worker_died(rank: int, label: str, status: int | None) -> WorkerDiedError:
     return WorkerDiedError(
         f"rank {rank} ({label}) died during the job: {describe_status(status)}. The other ranks "
         "may be blocked waiting for it. Run cluster.restart() to start a clean world.", [rank])
+
+
+def rank_lost(rank: int, reason: str) -> WorkerDiedError:
+    """``rank`` runs on a machine whose agent is gone (``reason``: agent_lost's words)."""
+    return WorkerDiedError(f"rank {rank} is lost during the job: {reason}", [rank])
 
 
 def ranks_raised(errors: dict[int, dict], waiting: list[int], stacks: dict) -> RemoteError:

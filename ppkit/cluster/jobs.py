@@ -1,9 +1,9 @@
 """One ``Cluster.run``: send the job to every rank, gather the results, say what went wrong.
 
 A rank that raises gives the others ``ERROR_GRACE_S`` to finish (they may be waiting for it); a
-rank that dies, a timeout and Kernel > Interrupt each end the job with their own error
-(diagnostics.py), and leave the cluster broken when ranks may still be blocked. The job's
-timeout and Kernel > Interrupt hold while it is being sent too (a rank that reads nothing,
+rank that dies or whose machine stops answering, a timeout and Kernel > Interrupt each end the job
+with their own error (diagnostics.py), and leave the cluster broken when ranks may still be blocked.
+The job's timeout and Kernel > Interrupt hold while it is being sent too (a rank that reads nothing,
 e.g. stopped with SIGSTOP, would otherwise block a large job's send for ever: transport/sending.py).
 """
 
@@ -12,11 +12,9 @@ from __future__ import annotations
 import linecache
 import time
 
-import cloudpickle
-
 from ppkit.cluster import diagnostics
-from ppkit.cluster.inbox import Closed, Item
-from ppkit.transport import channel
+from ppkit.cluster.inbox import Closed, Item, LaunchFailed
+from ppkit.transport import byvalue, channel
 from ppkit.transport.messages import Cancel, Cancelled, Result, Run
 from ppkit.transport.sending import Broadcast
 
@@ -64,7 +62,7 @@ class Job:
             if waiting:
                 self._on_break(f"rank(s) {waiting} are still blocked after rank {min(errors)} failed.")
             raise diagnostics.ranks_raised(errors, waiting, stacks)
-        return [cloudpickle.loads(self.results[r].value) for r in range(self.world_size)]
+        return [byvalue.loads(self.results[r].value) for r in range(self.world_size)]
 
     def waiting(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.results]
@@ -115,6 +113,10 @@ class Job:
                 self._on_break(f"rank {rank} died.")
                 raise diagnostics.worker_died(rank, self._launcher.rank_label(rank, workers.get(rank, {})),
                                               self._launcher.exit_status(rank))
+            if isinstance(item.msg, LaunchFailed) and item.msg.rank in self.waiting():  # its machine is lost
+                self._printer.flush()
+                self._on_break(item.msg.reason)
+                raise diagnostics.rank_lost(item.msg.rank, item.msg.reason)
             if self._take(item) and isinstance(item.msg, Result) and not item.msg.ok:
                 grace_ends = grace_ends or time.monotonic() + ERROR_GRACE_S
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import threading
 
-from ppkit.cluster import launch
+from ppkit.cluster import diagnostics, launch
 from ppkit.cluster.admission import (
     interface_problem,
-    mask_key,
+    join_command,
     master_interface,
     parse_listen,
     remote_names,
@@ -29,7 +29,7 @@ from ppkit.cluster.admission import (
 from ppkit.cluster.inbox import Item, LaunchFailed
 from ppkit.cluster.launchers import ForkServerLauncher
 from ppkit.errors import ConfigError
-from ppkit.transport import channel, ifaces, worker
+from ppkit.transport import channel, heartbeat, ifaces, worker
 from ppkit.transport.messages import Admitted, AgentHello, Exited, Kill, Reject, Shutdown, Spawn, Spawned
 
 
@@ -63,10 +63,8 @@ class RemoteLauncher(ForkServerLauncher):
         self._lock = threading.RLock()  # guards self.agents and every send to an agent
         self._spawning = False
         self.agents: dict[str, tuple] = {}  # name -> (conn, info)
-        self._store = None
-        self._store_port = None
-        self._rpc_store = None  # the RPC world's rendezvous store, see rendezvous_url
-        self._key_shown = False  # the full key is printed once, at the first start
+        self._store = self._store_port = None
+        self._rpc_store, self._key_shown = None, False  # see rendezvous_url; begin prints the key once
         self._ssh_procs: dict[str, object] = {}
         self.iface = master_interface(self.host)
 
@@ -87,8 +85,7 @@ class RemoteLauncher(ForkServerLauncher):
 
     def join_command(self, name: str, full_key: bool = False) -> str:
         """What to type on the worker's machine; the key masked unless ``full_key``."""
-        key = self.key.hex() if full_key else f"{mask_key(self.key)} (the key printed at the first start)"
-        return f"PPKIT_KEY={key} ppkit worker --connect {self.host}:{self.port} --name {name}"
+        return join_command(self.key, f"{self.host}:{self.port}", name, full_key)
 
     def init_config(self, rank: int, config: dict, generation: int) -> dict:
         config = {**config, "store": ("tcp", self.host, self._store_port)}
@@ -99,9 +96,8 @@ class RemoteLauncher(ForkServerLauncher):
         return config
 
     def rendezvous_url(self, name: str = "") -> str:
-        """A ``tcp://`` init_method for a rendezvous that rank 0 (this process) hosts: the store
-        listens on the listen address only, on a port it holds (rank 0's own multi-tenant
-        TCPStore reuses it; a port picked by bind-then-close could be taken in between)."""
+        """A ``tcp://`` init_method for rank 0 (this process): a store it holds on the listen address
+        (launch.tcp_store; not a port picked by bind-then-close, which another could take meanwhile)."""
         self._rpc_store = launch.tcp_store(self.host, 1, self._start_timeout, multi_tenant=True)
         return f"tcp://{self.host}:{self._rpc_store.port}"
 
@@ -116,6 +112,8 @@ class RemoteLauncher(ForkServerLauncher):
             return super().accept(conn, first)
         info = first.info
         name = info.get("name")
+        # heartbeats from now on (the checks below may import torch) to an agent that knows them
+        pulse = heartbeat.Pulse(conn, self._lock, beating=info.get("ppkit") == worker.ppkit_version())
         problem = self._problem(name, info)  # slow checks first, outside the lock
         with self._lock:
             refusal, fatal = self._refusal(name, info) if problem is None else (problem, True)
@@ -127,11 +125,11 @@ class RemoteLauncher(ForkServerLauncher):
                     self._spawn(name)
         if refusal is not None:
             self._send(conn, Reject(refusal))
-            conn.close()
+            pulse.close()
             if fatal:
                 self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], f"the master refused {name}: {refusal}")))
             return True
-        self._serve_agent(name, conn, info)
+        self._serve_agent(name, conn, info, pulse)
         return True
 
     def _problem(self, name, info) -> str | None:
@@ -152,21 +150,23 @@ class RemoteLauncher(ForkServerLauncher):
             return why, False
         return None, False
 
-    def _serve_agent(self, name: str, conn, info: dict) -> None:
+    def _serve_agent(self, name: str, conn, info: dict, pulse) -> None:
+        silent = None  # or for how long it said nothing before we gave it up
         while True:
             try:
-                msg = conn.recv()
+                msg = heartbeat.receive(conn)
             except (EOFError, OSError):
+                break
+            except heartbeat.PeerSilent as exc:
+                silent = exc.seconds
                 break
             if isinstance(msg, (Spawned, Exited)):  # the source, ``name``, tells the machines' pids apart
                 self.inbox.put(Item(name, msg))
         with self._lock:
             if self.agents.get(name, (None,))[0] is conn:
                 del self.agents[name]
-        conn.close()
-        self.inbox.put(Item(name, LaunchFailed(
-            self.rank_of[name], f"{name} on {info.get('host')} disconnected: its `ppkit worker` process stopped or the "
-            "network between the machines failed. Start it again, then run cluster.restart().")))
+        pulse.close()
+        self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], diagnostics.agent_lost(name, info, silent))))
 
     # -- start, restart, close -----------------------------------------------------------------
     def begin(self, say=print) -> None:

@@ -23,10 +23,9 @@ import sys
 import threading
 import types
 
-import cloudpickle
-
 from ppkit.compat import TESTED_RANGE
 from ppkit.errors import ClusterStateError, RpcPickleError
+from ppkit.transport import byvalue
 
 _installed: dict | None = None  # the torch originals while installed
 # thread id -> (id(result), call) of what the last call run on that thread returned. Not a
@@ -58,7 +57,7 @@ class MainByValuePickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         if ships_by_value(obj):
-            return cloudpickle.loads, (cloudpickle.dumps(obj),)
+            return byvalue.loads, (byvalue.dumps(obj),)
         return NotImplemented
 
 

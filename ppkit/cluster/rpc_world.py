@@ -22,8 +22,6 @@ import threading
 import time
 import warnings
 
-import cloudpickle
-
 from ppkit.checks import check_keywords
 from ppkit.cluster import launch, rpc_pickle
 from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
@@ -31,7 +29,7 @@ from ppkit.cluster.controller import Cluster
 from ppkit.cluster.options import check_rpc
 from ppkit.compat import require_rpc_internals
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
-from ppkit.transport import procs
+from ppkit.transport import byvalue, procs
 
 MASTER = "master"
 _active: RpcWorld | None = None
@@ -43,7 +41,7 @@ _first_world_workers: int | None = None
 
 
 def _loads(data: bytes):
-    return cloudpickle.loads(data)
+    return byvalue.loads(data)
 
 
 class _ByValue:
@@ -58,7 +56,7 @@ class _ByValue:
 
     def __reduce__(self):
         # Unpickles to the bare function or class on the other side.
-        return (_loads, (cloudpickle.dumps(self.obj),))
+        return (_loads, (byvalue.dumps(self.obj),))
 
     def __repr__(self) -> str:
         return f"ppkit.by_value({self.obj!r})"

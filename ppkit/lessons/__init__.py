@@ -8,6 +8,8 @@
     exercises      the checkers of the exercises in notebooks 01-03 (they run on real ranks)
     pipeline_exercises  the same for notebooks 05, 06 and 08 (shapes, step time, activations)
     launch_exercises    the same for notebooks 00 and 07 (each rank's share, SLURM's variables)
+    check_report   what every checker returns (CheckReport) or raises (ExerciseFailed)
+    subworld       runs a learner's function on ranks 0..k-1 of a cluster, in a fresh process group
     catalog        every exercise registered in one place: checker, solution, hints
     solutions      one solution per exercise, out of the learner's notebook
     workbook       the learner's side: check(name, fn), hint(name), solution(name), progress()

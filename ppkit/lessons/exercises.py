@@ -6,137 +6,30 @@
 
 Each checker starts its own ranks (``max(world_sizes)`` of them, no process group; or pass
 ``cluster=`` one started with ``process_group=False``), and for each world size k makes a fresh
-process group of ranks 0..k-1 and runs your function there. It returns
+process group of ranks 0..k-1 and runs your function there (``ppkit.lessons.subworld``). It returns
 a ``CheckReport`` when everything is right and raises ``ExerciseFailed`` otherwise, naming the
 world size, tensor size, rank and values that were wrong.
 """
 
 from __future__ import annotations
 
-import itertools
-import shutil
-import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
-from ppkit.errors import ConfigError, ExerciseFailed, JobTimeoutError, RemoteError
+from ppkit.errors import ExerciseFailed
 from ppkit.lessons import data_parallel
-from ppkit.lessons.p2p import blocked_call
+from ppkit.lessons.check_report import CheckReport, raise_or_report
+from ppkit.lessons.subworld import SubworldRunner
 
 WORLD_SIZES = (2, 3, 4, 5, 6)
 TENSOR_SIZES = (1, 7, 1000)
-MAX_REPORTED = 8  # failures listed in the message; all of them stay in .failures
 COLLECTIVES = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
                "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
                "all_to_all", "all_to_all_single", "gather", "scatter")
-
-
-@dataclass
-class CheckReport:
-    """What a checker ran. ``failures`` is empty when it passed."""
-
-    exercise: str
-    cases: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def __str__(self) -> str:
-        if self.passed:
-            return f"{self.exercise}: passed all {len(self.cases)} cases ({'; '.join(self.cases)})."
-        shown = self.failures[:MAX_REPORTED]
-        more = len(self.failures) - len(shown)
-        return (f"{self.exercise}: {len(self.failures)} problem(s) in {len(self.cases)} cases:\n  - "
-                + "\n  - ".join(shown) + (f"\n  ... and {more} more (see .failures)" if more else ""))
-
-
-# -- running a function in a sub-world of k ranks ---------------------------------------------
-
-_store_ids = itertools.count()
-
-
-def _in_subworld(rank, size, k, store_path, job, args):
-    """Ranks < k join a fresh k-rank process group and run ``job``; the others sit this one out."""
-    if rank >= k:
-        return None
-    store = dist.FileStore(store_path, k)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=k, timeout=timedelta(seconds=600))
-    try:
-        return job(rank, k, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-class _Runner:
-    def __init__(self, world_sizes, timeout: float, cluster: Cluster | None = None):
-        self.timeout = timeout
-        need = max(world_sizes)
-        if cluster is not None and (cluster.process_group or cluster.world_size < need
-                                    or cluster.state == "closed"):
-            raise ConfigError(
-                f"the checker needs an open cluster of at least {need} ranks started without a process "
-                f"group, e.g. ppkit.Cluster({need}, 'gloo', process_group=False); got {cluster!r}. "
-                "Or pass no cluster and the checker starts its own.")
-        self._own = cluster is None
-        self.cluster = cluster or Cluster(need, "gloo", process_group=False, timeout=timeout)
-        self._tmp = Path(tempfile.mkdtemp(prefix="ppkit-exercise-"))
-
-    def close(self) -> None:
-        if self._own:
-            self.cluster.close()
-        elif self.cluster.state == "broken":
-            self.cluster.restart()  # hand the caller's cluster back usable
-        shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def run(self, k: int, job, *args):
-        """``(results of ranks 0..k-1, None)``, or ``(None, what went wrong)``."""
-        store = str(self._tmp / f"store-{next(_store_ids)}")
-        if self.cluster.state == "broken":
-            self.cluster.restart()
-        try:
-            results = self.cluster.run(_in_subworld, k, store, job, args, timeout=self.timeout)
-        except JobTimeoutError as err:
-            return None, _explain_hang(err, k, self.timeout)
-        except RemoteError as err:
-            return None, _explain_raise(err)
-        return results[:k], None
-
-
-def _explain_hang(err: JobTimeoutError, k: int, timeout: float) -> str:
-    calls = {r: blocked_call(r, text) for r, text in err.stacks.items() if r < k}
-    where = "; ".join(str(c) for c in calls.values() if c) or "no stack available"
-    text = f"did not finish within {timeout:g} s ({where})"
-    if calls and all(c and c.torch_call == "dist.send" for c in calls.values()):
-        text += (". Every rank is in dist.send and none has posted its recv: with gloo a send waits "
-                 "until the matching recv is posted, so everyone sending first deadlocks. Let even "
-                 "ranks send first and odd ranks receive first, or use dist.isend/dist.irecv")
-    return text
-
-
-_KNOCK_ON = ("RuntimeError", "DistBackendError", "DistNetworkError")  # what gloo raises when a peer left
-
-
-def _explain_raise(err: RemoteError) -> str:
-    """The first rank's own exception, not the connection errors it caused on the others."""
-    causes = [r for r in err.ranks if err.exc_types.get(r) not in _KNOCK_ON] or err.ranks
-    def last_line(r):
-        return err.tracebacks[r].strip().splitlines()[-1].removeprefix("ppkit.errors.")
-
-    rank = causes[0]
-    same = [r for r in err.ranks if r != rank and last_line(r) == last_line(rank)]
-    other = [r for r in err.ranks if r != rank and r not in same]
-    also = (f" (rank(s) {same} raised the same)" if same else "") + (
-        f" (rank(s) {other} failed too)" if other else "")
-    return f"rank {rank} raised {last_line(rank)}{also}"
 
 
 @contextmanager
@@ -178,13 +71,6 @@ def _compare(label: str, rank: int, got, want: torch.Tensor, own: torch.Tensor |
     return text
 
 
-def _raise_or_report(report: CheckReport) -> CheckReport:
-    if report.failures:
-        raise ExerciseFailed(str(report), report.failures)
-    print(report)
-    return report
-
-
 # -- lesson 1: ring shift ---------------------------------------------------------------------
 
 def _ring_input(rank: int, numel: int) -> torch.Tensor:
@@ -205,7 +91,7 @@ def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: f
     returns what rank - 1 sent it (the ring wraps around)."""
     check_callable(fn, "fn(rank, world_size, tensor)")
     report = CheckReport("ring shift")
-    runner = _Runner(world_sizes, timeout, cluster)
+    runner = SubworldRunner(world_sizes, timeout, cluster)
     try:
         for k in world_sizes:
             report.cases.append(f"world_size {k} x sizes {list(sizes)}")
@@ -222,7 +108,7 @@ def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: f
                         report.failures.append(problem + f" (it should hold rank {(rank - 1) % k}'s tensor)")
     finally:
         runner.close()
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 2: ring all_reduce ------------------------------------------------------------------
@@ -252,7 +138,7 @@ def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeo
     only send/recv/isend/irecv."""
     check_callable(fn, "fn(rank, world_size, tensor)")
     report = CheckReport("ring all_reduce")
-    runner = _Runner(world_sizes, timeout, cluster)
+    runner = SubworldRunner(world_sizes, timeout, cluster)
     try:
         for k in world_sizes:
             report.cases.append(f"world_size {k} x sizes {list(sizes)}")
@@ -268,7 +154,7 @@ def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeo
                         report.failures.append(problem)
     finally:
         runner.close()
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 3: one all_reduce for all gradients -------------------------------------------------
@@ -298,7 +184,7 @@ def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, time
     check_callable(fn, "fn(model)")
     want = data_parallel.whole_batch_gradients(batch_size)
     report = CheckReport("bucketed gradient averaging")
-    runner = _Runner(world_sizes, timeout, cluster)
+    runner = SubworldRunner(world_sizes, timeout, cluster)
     try:
         for k in world_sizes:
             report.cases.append(f"world_size {k}, batch {batch_size}")
@@ -324,4 +210,4 @@ def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, time
                     report.failures.append(text)
     finally:
         runner.close()
-    return _raise_or_report(report)
+    return raise_or_report(report)

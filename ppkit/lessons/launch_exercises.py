@@ -13,7 +13,7 @@ import operator
 
 from ppkit.checks import check_callable
 from ppkit.cluster.env import TORCHRUN_VARS, read_launch_env
-from ppkit.lessons.exercises import CheckReport, _raise_or_report
+from ppkit.lessons.check_report import CheckReport, raise_or_report
 from ppkit.lessons.pipeline_exercises import _call
 
 # -- lesson 0: every rank takes its share -----------------------------------------------------------
@@ -80,7 +80,7 @@ def check_my_share(fn, world_sizes=SHARE_WORLD_SIZES, num_items=SHARE_NUM_ITEMS)
                 shares[rank] = [_as_item(i) for i in got]
             else:
                 report.failures.extend(_share_problems(world_size, n, shares))
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 7: SLURM's variables under torchrun's names --------------------------------------------
@@ -122,4 +122,4 @@ def check_slurm_to_torchrun(fn, cases=SLURM_CASES) -> CheckReport:
                         "MASTER_PORT": " (SLURM chooses no port: MASTER_PORT if set, else torch's 29500)"}
                 report.failures.append(f"{label}: expected {name}={want[name]!r}, got {got[name]!r}"
                                        + hint.get(name, ""))
-    return _raise_or_report(report)
+    return raise_or_report(report)

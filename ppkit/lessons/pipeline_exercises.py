@@ -7,7 +7,7 @@
 
 Each compares your function with ppkit's own model of the same thing (real shapes from the split
 ResNet50 on the meta device, ``ppkit.pipeline.bubble.predict``, the schedules' orders of work in
-``ppkit.pipelining.compare``), returns a ``CheckReport`` when every case agrees and raises
+``ppkit.pipelining.bubble_model``), returns a ``CheckReport`` when every case agrees and raises
 ``ExerciseFailed`` otherwise, naming the case, what was expected and what your function returned.
 """
 
@@ -19,12 +19,12 @@ import math
 import torch
 
 from ppkit.checks import check_callable
-from ppkit.lessons.exercises import CheckReport, _raise_or_report
+from ppkit.lessons.check_report import CheckReport, raise_or_report
 from ppkit.models.resnet import CUT_POINTS, resnet50, split_resnet50
 from ppkit.pipeline.bubble import predict
 from ppkit.pipeline.config import num_microbatches
 from ppkit.pipeline.ucurve import best_count, step_model
-from ppkit.pipelining.compare import schedule_orders
+from ppkit.pipelining.bubble_model import schedule_orders
 
 
 def _call(fn, label: str, *args):
@@ -105,7 +105,7 @@ def check_activation_shape(fn, batch_sizes=ACTIVATION_BATCHES, image_sizes=IMAGE
                 if got_shape != want:
                     report.failures.append(f"{label}: expected {want}, got {got_shape}"
                                            + _shape_hint(got_shape, want, image_size))
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 6: the ideal GPipe step ------------------------------------------------------------
@@ -171,7 +171,7 @@ def check_pipeline_time(fn, cases=PIPELINE_CASES) -> CheckReport:
         elif not math.isclose(seconds, want, rel_tol=1e-9, abs_tol=1e-12):
             report.failures.append(f"{label}: expected {want:g} s, got {seconds:g} s" + _time_hint(
                 seconds, forward_times, backward_times, batch_size, microbatch_size))
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 8: activations each stage keeps ------------------------------------------------------
@@ -182,7 +182,7 @@ HELD_SHAPES = ((2, 4), (2, 1), (4, 8), (4, 2), (5, 3), (3, 12))  # (num_stages, 
 
 def microbatches_held_of(schedule: str, num_stages: int, num_microbatches: int) -> list[int]:
     """Per stage, the most micro-batches whose forward ran and whose backward has not, replaying
-    the schedule's order of work (``compare.schedule_orders``)."""
+    the schedule's order of work (``bubble_model.schedule_orders``)."""
     peaks = []
     for order in schedule_orders(schedule, num_stages, num_microbatches):
         live = peak = 0
@@ -227,7 +227,7 @@ def check_microbatches_held(fn, schedules=HELD_SCHEDULES, shapes=HELD_SHAPES) ->
             if got_list != want:
                 report.failures.append(f"{label}: expected {want}, got {got_list}"
                                        + _held_hint(got_list, want, schedule, num_stages, m))
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 6: the bottom of the U-curve ---------------------------------------------------------
@@ -287,4 +287,4 @@ def check_best_num_microbatches(fn, cases=BEST_COUNT_CASES) -> CheckReport:
                 f"per step), got {got}" + (f" ({step_model(forward, backward, fixed, overhead, got):.3f} s)"
                                            if got >= 1 else "")
                 + _best_count_hint(got, forward, backward, fixed, overhead, candidates))
-    return _raise_or_report(report)
+    return raise_or_report(report)

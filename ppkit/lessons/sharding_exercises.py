@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
-from ppkit.lessons.exercises import CheckReport, _raise_or_report, _Runner
+from ppkit.lessons.check_report import CheckReport, raise_or_report
+from ppkit.lessons.subworld import SubworldRunner
 
 NOT_WRITTEN = {"not_written": True}
 
@@ -131,7 +132,7 @@ def check_zero2_grad_shard(fn, world_sizes=(2, 3, 4), numels=GRAD_NUMELS, timeou
 
 def _check(fn, report, world_sizes, timeout, cluster, case, job, args, problems):
     """Run ``job`` in a group of each size k; ``problems(k, results)`` yields a sentence or None per result."""
-    runner = _Runner(world_sizes, timeout, cluster)
+    runner = SubworldRunner(world_sizes, timeout, cluster)
     try:
         for k in world_sizes:
             report.cases.append(case(k))
@@ -144,7 +145,7 @@ def _check(fn, report, world_sizes, timeout, cluster, case, job, args, problems)
             report.failures.extend(text for text in problems(k, results) if text)
     finally:
         runner.close()
-    return _raise_or_report(report)
+    return raise_or_report(report)
 
 
 # -- lesson 10: the row-parallel forward ------------------------------------------------------

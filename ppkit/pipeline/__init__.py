@@ -4,7 +4,8 @@
 """
 
 from ppkit.pipeline.config import PipelineConfig, Placement, num_microbatches, parse_placement
-from ppkit.pipeline.model import PipelineModel, PipelineOptimizer
+from ppkit.pipeline.model import PipelineModel
+from ppkit.pipeline.optimizer import PipelineOptimizer
 
 __all__ = [
     "PipelineConfig",

@@ -19,7 +19,8 @@ from torch import nn
 from ppkit.pipeline import resources
 from ppkit.pipeline.bubble import BubblePrediction, predict_from_timeline
 from ppkit.pipeline.config import PipelineConfig, check_microbatch_size, num_microbatches
-from ppkit.pipeline.model import PipelineModel, PipelineOptimizer
+from ppkit.pipeline.model import PipelineModel
+from ppkit.pipeline.optimizer import PipelineOptimizer
 from ppkit.pipeline.timeline import Timeline
 
 LEARNING_RATE = 0.05  # the tutorial's

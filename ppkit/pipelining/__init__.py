@@ -10,19 +10,13 @@ from ppkit.compat import require_pipelining
 
 require_pipelining("ppkit.pipelining (GPipe and 1F1B: notebook 08, ppkit pipeline --schedule gpipe)")
 
-from ppkit.pipelining.compare import (  # noqa: E402
-    KINDS,
-    ScheduleRun,
-    compare_schedules,
-    format_table,
-    grad_difference,
-    plot_timelines,
-    reference_step,
-    rpc_step,
-    run_schedule,
-)
+from ppkit.pipelining.bubble_model import KINDS  # noqa: E402
+from ppkit.pipelining.compare import compare_schedules, rpc_step, run_schedule  # noqa: E402
 from ppkit.pipelining.memory import ActivationMeter  # noqa: E402
+from ppkit.pipelining.report import format_table, plot_timelines  # noqa: E402
+from ppkit.pipelining.schedule_run import ScheduleRun  # noqa: E402
 from ppkit.pipelining.stage import SCHEDULES, make_batch, train_step  # noqa: E402
+from ppkit.pipelining.verify import grad_difference, reference_step  # noqa: E402
 
 __all__ = [
     "KINDS",

@@ -13,8 +13,9 @@ from __future__ import annotations
 from ppkit.errors import ConfigError
 from ppkit.pipeline.config import PipelineConfig
 from ppkit.pipeline.sweep import LEARNING_RATE, RunResult, SweepResult, make_batch
-from ppkit.pipelining.compare import GRAD_RTOL, grad_difference, reference_step, run_schedule
+from ppkit.pipelining.compare import run_schedule
 from ppkit.pipelining.stage import NUM_CLASSES, check_schedule
+from ppkit.pipelining.verify import GRAD_RTOL, grad_difference, reference_step
 
 VERIFY_TOLERANCE = GRAD_RTOL  # relative: largest gradient difference / largest gradient
 

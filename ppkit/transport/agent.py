@@ -4,7 +4,9 @@ It is the fork server (``zygote``) of a remote host. It connects to the master's
 says who it is (its name, host and Python/torch/ppkit versions), and once admitted forks one
 worker process per rank the master asks for. The workers connect back to the master like local
 ones. The agent reports how each worker ended ("killed by SIGKILL"), kills its workers when the
-master restarts the world, and exits when the master closes the cluster or goes away.
+master restarts the world, and exits, with its workers, when the master closes the cluster, goes
+away, or stops answering: master and agent send each other a heartbeat (heartbeat.py), so a
+master that lost power or its network is noticed within ``heartbeat.SILENT_AFTER_S``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import threading
 import time
 
 from ppkit.errors import AuthenticationError, LaunchError
-from ppkit.transport import channel, ifaces, procs, worker, zygote
+from ppkit.transport import channel, heartbeat, ifaces, procs, worker, zygote
 from ppkit.transport.messages import Admitted, AgentHello, Kill, Reject, Shutdown, Spawn, Spawned
 
 RETRY_EVERY_S = 1.0
+ANSWER_WAIT_S = 60.0  # for the answer to our hello: a master that imports torch to check versions is slow
 _FATAL_ERRNOS = (errno.ENETUNREACH,)  # no route at all: retrying will not help
 
 
@@ -76,6 +79,7 @@ class Agent:
         self._lock = threading.Lock()
         self._children: dict[int, int] = {}
         self._have_children = threading.Condition()
+        self._pulse = heartbeat.Pulse(self.conn, self._lock, beating=False)  # beats once admitted
 
     def hello(self) -> dict:
         addrs = ifaces.interfaces().get(self.iface, []) if self.iface else []
@@ -85,18 +89,25 @@ class Agent:
 
     def join(self) -> dict:
         """Introduce ourselves; return the master's answer or raise ``LaunchError`` if refused."""
+        where = f"{self.address[0]}:{self.address[1]}"
         self.conn.send(AgentHello(self.hello()))
         try:
-            reply = self.conn.recv()
+            # a master of our ppkit version sends heartbeats at once; another one only its answer
+            if not self.conn.poll(ANSWER_WAIT_S):
+                raise heartbeat.PeerSilent(ANSWER_WAIT_S)
+            reply = heartbeat.receive(self.conn)
         except (EOFError, OSError) as exc:
             raise LaunchError(
-                f"the master at {self.address[0]}:{self.address[1]} closed the connection before "
-                "admitting this worker.") from exc
+                f"the master at {where} closed the connection before admitting this worker.") from exc
+        except heartbeat.PeerSilent as exc:
+            raise LaunchError(
+                f"the master at {where} stopped answering before admitting this worker: {exc}. "
+                "Is its notebook kernel busy or paused? Start this worker again.") from exc
         if isinstance(reply, Reject):
             raise LaunchError(f"the master refused {self.name}: {reply.reason}")
         if not isinstance(reply, Admitted):
-            raise LaunchError(f"the master at {self.address[0]}:{self.address[1]} answered {reply!r:.80} "
-                              "instead of admitting this worker: is it the same ppkit version?")
+            raise LaunchError(f"the master at {where} answered {reply!r:.80} instead of admitting this "
+                              "worker: is it the same ppkit version?")
         return reply.info
 
     def serve(self) -> tuple[bool, str]:
@@ -105,12 +116,19 @@ class Agent:
         # connection; that must not turn a clean exit into exit code 1 (seen in CI)
         threading.Thread(target=zygote._reap, args=(self.conn, self._children, self._lock,
                                                      self._have_children, False), daemon=True).start()
+        self._pulse = heartbeat.Pulse(self.conn, self._lock)
         while True:
             try:
-                msg = self.conn.recv()
+                msg = heartbeat.receive(self.conn)
             except (EOFError, OSError):
                 self.stop_children()
                 return False, "the master went away (its connection closed)"
+            except heartbeat.PeerSilent as exc:
+                self.stop_children()
+                return False, (
+                    f"the master at {self.address[0]}:{self.address[1]} stopped answering ({exc}): its "
+                    "machine froze, lost power or left the network, or the network between the machines "
+                    "failed. Stopped this machine's ranks; start `ppkit worker` again once the master is back")
             if isinstance(msg, Spawn):
                 self.stop_children()
                 for rank in msg.ranks:
@@ -139,4 +157,4 @@ class Agent:
 
     def close(self) -> None:
         self.stop_children()
-        self.conn.close()
+        self._pulse.close()

@@ -8,10 +8,19 @@ Who talks to whom (each arrow is one authenticated channel connection, see chann
                                 Shutdown
     fork server -> controller   ForkServerHello, then Spawned and Exited for each worker it forks
     controller  -> fork server  Spawn, Shutdown
-    agent       -> controller   AgentHello, then Spawned and Exited (as a fork server does)
-    controller  -> agent        Admitted or Reject (the answer to AgentHello); then Spawn, Kill,
-                                Shutdown
+    agent       -> controller   AgentHello, then Spawned and Exited (as a fork server does);
+                                Heartbeat every 2 s from admission on
+    controller  -> agent        Heartbeat every 2 s from the AgentHello on (if the ppkit versions
+                                match); Admitted or Reject (the answer to AgentHello); then Spawn,
+                                Kill, Shutdown
     doctor      -> controller   Probe; the controller answers ProbeReply and hangs up
+
+Liveness: only the controller <-> agent connection crosses machines with nothing else to notice
+a dead peer (a machine that loses power, a SIGSTOPped process or a pulled cable closes no
+connection). Both ends send Heartbeat every HEARTBEAT_EVERY_S (2 s) from a thread of their own,
+and each gives the other up after SILENT_AFTER_S (12 s) without any message (heartbeat.py).
+Workers need none: a remote rank dies with its agent (PR_SET_PDEATHSIG), a local one with the
+kernel, and a frozen rank ends its job's ``timeout`` (JobTimeoutError).
 
 The first message on a connection says what the peer is. Both ends run the same ppkit (admission
 checks the versions), so the classes pickle by reference. Fields hold plain data only (dicts of
@@ -154,6 +163,11 @@ class Exited:
     rank: int | None
     pid: int
     status: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """I am still here (controller <-> agent, both ways, every 2 s; needs no answer)."""
 
 
 # -- ppkit doctor -------------------------------------------------------------------------------

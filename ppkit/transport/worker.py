@@ -24,9 +24,7 @@ import traceback
 from datetime import timedelta
 from importlib import metadata
 
-import cloudpickle
-
-from ppkit.transport import channel
+from ppkit.transport import byvalue, channel
 from ppkit.transport.capture import OutputPipe
 from ppkit.transport.messages import (
     AskStacks,
@@ -220,7 +218,7 @@ class Worker:
 
     def _run_job(self, job_id, payload):
         try:
-            fn, args, kwargs = cloudpickle.loads(payload)
+            fn, args, kwargs = byvalue.loads(payload)
             value = fn(self.rank, self.world_size, *args, **kwargs)
             self._leave()  # the job is done: pickling its result is not cancelled
         except _Cancelled:
@@ -229,7 +227,7 @@ class Worker:
             self._leave()
             return Result(job_id, False, _error_info(exc, skip=1))
         try:
-            return Result(job_id, True, cloudpickle.dumps(value))
+            return Result(job_id, True, byvalue.dumps(value))
         except Exception as exc:
             return Result(job_id, False, _error_info(exc, note=(
                 f"the job finished but its return value ({type(value).__name__}) cannot be "

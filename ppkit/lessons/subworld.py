@@ -1,0 +1,99 @@
+"""Running a learner's function on ranks 0..k-1 of a cluster, in a fresh k-rank process group.
+
+One cluster (no process group of its own) serves every world size a checker tries. When the
+function hangs or raises, the answer is one sentence about the cause: where each rank waits, or
+the first rank's own exception rather than the connection errors it caused on the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ppkit.cluster.controller import Cluster
+from ppkit.errors import ConfigError, JobTimeoutError, RemoteError
+from ppkit.lessons.p2p import blocked_call
+
+_store_ids = itertools.count()
+
+
+def _in_subworld(rank, size, k, store_path, job, args):
+    """Ranks < k join a fresh k-rank process group and run ``job``; the others sit this one out."""
+    if rank >= k:
+        return None
+    store = dist.FileStore(store_path, k)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=k, timeout=timedelta(seconds=600))
+    try:
+        return job(rank, k, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+class SubworldRunner:
+    """Runs jobs in sub-worlds of ``cluster`` (or of one it starts for ``max(world_sizes)`` ranks)."""
+
+    def __init__(self, world_sizes, timeout: float, cluster: Cluster | None = None):
+        self.timeout = timeout
+        need = max(world_sizes)
+        if cluster is not None and (cluster.process_group or cluster.world_size < need
+                                    or cluster.state == "closed"):
+            raise ConfigError(
+                f"the checker needs an open cluster of at least {need} ranks started without a process "
+                f"group, e.g. ppkit.Cluster({need}, 'gloo', process_group=False); got {cluster!r}. "
+                "Or pass no cluster and the checker starts its own.")
+        self._own = cluster is None
+        self.cluster = cluster or Cluster(need, "gloo", process_group=False, timeout=timeout)
+        self._tmp = Path(tempfile.mkdtemp(prefix="ppkit-exercise-"))
+
+    def close(self) -> None:
+        if self._own:
+            self.cluster.close()
+        elif self.cluster.state == "broken":
+            self.cluster.restart()  # hand the caller's cluster back usable
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def run(self, k: int, job, *args):
+        """``(results of ranks 0..k-1, None)``, or ``(None, what went wrong)``."""
+        store = str(self._tmp / f"store-{next(_store_ids)}")
+        if self.cluster.state == "broken":
+            self.cluster.restart()
+        try:
+            results = self.cluster.run(_in_subworld, k, store, job, args, timeout=self.timeout)
+        except JobTimeoutError as err:
+            return None, _explain_hang(err, k, self.timeout)
+        except RemoteError as err:
+            return None, _explain_raise(err)
+        return results[:k], None
+
+
+def _explain_hang(err: JobTimeoutError, k: int, timeout: float) -> str:
+    calls = {r: blocked_call(r, text) for r, text in err.stacks.items() if r < k}
+    where = "; ".join(str(c) for c in calls.values() if c) or "no stack available"
+    text = f"did not finish within {timeout:g} s ({where})"
+    if calls and all(c and c.torch_call == "dist.send" for c in calls.values()):
+        text += (". Every rank is in dist.send and none has posted its recv: with gloo a send waits "
+                 "until the matching recv is posted, so everyone sending first deadlocks. Let even "
+                 "ranks send first and odd ranks receive first, or use dist.isend/dist.irecv")
+    return text
+
+
+_KNOCK_ON = ("RuntimeError", "DistBackendError", "DistNetworkError")  # what gloo raises when a peer left
+
+
+def _explain_raise(err: RemoteError) -> str:
+    """The first rank's own exception, not the connection errors it caused on the others."""
+    causes = [r for r in err.ranks if err.exc_types.get(r) not in _KNOCK_ON] or err.ranks
+    def last_line(r):
+        return err.tracebacks[r].strip().splitlines()[-1].removeprefix("ppkit.errors.")
+
+    rank = causes[0]
+    same = [r for r in err.ranks if r != rank and last_line(r) == last_line(rank)]
+    other = [r for r in err.ranks if r != rank and r not in same]
+    also = (f" (rank(s) {same} raised the same)" if same else "") + (
+        f" (rank(s) {other} failed too)" if other else "")
+    return f"rank {rank} raised {last_line(rank)}{also}"
