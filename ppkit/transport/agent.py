@@ -18,7 +18,7 @@ import threading
 import time
 
 from ppkit.errors import AuthenticationError, LaunchError
-from ppkit.transport import channel, heartbeat, ifaces, procs, worker, zygote
+from ppkit.transport import channel, heartbeat, ifaces, worker, zygote
 from ppkit.transport.messages import Admitted, AgentHello, Kill, Reject, Shutdown, Spawn, Spawned
 
 RETRY_EVERY_S = 1.0
@@ -151,9 +151,7 @@ class Agent:
             self.conn.send(Spawned(rank, pid))
 
     def stop_children(self) -> None:
-        with self._have_children:
-            pids = list(self._children)
-        procs.stop_pids(pids, grace=1.0)
+        zygote.stop_children(self._children, self._have_children, grace=1.0)  # never a reaped pid
 
     def close(self) -> None:
         self.stop_children()

@@ -7,7 +7,7 @@ Who talks to whom (each arrow is one authenticated channel connection, see chann
     controller  -> worker       Init or Reject (the answer to Hello); then Run, AskStacks, Cancel,
                                 Shutdown
     fork server -> controller   ForkServerHello, then Spawned and Exited for each worker it forks
-    controller  -> fork server  Spawn, Shutdown
+    controller  -> fork server  Spawn, Kill, Shutdown
     agent       -> controller   AgentHello, then Spawned and Exited (as a fork server does);
                                 Heartbeat every 2 s from admission on
     controller  -> agent        Heartbeat every 2 s from the AgentHello on (if the ppkit versions
@@ -147,7 +147,8 @@ class Spawn:
 
 @dataclass(frozen=True)
 class Kill:
-    """Stop the workers you forked, and stay (an agent, before a restart)."""
+    """Stop the workers you forked, and stay (the fork server or an agent, before a restart;
+    their parent stops them: only it knows which of its pids it has not reaped yet)."""
 
 
 @dataclass(frozen=True)

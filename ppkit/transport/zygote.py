@@ -24,7 +24,8 @@ from ppkit.transport.messages import Exited, ForkServerHello, Kill, Shutdown, Sp
 def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.Condition,
           exit_when_lost: bool = True) -> None:
     """Wait for forked workers and report each exit. If the controller is gone, the fork server
-    exits (``exit_when_lost``); a remote agent's main loop sees the EOF and exits by itself.
+    exits (``exit_when_lost``); a remote agent's main loop sees the EOF and exits by itself, after
+    ``stop_children``, for which this goes on reaping (without reports).
 
     A pid is reaped with ``have_children`` held (it is only peeked at before), so a pid that
     ``stop_children`` finds in ``children`` is still ours, at worst a zombie: never a number the
@@ -48,7 +49,6 @@ def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.C
             except OSError:
                 if exit_when_lost:
                     os._exit(1)
-                return
 
 
 def stop_children(children: dict, have_children: threading.Condition, grace: float = 0.5) -> None:
