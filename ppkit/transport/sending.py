@@ -24,10 +24,9 @@ CHUNK = 1 << 20
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)  # 0 on Windows: there a send blocks as before
 
 
-def frame(msg) -> tuple[bytes, memoryview]:
-    """The header and body ``Connection.send(msg)`` would write (a small one all in the header:
-    one write, as there, so Nagle's algorithm never holds back a lone second segment)."""
-    body = ForkingPickler.dumps(msg)
+def frame(body) -> tuple[bytes, memoryview]:
+    """The header and body ``Connection.send_bytes(body)`` would write (a small one all in the
+    header: one write, as there, so Nagle's algorithm never holds back a lone second segment)."""
     n = len(body)
     header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
     return (header + bytes(body), memoryview(b"")) if n <= 16384 else (header, body)
@@ -37,7 +36,8 @@ class Broadcast:
     """``msg`` to every connection of ``conns`` (key -> Connection; None: already gone)."""
 
     def __init__(self, conns: dict, msg):
-        self._header, self._body = frame(msg)
+        self._pickled = ForkingPickler.dumps(msg)
+        self._header, self._body = frame(self._pickled)
         self.size = len(self._header) + len(self._body)
         self._conns = conns
         self.sent = {key: 0 for key in conns}  # bytes written so far, per connection
@@ -63,7 +63,7 @@ class Broadcast:
         if not _DONTWAIT:
             for key in self.unsent:
                 try:
-                    self._conns[key].send_bytes(self._body)
+                    self._conns[key].send_bytes(self._pickled)
                     self.sent[key] = self.size
                 except OSError:
                     self.gone.add(key)
