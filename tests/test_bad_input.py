@@ -17,7 +17,8 @@ from torch.distributed import rpc
 
 import ppkit
 from ppkit import cli
-from ppkit.cluster import launch, launchers, session
+from ppkit.cluster import launch, session
+from ppkit.cluster.launchers import local as local_launcher
 from ppkit.pipeline import PipelineModel
 from ppkit.pipeline.config import PipelineConfig
 from ppkit.transport import channel
@@ -51,7 +52,7 @@ def nothing_may_start(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a process was started before the arguments were checked")
 
-    monkeypatch.setattr(launchers, "start_fork_server", refuse)
+    monkeypatch.setattr(local_launcher, "start_fork_server", refuse)
 
 
 def call(entry, options):

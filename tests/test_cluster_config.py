@@ -8,7 +8,8 @@ import pytest
 from leftovers import wait_gone
 
 import ppkit
-from ppkit.cluster import launch, launchers
+from ppkit.cluster import launch
+from ppkit.cluster.launchers import local as local_launcher
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def nothing_may_start(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a process was started before the arguments were checked")
 
-    monkeypatch.setattr(launchers, "start_fork_server", refuse)
+    monkeypatch.setattr(local_launcher, "start_fork_server", refuse)
 
 
 @pytest.mark.parametrize("world_size, expected", [

@@ -11,7 +11,8 @@ import pytest
 import ppkit
 from ppkit.cluster import admission
 from ppkit.cluster.inbox import Inbox
-from ppkit.cluster.remote import RemoteLauncher
+from ppkit.cluster.launchers.remote import RemoteLauncher
+from ppkit.cluster.spec import cluster_spec
 from ppkit.errors import ConfigError, LaunchError
 from ppkit.transport import channel
 
@@ -75,7 +76,8 @@ def test_mask_key_shows_four_hex_digits():
 
 def test_the_full_key_is_printed_at_the_first_start_only_and_masked_after():
     key = os.urandom(32)
-    launcher = RemoteLauncher(1, Inbox(lambda item: False), key, "127.0.0.1:0", ["laptop"], start_timeout=5)
+    spec = cluster_spec(1, listen="127.0.0.1:0", remote=["laptop"], key=key, start_timeout=5)
+    launcher = RemoteLauncher(spec, Inbox(lambda item: False), key)
     launcher.bind(("127.0.0.1", 29611))
     said = []
     try:

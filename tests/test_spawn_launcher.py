@@ -23,7 +23,9 @@ from test_cluster_lifecycle import REPO, Kernel
 import ppkit
 from ppkit import compat
 from ppkit.cluster import spawning
-from ppkit.cluster.spawning import SpawnLauncher, resolve_start_method
+from ppkit.cluster.launchers import spawn as spawn_launcher
+from ppkit.cluster.launchers.spawn import SpawnLauncher
+from ppkit.cluster.spawning import resolve_start_method
 
 GONE_WITHIN_S = 5.0
 
@@ -112,7 +114,7 @@ def test_close_leaves_no_process():
 
 
 def test_a_worker_that_dies_before_connecting_fails_the_start_at_once_with_its_output(monkeypatch):
-    monkeypatch.setattr(spawning, "WORKER_MODULE", "ppkit.transport.no_such_module")
+    monkeypatch.setattr(spawn_launcher, "WORKER_MODULE", "ppkit.transport.no_such_module")
     # the exit is noticed and its output shown (a start_timeout would say "did not start within")
     with pytest.raises(ppkit.LaunchError, match=r"(?s)exited before it connected.*No module named"):
         ppkit.Cluster(2, "gloo", start_method="spawn", start_timeout=60)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 
 from ppkit.checks import positive
-from ppkit.cluster import options
 from ppkit.cluster.admission import DEFAULT_PORT
+from ppkit.cluster.spec import cluster_spec
 from ppkit.errors import ConfigError, PPKitError
 
 HELP = "listen for remote workers and check the cluster with one all_reduce"
@@ -43,7 +43,7 @@ def main(args) -> int:
         if args.local_ranks < 0:
             raise ConfigError(f"--local-ranks must be 0 or more, got {args.local_ranks}.")
         positive(args.start_timeout, "--start-timeout")
-        options.check_cluster(world_size, "gloo", listen=args.listen, remote=args.workers, key=args.key)
+        cluster_spec(world_size, "gloo", listen=args.listen, remote=args.workers, key=args.key)
     except ConfigError as exc:
         print(f"ppkit master: error: {exc}", file=sys.stderr)
         return 2

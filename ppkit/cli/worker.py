@@ -22,7 +22,8 @@ HELP = "join a master's cluster from this machine as a named remote worker"
 def add_arguments(parser) -> None:
     parser.add_argument("--connect", metavar="ADDR:PORT",
                         help="the master's address, as it printed it (e.g. 10.0.0.1:29600)")
-    parser.add_argument("--name", help="this worker's name in the master's placement (e.g. worker1)")
+    parser.add_argument("--name", help="this worker's name in the master's placement (e.g. worker1); "
+                                       "under torchrun or SLURM '{rank}' in it is this task's rank (task{rank})")
     parser.add_argument("--iface", metavar="IFACE",
                         help="network interface for gloo and TensorPipe (sets GLOO_SOCKET_IFNAME and "
                              "TP_SOCKET_IFNAME); default: the one that reaches the master")
@@ -41,7 +42,7 @@ def resolve(args, environ=None) -> tuple[tuple[str, int], str, bytes]:
     environ = os.environ if environ is None else environ
     connect, name = args.connect, args.name
     check_port(args.port, "--port")
-    if connect is None or name is None:
+    if connect is None or name is None or "{rank}" in name:
         launch = _launch_env(environ)
         if launch is None:
             missing = " and ".join(f for f, v in (("--connect", connect), ("--name", name)) if v is None)
@@ -50,7 +51,7 @@ def resolve(args, environ=None) -> tuple[tuple[str, int], str, bytes]:
                 f"`ppkit worker --connect 10.0.0.1:{DEFAULT_PORT} --name worker1` (the master "
                 "prints this line when it waits for workers).")
         connect = connect or f"{launch.master_addr}:{args.port}"
-        name = name or f"worker{launch.rank}"
+        name = (name or "worker{rank}").format(rank=launch.rank)
     try:
         address = channel.parse_address(connect)
     except ValueError as exc:

@@ -1,7 +1,7 @@
 """The Cluster: a world of worker processes driven from the notebook kernel.
 
 The kernel is the *controller*: it listens on an authenticated control channel, a launcher
-(ppkit/cluster/launchers.py) starts one worker per rank, and every worker connects back. What the
+(ppkit/cluster/launchers/, chosen by name) starts one worker per rank, and every worker connects back. What the
 connections say arrives in one inbox (inbox.py), read in the thread that called ``start``/``run``,
 so output lands in the right notebook cell. This module keeps the state machine (starting, ready,
 broken, closed) and the public methods; diagnostics.py words the errors.
@@ -16,17 +16,17 @@ import time
 import weakref
 
 from ppkit.checks import positive
-from ppkit.cluster import diagnostics, launch, options
-from ppkit.cluster.admission import handle_probe, listen_error, parse_key
-from ppkit.cluster.inbox import FORK_SERVER, Closed, Inbox, Item, LaunchFailed
+from ppkit.cluster import diagnostics, launch, launchers
+from ppkit.cluster.admission import handle_probe, listen_error
+from ppkit.cluster.inbox import Closed, Inbox, Item
 from ppkit.cluster.jobs import Job, new_cell_sources
+from ppkit.cluster.launchers import Process
 from ppkit.cluster.output import RankPrinter
-from ppkit.cluster.spawning import make_launcher
+from ppkit.cluster.spec import DEFAULT_START_TIMEOUT_S, DEFAULT_TIMEOUT_S, ClusterSpec, cluster_spec
 from ppkit.errors import ClusterStateError, ConfigError, LaunchError
 from ppkit.transport import byvalue, channel, sending
-from ppkit.transport.messages import ForkServerHello, Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
+from ppkit.transport.messages import Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
 
-DEFAULT_TIMEOUT_S = 60.0
 CONTROL_SEND_S = 2.0  # a control message (cancel, shutdown, ...) to a rank that reads nothing
 _live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -41,48 +41,50 @@ class Cluster:
     ``run(fn, *args)`` calls ``fn(rank, world_size, *args)`` on every rank at once; ``fn`` may be
     defined in a notebook cell (it is shipped by value with cloudpickle).
 
-    Across machines: ``Cluster(2, listen="10.0.0.1:29600", remote=["worker1"])`` waits for
-    ``ppkit worker --connect 10.0.0.1:29600 --name worker1`` on the other machine (see
-    ppkit/cluster/remote.py; ``key`` defaults to $PPKIT_KEY or a new one, printed).
-    ``start_method``: "auto", "forkserver" or "spawn" (ppkit/cluster/spawning.py).
+    ``launcher`` says where the ranks run (ppkit/cluster/launchers/): "local" (default), "spawn",
+    "remote" (``listen="10.0.0.1:29600", remote=["worker1"]`` waits for ``ppkit worker``) or
+    "slurm" (``nodes``, ``partition``, ``time``, ``sbatch_args``: ranks are SLURM tasks).
     """
 
     def __init__(self, world_size: int, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT_S,
-                 start_timeout: float = 120.0, process_group: bool = True,
+                 start_timeout: float = DEFAULT_START_TIMEOUT_S, process_group: bool = True,
                  env: dict[str, str] | None = None, labels: list[str] | None = None,
                  listen: str | None = None, remote=None, key: bytes | str | None = None,
-                 start_method: str = "auto"):
-        self.world_size = options.check_cluster(world_size, backend, timeout=timeout, start_timeout=start_timeout,
-                                                process_group=process_group, env=env, labels=labels,
-                                                listen=listen, remote=remote, key=key, start_method=start_method)
-        if listen is not None and backend == "auto":
-            backend = "gloo"  # the other machines' GPUs are unknown here
+                 start_method: str = "auto", launcher: str | None = None, nodes: int | None = None,
+                 partition: str | None = None, time: str | None = None, sbatch_args=()):
+        self._begin(cluster_spec(world_size, backend, timeout=timeout, start_timeout=start_timeout,
+                                 process_group=process_group, env=env, labels=labels, listen=listen,
+                                 remote=remote, key=key, start_method=start_method, launcher=launcher,
+                                 nodes=nodes, partition=partition, time=time, sbatch_args=sbatch_args))
+
+    @classmethod
+    def from_spec(cls, spec: ClusterSpec) -> Cluster:
+        """A cluster started from options already checked (``spec.cluster_spec``)."""
+        (cluster := cls.__new__(cls))._begin(spec)
+        return cluster
+
+    def _begin(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.world_size = spec.world_size
         # 'auto' counts GPUs, which imports torch (seconds): done below, once the fork server is
         # importing torch too, so that the two imports overlap
-        self.backend = backend if backend == "auto" else launch.resolve_backend(backend, self.world_size)
-        self.timeout = positive(timeout, "timeout")
-        self.start_timeout = positive(start_timeout, "start_timeout")
-        self.process_group = bool(process_group)
-        self.state = "starting"
+        self.backend = spec.backend  # "gloo" or "nccl" already checked (nccl's GPUs counted) by the spec
+        self.timeout, self.start_timeout, self.process_group = spec.timeout, spec.start_timeout, spec.process_group
+        self.state, self._broken_reason, self._generation = "starting", "", 0
         self._pid = os.getpid()  # the process that owns the workers (see _close_all)
         self.workers: dict[int, dict] = {}
-        self._key = parse_key(key) if listen is not None else channel.new_key()
+        self._key = spec.key or channel.new_key()
         self._inbox = Inbox(self._routine)
         self._conns: dict[int, object] = {}  # rank -> this generation's connection
-        self._generation = 0
-        self._job_ids = itertools.count(1)
-        self._sources_sent: set[str] = set()
-        self._printer = RankPrinter(labels)  # labels: how output is prefixed, "rank N" by default
-        self._broken_reason = ""
-        self._launcher = make_launcher(self.world_size, self._inbox, self._key, start_method=start_method,
-                                       listen=listen, remote=remote, start_timeout=self.start_timeout,
-                                       backend=self.backend)
+        self._job_ids, self._sources_sent = itertools.count(1), set()
+        self._printer = RankPrinter(list(spec.labels) if spec.labels else None)  # "rank N" by default
+        self._launcher = launchers.create(spec, self._inbox, self._key)
         host, port = self._launcher.server_address()
         try:
             self._server = channel.ChannelServer(host, port, self._key, self._greet)
         except OSError as exc:
             raise listen_error(exc, host, port) from exc
-        self._env = {**self._launcher.local_env(), **(env or {})}
+        self._env = {**self._launcher.local_env(), **spec.env_dict}
         self.address = self._server.address
         self._launcher.bind(self.address)
         _live_clusters.add(self)
@@ -97,8 +99,7 @@ class Cluster:
 
     # -- what rpc_world and other layers above ask ----------------------------------------------
     def local_env(self) -> dict[str, str]:
-        """Environment that puts another process of this machine on the cluster's network
-        (gloo/TensorPipe interface, MASTER_ADDR)."""
+        """Environment that puts a process of this machine on the cluster's network (gloo, MASTER_ADDR)."""
         return self._launcher.local_env()
 
     def rendezvous_url(self, name: str) -> str:
@@ -144,7 +145,7 @@ class Cluster:
                 self._printer.write(item.source, item.msg.stream, item.msg.text)
             return True
         if item.from_launcher:
-            return self._launcher.note(item) or not isinstance(item.msg, (Closed, LaunchFailed, ForkServerHello))
+            return self._launcher.note(item)
         return item.generation != self._generation  # a previous generation's news
 
     def _next(self, deadline: float, ready: set[int]) -> Item:
@@ -152,25 +153,21 @@ class Cluster:
         item = self._inbox.next(deadline)
         if item is None:
             self._printer.flush()
-            what = "the fork server" if not self._launcher.can_spawn() else self._launcher.describe_missing(ready)
-            raise diagnostics.start_timed_out(self.start_timeout, what, self._launcher.timeout_hint(ready))
-        if isinstance(item.msg, LaunchFailed) and item.msg.rank not in ready:  # refused, or gone
-            raise LaunchError(item.msg.reason)
-        if isinstance(item.msg, Closed) and item.source == FORK_SERVER:
-            raise diagnostics.fork_server_exited(self._launcher.log_path, self._launcher.log_tail())
+            raise diagnostics.start_timed_out(self.start_timeout, self._launcher.describe_missing(ready),
+                                              self._launcher.timeout_hint(ready))
+        lost = self._launcher.lost(item) if item.from_launcher else None
+        if lost is not None and lost.rank not in ready:  # refused, or gone
+            raise LaunchError(lost.reason)
         return item
 
     def _drain(self) -> None:
         """Take in what arrived between calls: a rank or the fork server that died breaks the cluster."""
         while (item := self._inbox.next(None)) is not None:
-            if isinstance(item.msg, LaunchFailed) and self.state == "ready":  # a machine lost between jobs
-                self._break(item.msg.reason)
-            if not isinstance(item.msg, Closed) or self.state not in ("ready", "broken"):
-                continue
-            if item.source == FORK_SERVER:
-                self._break(f"the fork server (pid {self._launcher.fork_server_pid}) that starts the "
-                            "workers died, and the workers with it.")
-            elif self.state == "ready" and not item.from_launcher:  # a rank died between jobs
+            lost = self._launcher.lost(item) if item.from_launcher else None
+            if lost is not None and self.state in ("ready", "broken"):  # a machine lost between jobs
+                self._break(lost.reason)
+            elif isinstance(item.msg, Closed) and self.state == "ready" and not item.from_launcher:
+                # a rank died between jobs
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
                 self._break(f"rank {rank} (pid {self.workers.get(rank, {}).get('pid')}) died while no job "
@@ -223,7 +220,7 @@ class Cluster:
             self._generation += 1
         for rank in list(self._conns):
             self._send(rank, Shutdown())
-        self._launcher.stop([w["pid"] for r, w in self.workers.items() if r in self._launcher.local_ranks])
+        self._launcher.stop(self.workers)
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()
@@ -280,9 +277,16 @@ class Cluster:
         if self.state == "broken":
             raise diagnostics.needs_restart(self._broken_reason)
 
+    def processes(self) -> list[Process]:
+        """Its launcher's processes (fork server, agents, a SLURM job) and one worker per rank."""
+        workers = [Process("worker", w.get("pid"), rank, w.get("host", "here"))
+                   for rank, w in sorted(self.workers.items())]
+        return self._launcher.processes() + workers
+
     # -- display ------------------------------------------------------------------------------
     def __repr__(self) -> str:
-        return f"<ppkit.Cluster world_size={self.world_size} backend={self.backend!r} state={self.state!r}>"
+        return (f"<ppkit.Cluster world_size={self.world_size} backend={self.backend!r} "
+                f"launcher={self._launcher.describe()!r} state={self.state!r}>")
 
     def _repr_html_(self) -> str:
         return diagnostics.cluster_html(self.world_size, self.backend, self.state, self.workers)

@@ -106,8 +106,24 @@ def _from_slurm(env: Mapping[str, str]) -> LaunchEnv:
     local_rank = _int(env, "SLURM_LOCALID", minimum=0)
     _check_ranks(rank, local_rank, world_size, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
     hosts = tuple(expand_nodelist(env[nodelist_name]))
-    master_addr = env.get("MASTER_ADDR", "").strip() or hosts[0]
+    master_addr = env.get("MASTER_ADDR", "").strip() or _node_address(hosts[0], env)
     return LaunchEnv(rank, world_size, local_rank, master_addr, _port(env), "slurm", hosts)
+
+
+def _node_address(node: str, env: Mapping[str, str]) -> str:
+    """Under a real SLURM job: the node's address as SLURM's tools find it (its NodeAddr where the
+    name does not resolve); elsewhere (variables written by hand) the name itself."""
+    import shutil
+
+    if not env.get("SLURM_JOB_ID") or shutil.which("scontrol") is None:
+        return node
+    from ppkit.cluster.slurm import hosts
+    from ppkit.errors import LaunchError
+
+    try:
+        return hosts.node_address(node)
+    except (LaunchError, OSError):
+        return node
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int) -> int:

@@ -1,74 +1,43 @@
-"""Every option of ``ppkit.start`` / ``Cluster`` and ``ppkit.start_rpc`` / ``RpcWorld``, checked
-before anything runs or stops.
+"""The options of ``ppkit.start_rpc`` / ``RpcWorld``, checked before anything runs or stops.
 
-A second ``ppkit.start(...)`` replaces the learner's working cluster: if its arguments are checked
-only once the old cluster is closed, a typo costs the work of the cells before it. So both the
-replacing calls and the constructors call these first; they read no running state and start
-nothing (generic checks live in ppkit/checks.py, network addresses in admission.py).
+An RPC world is a cluster (spec.py checks its options: where the workers run, the network, the
+env) plus RPC's own options, checked here. Nothing here reads running state or starts anything;
+rpc_world.py checks the kernel's own RPC state.
 """
 
 from __future__ import annotations
 
-from ppkit.checks import check_env, check_labels, positive
-from ppkit.cluster import launch, spawning
-from ppkit.cluster.admission import master_interface, parse_key, parse_listen, remote_names, rpc_remote_names
+from ppkit.checks import positive
+from ppkit.cluster.admission import rpc_remote_names
+from ppkit.cluster.spec import ClusterSpec, cluster_spec
 from ppkit.errors import ConfigError
 
 
-def check_network(world_size: int, listen, remote, key, backend: str = "gloo") -> None:
-    """``listen``/``remote``/``key`` together: the last two mean nothing without the first."""
-    if listen is None:
-        given = [n for n, v in (("remote", remote), ("key", key)) if v is not None]
-        if given:
-            raise ConfigError(
-                f"{'= and '.join(given)}= only {'apply' if len(given) > 1 else 'applies'} to workers on "
-                f"other machines, which need "
-                f"listen='ADDR:PORT' too (e.g. listen='10.0.0.1:29600', remote=['worker1']). Without "
-                f"listen every rank runs on this machine: drop {' and '.join(n + '=' for n in given)}.")
-        return
-    host, _ = parse_listen(listen)
-    master_interface(host)
-    parse_key(key)
-    if backend not in ("auto", "gloo"):
-        raise ConfigError(
-            f"remote workers use the gloo backend (CPU tensors between machines), not {backend!r}. "
-            "Pass backend='gloo' or 'auto' with listen=....")
+def rpc_worker_names(num_workers: int) -> list[str]:
+    return [f"worker{i}" for i in range(1, num_workers + 1)]
 
 
-def check_cluster(world_size, backend: str = "auto", **options) -> int:
-    """Refuse anything ``Cluster(world_size, backend, **options)`` would refuse; the checked size.
-    (``ppkit.start`` checks the keywords themselves with ``checks.check_keywords`` first.)"""
-    world_size = launch.check_world_size(world_size)
-    if backend != "auto" and options.get("listen") is None:
-        launch.resolve_backend(backend, world_size)  # nccl: counts the GPUs
-    for name in ("timeout", "start_timeout"):
-        if name in options:
-            positive(options[name], name)
-    if not isinstance(options.get("process_group", True), bool):
-        raise ConfigError(f"process_group must be True (the ranks join a torch.distributed process "
-                          f"group) or False (they do not), got {options['process_group']!r}.")
-    check_env(options.get("env"))
-    check_labels(options.get("labels"), world_size)
-    check_network(world_size, options.get("listen"), options.get("remote"), options.get("key"), backend)
-    spawning.check_start(options.get("start_method", "auto"), options.get("listen"))
-    if options.get("listen") is not None:
-        remote_names(world_size, options.get("remote"))
-    return world_size
-
-
-def check_rpc(num_workers, **options) -> None:
+def check_rpc(num_workers, *, num_worker_threads: int = 16, rpc_timeout: float = 60.0,
+              start_timeout: float = 120.0, env: dict[str, str] | None = None, listen: str | None = None,
+              remote=None, key=None, start_method: str = "auto", launcher: str | None = None,
+              nodes: int | None = None, partition: str | None = None, time: str | None = None,
+              sbatch_args=()) -> ClusterSpec:
     """Refuse anything ``RpcWorld(num_workers, **options)`` would refuse but the kernel's own RPC
-    state (rpc_world.py checks that)."""
-    launch.check_world_size(num_workers)
-    threads = options.get("num_worker_threads", 16)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ConfigError(f"num_worker_threads must be a positive whole number (e.g. 16), got {threads!r}.")
-    for name in ("rpc_timeout", "start_timeout"):
-        if name in options:
-            positive(options[name], name)
-    check_env(options.get("env"))
-    listen, remote, key = options.get("listen"), options.get("remote"), options.get("key")
-    check_network(num_workers, listen, remote, key)
-    spawning.check_start(options.get("start_method", "auto"), listen)
-    if listen is not None:
-        rpc_remote_names([f"worker{i}" for i in range(1, num_workers + 1)], remote)
+    state; the spec of the world's cluster of workers (ranks 0.. = "worker1"..)."""
+    if isinstance(num_worker_threads, bool) or not isinstance(num_worker_threads, int) or num_worker_threads < 1:
+        raise ConfigError(f"num_worker_threads must be a positive whole number (e.g. 16), got "
+                          f"{num_worker_threads!r}.")
+    positive(rpc_timeout, "rpc_timeout")
+    start_timeout = positive(start_timeout, "start_timeout")
+    probe = cluster_spec(num_workers, "gloo", start_timeout=start_timeout, env=env, listen=listen,
+                         key=key, start_method=start_method, launcher=launcher, nodes=nodes,
+                         partition=partition, time=time, sbatch_args=sbatch_args,
+                         remote=num_workers if remote is None and listen is not None else remote)
+    names = rpc_worker_names(probe.world_size)
+    if probe.launcher == "remote":  # the remote workers are the last ones, named by rank
+        remote = rpc_remote_names(names, remote)
+    return cluster_spec(probe.world_size, "gloo", process_group=False, timeout=start_timeout,
+                        start_timeout=start_timeout, env=env, labels=names, listen=listen,
+                        remote=remote if probe.launcher == "remote" else None, key=probe.key,
+                        launcher=probe.launcher, nodes=nodes, partition=partition, time=time,
+                        sbatch_args=sbatch_args)

@@ -24,7 +24,7 @@ import warnings
 
 from ppkit.checks import check_keywords
 from ppkit.cluster import launch, rpc_pickle
-from ppkit.cluster.admission import rpc_remote_names, without_socket_vars
+from ppkit.cluster.admission import without_socket_vars
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.options import check_rpc
 from ppkit.compat import require_rpc_internals
@@ -122,23 +122,22 @@ class RpcWorld:
     def __init__(self, num_workers: int = 2, *, num_worker_threads: int = 16,
                  rpc_timeout: float = 60.0, start_timeout: float = 120.0,
                  env: dict[str, str] | None = None, listen: str | None = None, remote=None,
-                 key: bytes | str | None = None, start_method: str = "auto"):
-        check_rpc(num_workers, num_worker_threads=num_worker_threads, rpc_timeout=rpc_timeout, env=env,
-                  start_timeout=start_timeout, listen=listen, remote=remote, key=key, start_method=start_method)
+                 key: bytes | str | None = None, start_method: str = "auto", launcher: str | None = None,
+                 nodes: int | None = None, partition: str | None = None, time: str | None = None,
+                 sbatch_args=()):
+        spec = check_rpc(num_workers, num_worker_threads=num_worker_threads, rpc_timeout=rpc_timeout, env=env,
+                         start_timeout=start_timeout, listen=listen, remote=remote, key=key,
+                         start_method=start_method, launcher=launcher, nodes=nodes, partition=partition,
+                         time=time, sbatch_args=sbatch_args)
         self.rpc_timeout, self.start_timeout = float(rpc_timeout), float(start_timeout)  # checked above
         _check_kernel_free(num_workers)
         self.num_workers, self.num_worker_threads = num_workers, num_worker_threads
-        self.worker_names = [f"worker{i}" for i in range(1, num_workers + 1)]
+        self.worker_names = list(spec.labels)
         self.names = [MASTER, *self.worker_names]
         self._env = {**launch.local_env(), **(env or {})}
         self._worker_env = self._env
-        if listen is not None:  # remote workers (ppkit/cluster/remote.py): the last ones, all by default
-            remote = rpc_remote_names(self.worker_names, remote)
-        self.cluster = Cluster(num_workers, "gloo", process_group=False,
-                               timeout=self.start_timeout, start_timeout=self.start_timeout,
-                               env=self._env if listen is None else env, labels=self.worker_names,
-                               listen=listen, remote=remote, key=key, start_method=start_method)
-        if listen is not None:  # this process binds to the listen address; each worker to its own
+        self.cluster = Cluster.from_spec(spec)
+        if spec.launcher in ("remote", "slurm"):  # this process binds to its address; each worker to its own
             self._env = {**self.cluster.local_env(), **(env or {})}
             self._worker_env = without_socket_vars(env or {})
         self.state = "starting"
@@ -286,7 +285,7 @@ def start_rpc(num_workers: int = 2, **options) -> RpcWorld:
     require_rpc_internals()  # and RPC itself (not on Windows): the error names the lessons
     rpc_pickle.require_torch_internals()
     check_keywords(RpcWorld, "ppkit.start_rpc()", (num_workers,), options)  # all checks before closing it
-    check_rpc(num_workers, **options)
+    check_rpc(num_workers, **options)  # (RpcWorld checks them again: cheap, and nothing has started)
     _check_kernel_free(num_workers, replacing=_active is not None and _active.state != "closed")
     if _active is not None:
         _active.close()

@@ -19,7 +19,7 @@ import shlex
 
 from ppkit.checks import check_keywords
 from ppkit.cluster.controller import Cluster
-from ppkit.cluster.options import check_cluster
+from ppkit.cluster.spec import cluster_spec
 from ppkit.errors import ClusterStateError, ConfigError
 
 _active: Cluster | None = None
@@ -31,7 +31,8 @@ def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
 
     Closes the cluster that the previous ``start`` made, so re-running the cell is safe.
     Options: ``timeout`` (seconds per job, default 60), ``start_timeout``, ``process_group``,
-    ``start_method`` ("auto", "forkserver" or "spawn"; $PPKIT_START_METHOD sets the default).
+    ``launcher`` ("local", "spawn", "remote" with ``listen=``, or "slurm" with ``nodes``,
+    ``partition``, ``time``, ``sbatch_args``; ``start_method`` is the older spelling of the first two).
 
     >>> cluster = ppkit.start(4)
     >>> cluster.run(lambda rank, world_size: rank)
@@ -41,11 +42,11 @@ def start(world_size: int = 2, backend: str = "auto", **options) -> Cluster:
     # Check what can be checked before closing the cluster this call replaces: a typo in the
     # arguments should not cost the learner a working cluster.
     check_keywords(Cluster, "ppkit.start()", (world_size, backend), options)
-    world_size = check_cluster(world_size, backend, **options)
+    spec = cluster_spec(world_size, backend, **options)
     if _active is not None:
         _active.close()
         _active = None
-    _active = Cluster(world_size, backend, **options)
+    _active = Cluster.from_spec(spec)
     register()
     return _active
 

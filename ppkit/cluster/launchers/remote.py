@@ -21,45 +21,32 @@ from ppkit.cluster.admission import (
     interface_problem,
     join_command,
     master_interface,
-    parse_listen,
-    remote_names,
     version_problem,
     without_socket_vars,
 )
 from ppkit.cluster.inbox import Item, LaunchFailed
-from ppkit.cluster.launchers import ForkServerLauncher
-from ppkit.errors import ConfigError
+from ppkit.cluster.launchers.base import Process
+from ppkit.cluster.launchers.local import ForkServerLauncher
 from ppkit.transport import channel, heartbeat, ifaces, worker
 from ppkit.transport.messages import Admitted, AgentHello, Exited, Kill, Reject, Shutdown, Spawn, Spawned
-
-
-def make_launcher(world_size: int, inbox, key: bytes, *, listen: str | None, remote,
-                  start_timeout: float, backend: str) -> ForkServerLauncher:
-    """A fork server for a cluster on this machine; with ``listen``, remote agents as well."""
-    if listen is None:
-        return ForkServerLauncher(world_size, inbox, key)
-    return RemoteLauncher(world_size, inbox, key, listen, remote, start_timeout, backend)
 
 
 class RemoteLauncher(ForkServerLauncher):
     """The master's ranks from a local fork server, the others from admitted remote agents; the
     rendezvous is a TCPStore on the listen address."""
 
-    def __init__(self, world_size: int, inbox, key: bytes, listen: str, remote,
-                 start_timeout: float, backend: str = "gloo"):
-        if backend != "gloo":
-            raise ConfigError(
-                f"remote workers use the gloo backend (CPU tensors between machines), not {backend!r}. "
-                "Pass backend='gloo' or 'auto' with listen=....")
-        super().__init__(world_size, inbox, key)
-        self.host, self.port = parse_listen(listen)
-        self.names = remote_names(world_size, remote)
-        self.ssh_hosts = {n: h for n, h in remote.items() if h} if isinstance(remote, dict) else {}
-        self.first_remote_rank = world_size - len(self.names)
+    name = "remote"
+
+    def __init__(self, spec, inbox, key: bytes):
+        super().__init__(spec, inbox, key)
+        self.host, self.port = self.listen_address()
+        self.names = self.worker_names()
+        self.ssh_hosts = dict(spec.ssh_hosts)
+        self.first_remote_rank = self.world_size - len(self.names)
         self.rank_of = {name: self.first_remote_rank + i for i, name in enumerate(self.names)}
         self.name_of = {rank: name for name, rank in self.rank_of.items()}
         self.local_ranks = list(range(self.first_remote_rank))
-        self._start_timeout = start_timeout
+        self._start_timeout = spec.start_timeout
         self._lock = threading.RLock()  # guards self.agents and every send to an agent
         self._spawning = False
         self.agents: dict[str, tuple] = {}  # name -> (conn, info)
@@ -68,10 +55,13 @@ class RemoteLauncher(ForkServerLauncher):
         self._ssh_procs: dict[str, object] = {}
         self.iface = master_interface(self.host)
 
-    # -- what the controller asks ---------------------------------------------------------------
-    def is_remote(self, rank: int) -> bool:
-        return rank in self.name_of
+    def listen_address(self) -> tuple[str, int]:  # (slurm.py chooses its own, and its names)
+        return self.spec.listen
 
+    def worker_names(self) -> list[str]:
+        return list(self.spec.remote)
+
+    # -- what the controller asks ---------------------------------------------------------------
     def local_env(self) -> dict[str, str]:
         """Environment of the master's own ranks: gloo on the listen address's interface."""
         return {**ifaces.socket_env(self.iface), "MASTER_ADDR": self.host}
@@ -89,7 +79,7 @@ class RemoteLauncher(ForkServerLauncher):
 
     def init_config(self, rank: int, config: dict, generation: int) -> dict:
         config = {**config, "store": ("tcp", self.host, self._store_port)}
-        if self.is_remote(rank):
+        if rank in self.name_of:
             # the worker's own machine decides its interface (ppkit worker --iface) and paths
             config.update(env=without_socket_vars(config["env"]), cwd=None, sys_path=[], device="cpu",
                           name=self.name_of[rank])
@@ -102,7 +92,7 @@ class RemoteLauncher(ForkServerLauncher):
         return f"tcp://{self.host}:{self._rpc_store.port}"
 
     def rank_label(self, rank: int, info: dict) -> str:
-        if not self.is_remote(rank):
+        if rank not in self.name_of:
             return super().rank_label(rank, info)
         return f"{self.name_of[rank]} on {info.get('host', '?')}, pid {info.get('pid')}"
 
@@ -163,10 +153,12 @@ class RemoteLauncher(ForkServerLauncher):
             if isinstance(msg, (Spawned, Exited)):  # the source, ``name``, tells the machines' pids apart
                 self.inbox.put(Item(name, msg))
         with self._lock:
-            if self.agents.get(name, (None,))[0] is conn:
+            current = self.agents.get(name, (None,))[0] is conn  # else dismissed on purpose (close, a new job)
+            if current:
                 del self.agents[name]
         pulse.close()
-        self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], diagnostics.agent_lost(name, info, silent))))
+        if current:
+            self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], diagnostics.agent_lost(name, info, silent))))
 
     # -- start, restart, close -----------------------------------------------------------------
     def begin(self, say=print) -> None:
@@ -178,6 +170,10 @@ class RemoteLauncher(ForkServerLauncher):
             missing = [n for n in self.names if n not in self.agents]
             for name in self.agents:
                 self._spawn(name)
+        self.request(missing, say)
+
+    def request(self, missing: list[str], say=print) -> None:
+        """Have the agents that have not joined started: by ssh where a host is known, else by hand."""
         self._start_ssh(missing)
         hand = [n for n in missing if n not in self.ssh_hosts]
         if hand:  # the whole key once, where the other machine needs it; saved outputs keep it
@@ -270,19 +266,22 @@ class RemoteLauncher(ForkServerLauncher):
         from ppkit.cluster import ssh
 
         for name in missing:
-            target = self.ssh_hosts.get(name)
             proc = self._ssh_procs.get(name)
-            if target is None or (proc is not None and proc.poll() is None):
-                continue
-            self._ssh_procs[name] = ssh.start_worker(
-                target, f"{self.host}:{self.port}", name, self.key)
+            if name in self.ssh_hosts and (proc is None or proc.poll() is not None):
+                where = f"{self.host}:{self.port}"
+                self._ssh_procs[name] = ssh.start_worker(self.ssh_hosts[name], where, name, self.key)
 
-    def stop(self, pids: list[int]) -> None:
+    def stop(self, workers: dict[int, dict]) -> None:
         """Ask every agent to kill its rank (the controller cannot signal another machine's pids)."""
         with self._lock:
             for conn, _ in self.agents.values():
                 self._send(conn, Kill())
-        super().stop(pids)
+        super().stop(workers)
+
+    def processes(self) -> list[Process]:
+        agents = [Process("agent", info.get("pid"), self.rank_of.get(name), info.get("host", "?"))
+                  for name, info in sorted(self._joined().items())]
+        return super().processes() + agents
 
     def close(self) -> None:
         from ppkit.cluster import ssh

@@ -1,0 +1,196 @@
+"""The SLURM launcher: every rank is a task of a SLURM job, joining the notebook as a remote agent.
+
+``ppkit.start(4, launcher="slurm", nodes=2)`` from a login node (no allocation) submits one batch
+job with ``sbatch`` whose 4 tasks run ``ppkit worker`` and connect back over the authenticated
+channel that remote workers use (remote.py); rank = SLURM_PROCID. Inside an allocation
+(``SLURM_JOB_ID`` set: salloc, Open OnDemand) it starts the tasks with ``srun --overlap`` as a step
+of that allocation instead. Every restart and close cancels what it started (scancel), and a
+reaper process cancels it if the kernel dies without closing (ppkit/cluster/slurm/reaper.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from ppkit.cluster.inbox import Item, LaunchFailed
+from ppkit.cluster.launchers.base import Process, child_env
+from ppkit.cluster.launchers.remote import RemoteLauncher
+from ppkit.cluster.slurm import commands, hosts, script
+from ppkit.cluster.slurm.watch import JobUpdate, JobWatch, PendingView, describe
+from ppkit.transport import channel
+from ppkit.transport.messages import Shutdown
+
+
+class SlurmLauncher(RemoteLauncher):
+    name = "slurm"
+
+    def __init__(self, spec, inbox, key: bytes):
+        self.options = spec.slurm
+        self.allocation = commands.inside_allocation()
+        super().__init__(spec, inbox, key)
+        self.job_id: str | None = None  # the job (or "job.step" inside an allocation) of this generation
+        self.slurm_script = ""  # what was submitted, or the srun command inside an allocation
+        self._srun: subprocess.Popen | None = None
+        self._reaper: subprocess.Popen | None = None
+        self._watch: JobWatch | None = None
+        self._view: PendingView | None = None
+        self._last: JobUpdate | None = None
+        self._master_addr: str | None = None
+
+    # -- where, and who -----------------------------------------------------------------------
+    def listen_address(self) -> tuple[str, int]:
+        return self.spec.listen or (hosts.listen_host(), 0)
+
+    def worker_names(self) -> list[str]:
+        return [f"task{rank}" for rank in range(self.world_size)]  # `ppkit worker --name task{rank}`
+
+    def init_config(self, rank: int, config: dict, generation: int) -> dict:
+        shared = {k: config[k] for k in ("cwd", "sys_path")}  # the nodes see this file system too
+        config = {**super().init_config(rank, config, generation), **shared}
+        if self._master_addr is None and self._last is not None and self._last.status is not None:
+            self._master_addr = hosts.master_addr(self._last.status.nodes)
+        if self._master_addr:  # as under srun: the allocation's first node
+            config["env"] = {**config["env"], "MASTER_ADDR": self._master_addr}
+        return config
+
+    # -- a job per generation -----------------------------------------------------------------
+    def request(self, missing: list[str], say=print) -> None:
+        if not missing or self.job_id is not None:
+            return
+        command = script.worker_command(f"{self.host}:{self.port}", self.spec.start_timeout)
+        env = {k: v for k, v in child_env((self.host, self.port), self.key).items() if k != "PPKIT_PARENT"}
+        submitted = time.monotonic()
+        if self.allocation:
+            self._start_step(command, env)
+        else:
+            script.OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
+            self.slurm_script = script.batch_script(self.options, self.world_size, command,
+                                                    str(script.OUTPUT_DIR / "ppkit-%j.out"))
+            self.job_id = commands.submit(self.slurm_script, [], env)
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-m", "ppkit.cluster.slurm.reaper", str(os.getpid()), self.job_id],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, env=env)
+        self._view = PendingView(self.job_id, f"SLURM job {self.job_id}: submitted ({self.options.nodes} "
+                                              f"node(s), {self.world_size} task(s))")
+        self._watch = JobWatch(self.job_id.split(".")[0], self.inbox, submitted)
+
+    def _start_step(self, command: list[str], env: dict) -> None:
+        self.slurm_script = " ".join(script.srun_command(self.options, self.world_size, self.allocation, command))
+        self._srun = subprocess.Popen(script.srun_command(self.options, self.world_size, self.allocation, command),
+                                      env=env, stdin=subprocess.DEVNULL, stdout=open(self.step_log, "wb"),
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.job_id = self.allocation  # the step's own id is known to srun only; scancel ends it by name
+
+    @property
+    def step_log(self):
+        return self.tmpdir / "srun.log"
+
+    def note(self, item: Item) -> bool:
+        if not isinstance(item.msg, JobUpdate):
+            return super().note(item)
+        if item.msg.job_id != (self.job_id or "").split(".")[0]:
+            return True  # an earlier generation's job
+        self._last = item.msg
+        if self._view is not None:
+            self._view.show(describe(item.msg))
+        return self.lost(item) is None
+
+    def lost(self, item: Item) -> LaunchFailed | None:
+        if not isinstance(item.msg, JobUpdate):
+            return super().lost(item)
+        status = item.msg.status
+        if self._srun is not None and self._srun.poll() is not None and len(self._joined()) < self.world_size:
+            return LaunchFailed(None, f"srun exited with code {self._srun.returncode} before every task joined: "
+                                      f"{self._step_tail()}\nThe command was: {self.slurm_script}")
+        if status is not None and status.hopeless:
+            commands.cancel(status.job_id)
+            return LaunchFailed(None, (
+                f"SLURM job {status.job_id} can never start: squeue's reason is {status.reason} (the job asks "
+                f"for more than partition {self.options.partition or '(default)'} allows: nodes={self.options.nodes}, "
+                f"time={self.options.time!r}). It was cancelled. `sinfo -s` shows each partition's limits."))
+        if self.allocation:
+            return None  # the allocation is the notebook's own: it runs as long as we do
+        if status is None or status.ended:
+            return LaunchFailed(None, (
+                f"SLURM job {item.msg.job_id} ended ({'unknown to squeue' if status is None else status.state}"
+                f"{', reason ' + status.reason if status is not None and status.reason != 'None' else ''}) while "
+                f"the cluster used it. {self._output_tail(item.msg.job_id)}Run cluster.restart() for a new job."))
+        return None
+
+    def _output_tail(self, job_id: str) -> str:
+        try:
+            text = (script.OUTPUT_DIR / f"ppkit-{job_id}.out").read_text(errors="replace")[-1500:]
+        except OSError:
+            return ""
+        return f"The job's output ({script.OUTPUT_DIR}/ppkit-{job_id}.out) ends with:\n{text}\n"
+
+    def _step_tail(self) -> str:
+        try:
+            return self.step_log.read_text(errors="replace")[-1500:] or "(no output)"
+        except OSError:
+            return "(no output)"
+
+    def stop(self, workers: dict[int, dict]) -> None:
+        super().stop(workers)
+        self._end_job()
+
+    def _end_job(self) -> None:
+        """Cancel this generation's job (or step) and forget its agents; the next begin() starts another."""
+        with self._lock:
+            agents = list(self.agents.values())
+            self.agents.clear()  # before they hang up: gone on purpose, not lost
+        for conn, _ in agents:
+            self._send(conn, Shutdown("the notebook ended the SLURM job"))
+            channel.wake_reader(conn)
+        if self._watch is not None:
+            self._watch.stop()
+        if self._srun is not None:
+            self._srun.terminate()
+            try:
+                self._srun.wait(5)
+            except subprocess.TimeoutExpired:
+                self._srun.kill()
+                self._srun.wait()
+        elif self.job_id is not None:
+            commands.cancel(self.job_id)
+        if self._reaper is not None and self._reaper.poll() is None:
+            self._reaper.terminate()
+            self._reaper.wait()
+        if self._view is not None:
+            self._view.close()
+        self.job_id, self._srun, self._watch, self._view, self._last = None, None, None, None, None
+        self._master_addr = None
+
+    def close(self) -> None:
+        self._end_job()
+        super().close()
+
+    # -- words --------------------------------------------------------------------------------
+    def processes(self) -> list[Process]:
+        job = [Process("slurm job", self._srun.pid if self._srun else None, where=f"job {self.job_id}")
+               ] if self.job_id else []
+        return job + super().processes()
+
+    def describe(self) -> str:
+        if self.job_id is None:
+            return "slurm"
+        state = self._last.status if self._last is not None else None
+        return f"slurm job {self.job_id}" + (f" {state.state} on {state.nodes}" if state and state.nodes else "")
+
+    def describe_missing(self, ready: set[int]) -> str:
+        if self._last is not None and self._last.status is not None and self._last.status.state == "PENDING":
+            return (f"SLURM job {self.job_id} to start (still PENDING, squeue's reason: {self._last.status.reason}; "
+                    f"waited {self._last.waited:.0f} s). It was cancelled")
+        return super().describe_missing(ready)
+
+    def timeout_hint(self, ready: set[int]) -> str:
+        if self._last is not None and self._last.status is not None and self._last.status.state == "PENDING":
+            return ("The cluster has no room for the job now (see `squeue` and `sinfo`): ask for fewer nodes= or "
+                    "another partition=, or raise start_timeout to wait longer.")
+        tail = self._step_tail() if self._srun is not None else self._output_tail(self.job_id or "")
+        return (f"The job's tasks did not all join the notebook at {self.host}:{self.port}: the compute nodes must "
+                f"reach that address (pass listen='ADDR:0' with an address they reach). {tail}")

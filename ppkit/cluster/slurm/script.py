@@ -1,0 +1,61 @@
+"""What ppkit submits to SLURM, as text a learner can read (``cluster.slurm_script``), and the
+script ``ppkit slurm-script`` writes for a program of one's own (seed 002's pattern)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+JOB_NAME = "ppkit"
+OUTPUT_DIR = Path.home() / ".cache" / "ppkit" / "slurm"  # on the shared home, as the nodes see it
+
+
+def worker_command(connect: str, timeout: float, python: str = sys.executable) -> list[str]:
+    """Each task's command: join the notebook at ``connect`` as ``task<SLURM_PROCID>``."""
+    return [python, "-m", "ppkit", "worker", "--connect", connect, "--name", "task{rank}",
+            "--timeout", f"{timeout:g}"]
+
+
+def directives(options, tasks: str, output: str | None = None, job_name: str = JOB_NAME) -> list[str]:
+    """The #SBATCH lines for ``options`` (a SlurmOptions) and ``tasks`` ("--ntasks=4")."""
+    lines = [f"--job-name={job_name}", f"--nodes={options.nodes}", tasks, f"--time={options.time}"]
+    if options.partition:
+        lines.append(f"--partition={options.partition}")
+    if output:
+        lines.append(f"--output={output}")
+    return [f"#SBATCH {line}" for line in [*lines, *options.sbatch_args]]
+
+
+def batch_script(options, ntasks: int, command: list[str], output: str) -> str:
+    """The batch script of a ppkit cluster: one srun step whose tasks are ppkit's agents."""
+    return "\n".join([
+        "#!/bin/bash",
+        *directives(options, f"--ntasks={ntasks}", output),
+        "# ppkit's workers: every task joins the notebook as task<SLURM_PROCID> (its rank) over ppkit's",
+        "# authenticated channel; the key travels in the job's environment (PPKIT_KEY), not in this file.",
+        "# A task that fails ends the others (--kill-on-bad-exit); the notebook cancels the job on close.",
+        f"srun --kill-on-bad-exit=1 {shlex.join(command)}",
+        ""])
+
+
+def srun_command(options, ntasks: int, job_id: str, command: list[str]) -> list[str]:
+    """Inside an allocation: a step of it beside the notebook's own (``--overlap``)."""
+    return ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={options.nodes}", f"--ntasks={ntasks}",
+            "--kill-on-bad-exit=1", f"--job-name={JOB_NAME}", *options.sbatch_args, *command]
+
+
+def training_script(program: list[str], options, ntasks_per_node: int, master_port: int = 29500,
+                    python: str = sys.executable) -> str:
+    """An sbatch script for seed 002's pattern: ``srun`` starts ``program`` once per task, and each
+    task reads who it is with ``ppkit.read_launch_env()`` (rank = SLURM_PROCID, local rank =
+    SLURM_LOCALID); MASTER_ADDR is the first node, resolved as SLURM's tools do."""
+    return "\n".join([
+        "#!/bin/bash",
+        *directives(options, f"--ntasks-per-node={ntasks_per_node}", output="%x-%j.out",
+                    job_name=Path(program[0]).stem or "train"),
+        "# rank 0's node hosts the rendezvous: its name, or SLURM's NodeAddr where the name does not resolve",
+        f"export MASTER_ADDR=$({shlex.quote(python)} -m ppkit.cluster.slurm.hosts \"$SLURM_JOB_NODELIST\")",
+        f"export MASTER_PORT={master_port}",
+        f"srun {shlex.join([python, *program])}",
+        ""])
