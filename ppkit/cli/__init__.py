@@ -1,4 +1,5 @@
-"""The ``ppkit`` command. Each module in this package is one subcommand and defines
+"""The ``ppkit`` command. Each module in this package is one subcommand (``_`` in its name is
+``-`` in the command's) and defines
 ``HELP``, ``add_arguments(parser)`` and ``main(args) -> int``."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ def _subcommands() -> dict:
     found = {}
     for info in pkgutil.iter_modules(__path__):
         if not info.name.startswith("_"):
-            found[info.name] = importlib.import_module(f"{__name__}.{info.name}")
+            # slurm_script.py is `ppkit slurm-script`
+            found[info.name.replace("_", "-")] = importlib.import_module(f"{__name__}.{info.name}")
     return found
 
 

@@ -69,6 +69,14 @@ def add_arguments(parser) -> None:
                         help="wait on this address for the placement's workers to join from other "
                         "machines (on each: ppkit worker --connect ADDR:PORT --name workerN); "
                         "master's shards stay here")
+    parser.add_argument("--launcher", choices=("local", "spawn", "slurm"), default=None,
+                        help="where the workers run: this machine (local: forked, the default; spawn: fresh "
+                        "interpreters) or slurm: tasks of a SLURM job on the cluster's nodes")
+    parser.add_argument("--nodes", type=int, default=None, metavar="N",
+                        help="with --launcher slurm: how many nodes the workers spread over (default 1)")
+    parser.add_argument("--partition", default=None, help="with --launcher slurm: the SLURM partition")
+    parser.add_argument("--time", default=None, metavar="LIMIT",
+                        help="with --launcher slurm: the job's time limit (default 00:30:00)")
     parser.add_argument("--start-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="how long to wait for the workers to start or join (default %(default)s)")
     parser.add_argument("--schedule", choices=("rpc", "gpipe", "1f1b"), default="rpc",
@@ -104,22 +112,24 @@ def config_from_args(args):
             raise ConfigError(f"--plot {args.plot}: end the file name with {', '.join(PLOT_FORMATS)}.")
         if not path.parent.is_dir():
             raise ConfigError(f"--plot {args.plot}: the folder {path.parent} does not exist.")
-    if args.schedule != "rpc" and getattr(args, "listen", None) is not None:
-        raise ConfigError("--listen works with --schedule rpc only: the pipelining schedules run on "
-                          "local ranks.")
+    if args.schedule != "rpc" and (getattr(args, "listen", None) is not None or getattr(args, "launcher", None)):
+        raise ConfigError("--listen and --launcher work with --schedule rpc only: the pipelining schedules run on "
+                          "two local ranks.")
     if args.schedule != "rpc":
         from ppkit.pipelining.sweep import check_config
 
         check_config(config, args.schedule)
     # Local workers have this machine's devices: refuse cuda:3 before starting anything.
     listen = getattr(args, "listen", None)
-    if listen is not None:  # the workers are on other machines: only master's devices are known
-        from ppkit.cluster.admission import parse_listen
+    elsewhere = listen is not None or getattr(args, "launcher", None) == "slurm"
+    if elsewhere:  # the workers are on other machines: only master's devices are known
+        from ppkit.cluster.options import check_rpc
 
-        parse_listen(listen)
+        check_rpc(max(1, config.num_workers()), **world_options(args))
         if config.num_workers() == 0:
-            raise ConfigError(f"--listen {listen}: the placement puts every shard on master, so no "
-                              "worker would join; name a workerN in --placement or drop --listen.")
+            flag = f"--listen {listen}" if listen is not None else "--launcher slurm"
+            raise ConfigError(f"{flag}: the placement puts every shard on master, so no "
+                              f"worker would join; name a workerN in --placement or drop {flag.split()[0]}.")
         here = [p for p in config.placement if p.process == "master"]
         check_placement(here, ["master"], {"master": torch.cuda.device_count()})
         return config
@@ -135,11 +145,16 @@ def start_world(args, config):
 
     if getattr(args, "schedule", "rpc") != "rpc":
         return ppkit.Cluster(2, "gloo")  # one rank per pipelining stage
-    listen = getattr(args, "listen", None)
+    return ppkit.start_rpc(num_workers=max(1, config.num_workers()), **world_options(args))
+
+
+def world_options(args) -> dict:
+    """``start_rpc``'s options from the flags (those not given are left to its defaults)."""
     options = {"start_timeout": getattr(args, "start_timeout", 120.0)}
-    if listen is not None:
-        options["listen"] = listen
-    return ppkit.start_rpc(num_workers=max(1, config.num_workers()), **options)
+    for name in ("listen", "launcher", "nodes", "partition", "time"):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
+    return options
 
 
 class Progress:

@@ -19,12 +19,12 @@ from ppkit.checks import positive
 from ppkit.cluster import diagnostics, launch, launchers
 from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.inbox import Closed, Inbox, Item
-from ppkit.cluster.jobs import Job, new_cell_sources
+from ppkit.cluster.jobs import Job, check_job_function, new_cell_sources, pack_job
 from ppkit.cluster.launchers import Process
 from ppkit.cluster.output import RankPrinter
 from ppkit.cluster.spec import DEFAULT_START_TIMEOUT_S, DEFAULT_TIMEOUT_S, ClusterSpec, cluster_spec
-from ppkit.errors import ClusterStateError, ConfigError, LaunchError
-from ppkit.transport import byvalue, channel, sending
+from ppkit.errors import ClusterStateError, LaunchError
+from ppkit.transport import channel, sending
 from ppkit.transport.messages import Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
 
 CONTROL_SEND_S = 2.0  # a control message (cancel, shutdown, ...) to a rank that reads nothing
@@ -253,19 +253,10 @@ class Cluster:
         Raises ``RemoteError`` if any rank raised, ``WorkerDiedError`` if a rank died and
         ``JobTimeoutError`` (with where each rank waits) after ``timeout`` seconds.
         """
-        if not callable(fn):
-            raise ConfigError(
-                f"run() needs a function to call on every rank, got {type(fn).__name__} "
-                f"{fn!r:.60}. Pass the function itself: cluster.run(my_fn), not cluster.run(my_fn()).")
+        check_job_function(fn)
         timeout = self.timeout if timeout is None else positive(timeout, "timeout")
         self._check_usable()
-        try:
-            payload = byvalue.dumps((fn, args, kwargs))
-        except Exception as exc:
-            raise ConfigError(
-                f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments to the workers: "
-                f"{exc}. Pass data (tensors, numbers, lists), not open files, locks or "
-                "process handles.") from exc
+        payload = pack_job(fn, args, kwargs)
         job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
                   self._printer, self._break, self._conns)
         return job.run(payload, new_cell_sources(self._sources_sent), timeout, self.workers)
@@ -276,6 +267,11 @@ class Cluster:
         self._drain()
         if self.state == "broken":
             raise diagnostics.needs_restart(self._broken_reason)
+
+    @property
+    def slurm_script(self) -> str:
+        """The batch script (or srun command) the SLURM launcher ran; "" for the other launchers."""
+        return self._launcher.script()
 
     def processes(self) -> list[Process]:
         """Its launcher's processes (fork server, agents, a SLURM job) and one worker per rank."""

@@ -14,6 +14,7 @@ import time
 
 from ppkit.cluster import diagnostics
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
+from ppkit.errors import ConfigError
 from ppkit.transport import byvalue, channel
 from ppkit.transport.messages import Cancel, Cancelled, Result, Run
 from ppkit.transport.sending import Broadcast
@@ -32,6 +33,24 @@ def new_cell_sources(sent: set[str]) -> dict:
            if len(entry) == 4 and entry[1] is None and name not in sent}
     sent.update(new)
     return new
+
+
+def check_job_function(fn) -> None:
+    if not callable(fn):
+        raise ConfigError(
+            f"run() needs a function to call on every rank, got {type(fn).__name__} "
+            f"{fn!r:.60}. Pass the function itself: cluster.run(my_fn), not cluster.run(my_fn()).")
+
+
+def pack_job(fn, args: tuple, kwargs: dict) -> bytes:
+    """``fn`` and its arguments pickled by value, as every rank will unpickle them."""
+    try:
+        return byvalue.dumps((fn, args, kwargs))
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments to the workers: "
+            f"{exc}. Pass data (tensors, numbers, lists), not open files, locks or "
+            "process handles.") from exc
 
 
 class Job:

@@ -148,6 +148,10 @@ class Launcher:
         return done()
 
     # -- words for error messages -------------------------------------------------------------
+    def script(self) -> str:
+        """What was submitted or run to start the workers, as text to read ("" when nothing but ppkit)."""
+        return ""
+
     def describe(self) -> str:
         """How the workers run, for the cluster's repr (e.g. "local", "slurm job 42 on n[1-2]")."""
         return self.name

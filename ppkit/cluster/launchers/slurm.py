@@ -175,6 +175,9 @@ class SlurmLauncher(RemoteLauncher):
                ] if self.job_id else []
         return job + super().processes()
 
+    def script(self) -> str:
+        return self.slurm_script
+
     def describe(self) -> str:
         if self.job_id is None:
             return "slurm"
@@ -189,8 +192,8 @@ class SlurmLauncher(RemoteLauncher):
 
     def timeout_hint(self, ready: set[int]) -> str:
         if self._last is not None and self._last.status is not None and self._last.status.state == "PENDING":
-            return ("The cluster has no room for the job now (see `squeue` and `sinfo`): ask for fewer nodes= or "
-                    "another partition=, or raise start_timeout to wait longer.")
+            return (f"SLURM has not started it yet (`squeue -j {self.job_id}` says why, `sinfo` shows what is free): "
+                    "ask for fewer nodes= or another partition=, or raise start_timeout to wait longer.")
         tail = self._step_tail() if self._srun is not None else self._output_tail(self.job_id or "")
         return (f"The job's tasks did not all join the notebook at {self.host}:{self.port}: the compute nodes must "
                 f"reach that address (pass listen='ADDR:0' with an address they reach). {tail}")

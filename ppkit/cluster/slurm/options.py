@@ -25,7 +25,8 @@ class SlurmOptions:
     sbatch_args: tuple[str, ...] = ()
 
 
-def check_slurm_options(nodes=None, partition=None, time=None, sbatch_args=()) -> SlurmOptions:
+def check_slurm_options(nodes=None, partition=None, time=None, sbatch_args=(), need_tools=True) -> SlurmOptions:
+    """The checked options (``need_tools``: SLURM's commands must be on PATH, as a launch needs)."""
     from ppkit.cluster.slurm.commands import require_tools
 
     nodes = 1 if nodes is None else nodes
@@ -47,5 +48,6 @@ def check_slurm_options(nodes=None, partition=None, time=None, sbatch_args=()) -
         raise ConfigError(
             f"sbatch_args {taken} set what ppkit sets from its own options (nodes=, partition=, time=, the "
             "number of ranks, the output file). Use those options instead.")
-    require_tools()
+    if need_tools:
+        require_tools()
     return SlurmOptions(nodes=nodes, partition=partition, time=time.strip(), sbatch_args=tuple(sbatch_args))

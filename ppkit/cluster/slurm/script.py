@@ -45,6 +45,13 @@ def srun_command(options, ntasks: int, job_id: str, command: list[str]) -> list[
             "--kill-on-bad-exit=1", f"--job-name={JOB_NAME}", *options.sbatch_args, *command]
 
 
+def job_name(program: list[str]) -> str:
+    """train.py -> train; -m ppkit.lessons.seed002 -> seed002."""
+    first = next((p for p in program if not p.startswith("-")), "train")
+    name = Path(first).name
+    return (name[:-3] if name.endswith(".py") else name.split(".")[-1]) or "train"
+
+
 def training_script(program: list[str], options, ntasks_per_node: int, master_port: int = 29500,
                     python: str = sys.executable) -> str:
     """An sbatch script for seed 002's pattern: ``srun`` starts ``program`` once per task, and each
@@ -53,7 +60,7 @@ def training_script(program: list[str], options, ntasks_per_node: int, master_po
     return "\n".join([
         "#!/bin/bash",
         *directives(options, f"--ntasks-per-node={ntasks_per_node}", output="%x-%j.out",
-                    job_name=Path(program[0]).stem or "train"),
+                    job_name=job_name(program)),
         "# rank 0's node hosts the rendezvous: its name, or SLURM's NodeAddr where the name does not resolve",
         f"export MASTER_ADDR=$({shlex.quote(python)} -m ppkit.cluster.slurm.hosts \"$SLURM_JOB_NODELIST\")",
         f"export MASTER_PORT={master_port}",

@@ -67,8 +67,8 @@ def describe(update: JobUpdate) -> str:
     if status is None:
         return f"SLURM job {update.job_id}: no longer known to SLURM"
     if status.state == "PENDING":
-        return (f"SLURM job {update.job_id}: PENDING ({status.reason}), waited {update.waited:.0f} s "
-                f"(squeue -j {update.job_id})")
+        reason = f" ({status.reason})" if status.reason not in ("", "None") else ""
+        return f"SLURM job {update.job_id}: PENDING{reason}, waited {update.waited:.0f} s (squeue -j {update.job_id})"
     where = f" on {status.nodes}" if status.nodes else ""
     return f"SLURM job {update.job_id}: {status.state}{where}, {update.waited:.1f} s after it was submitted"
 
