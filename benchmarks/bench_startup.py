@@ -9,6 +9,9 @@ Every start-up is timed in a fresh Python process, as a fresh notebook kernel wo
 - ppkit, fresh kernel: ``import ppkit; ppkit.Cluster(N)`` in a kernel that has not imported torch;
 - ppkit, kernel that imported torch: the same, after ``import torch`` (a notebook usually has);
 - the same two with ``start_method="spawn"`` (each rank a fresh interpreter: macOS, Windows);
+- with ``--slurm NODES``: ``ppkit.Cluster(N, launcher="slurm", nodes=NODES)`` in a fresh kernel, from
+  sbatch until every rank is ready, on the SLURM that SLURM_CONF points at (idle, for a fair number),
+  with its ratio to the local launcher's fresh-kernel start in the same rounds (target, issue 22: <= 2x);
 - mp.spawn: ``torch.multiprocessing.spawn`` of N processes that each call
   ``init_process_group("gloo")`` over loopback (FileStore), timed from the spawn call until the last
   rank has joined, in a parent that already imported torch.
@@ -39,7 +42,7 @@ import json, time
 {preload}
 t0 = time.monotonic()
 import ppkit
-cluster = ppkit.Cluster({world_size}, {backend!r}, start_method={start_method!r})
+cluster = ppkit.Cluster({world_size}, {backend!r}, **{options!r})
 ready = time.monotonic() - t0
 cluster.close()
 print(json.dumps([ready, cluster.backend]))
@@ -64,9 +67,10 @@ def floor() -> float:
     return run_child(["-c", "import torch"])[0]
 
 
-def ppkit_ready(world_size: int, backend: str, warm_kernel: bool, start_method: str = "forkserver") -> float:
+def ppkit_ready(world_size: int, backend: str, warm_kernel: bool, start_method: str = "forkserver", **options) -> float:
+    options = options or {"start_method": start_method}
     code = PPKIT_CHILD.format(preload="import torch" if warm_kernel else "", world_size=world_size,
-                              backend=backend, start_method=start_method)
+                              backend=backend, options=options)
     ready, used = json.loads(run_child(["-c", code])[1].strip().splitlines()[-1])
     BACKENDS_USED.add(used)
     return ready
@@ -128,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4], help="world sizes to time")
     parser.add_argument("--backend", default="auto", help="ppkit's backend (mp.spawn always uses gloo)")
     parser.add_argument("--round-trips", type=int, default=200, help="cluster.run calls timed")
+    parser.add_argument("--slurm", type=int, metavar="NODES", help="also time launcher='slurm' on NODES nodes")
     parser.add_argument("--mp-spawn-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.mp_spawn_child:
@@ -146,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                 (f"`ppkit.Cluster({n}, start_method={method!r})`, kernel that imported torch", n,
                  lambda n=n, m=method: ppkit_ready(n, args.backend, warm_kernel=True, start_method=m)),
             ]
+        if args.slurm:
+            measurements.append((f"`ppkit.Cluster({n}, launcher='slurm', nodes={args.slurm})`, fresh kernel", n,
+                                 lambda n=n: ppkit_ready(n, "gloo", False, launcher="slurm", nodes=args.slurm)))
         measurements += [
             (f"`mp.spawn({n})` + `init_process_group` (gloo), parent that imported torch", n,
              lambda n=n: mp_spawn_ready(n)),
@@ -171,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(v / f for v, f in zip(values, floor_runs))
         print(f"| {label} | {n} | {statistics.median(values):.2f} | {ratio:.2f} | "
               f"{' '.join(f'{v:.2f}' for v in values)} |")
+    for n in args.sizes if args.slurm else ():
+        slurm = runs[f"`ppkit.Cluster({n}, launcher='slurm', nodes={args.slurm})`, fresh kernel"]
+        local = runs[f"`ppkit.Cluster({n}, start_method='forkserver')`, fresh kernel"]
+        print(f"\n{n} ranks: launcher='slurm' on {args.slurm} node(s) / local launcher, fresh kernels, median of "
+              f"rounds: {statistics.median(a / b for a, b in zip(slurm, local)):.2f}x (target <= 2x)")
     print()
     print(f"| warm cluster ({args.backend}) | ranks | median | p90 |")
     print("|---|---|---|---|")

@@ -7,6 +7,7 @@
 """
 
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.env import read_launch_env
 from ppkit.cluster.rpc_world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
 from ppkit.errors import (
@@ -54,6 +55,7 @@ __all__ = [
     "WorkerError",
     "__version__",
     "by_value",
+    "read_launch_env",
     "start",
     "start_rpc",
 ]

@@ -28,9 +28,9 @@ def main() -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ppkit.cluster.env import read_launch_env
+    import ppkit
 
-    env = read_launch_env()  # 1. who am I (seed 002 reads os.environ['SLURM_PROCID'] & co. by hand)
+    env = ppkit.read_launch_env()  # who am I (seed 002 reads os.environ['SLURM_PROCID'] & co. by hand)
     dist.init_process_group("gloo", init_method=env.init_method, rank=env.rank, world_size=env.world_size)
     torch.manual_seed(0)  # the same initial weights on every rank
     model = DDP(torch.nn.Linear(8, 1))  # on GPUs: DDP(model.cuda(env.local_rank), device_ids=[env.local_rank])

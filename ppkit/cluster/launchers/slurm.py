@@ -20,6 +20,7 @@ from ppkit.cluster.launchers.base import Process, child_env
 from ppkit.cluster.launchers.remote import RemoteLauncher
 from ppkit.cluster.slurm import commands, hosts, script
 from ppkit.cluster.slurm.watch import JobUpdate, JobWatch, PendingView, describe
+from ppkit.errors import LaunchError
 from ppkit.transport import channel
 from ppkit.transport.messages import Shutdown
 
@@ -71,7 +72,8 @@ class SlurmLauncher(RemoteLauncher):
                                                     str(script.OUTPUT_DIR / "ppkit-%j.out"))
             self.job_id = commands.submit(self.slurm_script, [], env)
         self._reaper = subprocess.Popen(
-            [sys.executable, "-m", "ppkit.cluster.slurm.reaper", str(os.getpid()), self.job_id],
+            [sys.executable, "-m", "ppkit.cluster.slurm.reaper", str(os.getpid()), self.job_id,
+             *([str(self._srun.pid)] if self._srun is not None else [])],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, env=env)
         self._view = PendingView(self.job_id, f"SLURM job {self.job_id}: submitted ({self.options.nodes} "
@@ -183,6 +185,18 @@ class SlurmLauncher(RemoteLauncher):
             return "slurm"
         state = self._last.status if self._last is not None else None
         return f"slurm job {self.job_id}" + (f" {state.state} on {state.nodes}" if state and state.nodes else "")
+
+    def rank_label(self, rank: int, info: dict) -> str:
+        """As remote.py's, with what SLURM says of the job now (a lost node shows as NODE_FAIL)."""
+        label = super().rank_label(rank, info)
+        try:
+            status = commands.status(self.job_id.split(".")[0]) if self.job_id else None
+        except (OSError, LaunchError):
+            status = None
+        if status is None:
+            return label
+        reason = f", {status.reason}" if status.reason not in ("", "None") else ""
+        return f"{label}; SLURM job {status.job_id} is {status.state}{reason}, `scontrol show job {status.job_id}`"
 
     def describe_missing(self, ready: set[int]) -> str:
         if self._last is not None and self._last.status is not None and self._last.status.state == "PENDING":

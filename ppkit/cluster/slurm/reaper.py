@@ -1,4 +1,5 @@
-"""``python -m ppkit.cluster.slurm.reaper PID JOB``: cancel SLURM job JOB when process PID ends.
+"""``python -m ppkit.cluster.slurm.reaper PID JOB [SRUN_PID]``: cancel SLURM job JOB when process
+PID ends (inside an allocation, end the srun step SRUN_PID instead: the allocation is the user's).
 
 The notebook cancels its job on close(), restart and exit; a kernel killed with SIGKILL runs none
 of that. Running agents notice (their connection closes) and end the job's step, but a job still
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
 import time
 
@@ -42,10 +44,22 @@ def _wait_for_exit(pid: int, seconds: float) -> bool:
         os.close(fd)
 
 
-def main(pid: int, job: str) -> None:
+def _end_step(srun_pid: int) -> None:
+    """SIGTERM to srun ends its step (srun forwards it to the tasks); SIGKILL if it lingers."""
+    try:
+        os.kill(srun_pid, signal.SIGTERM)
+        if not _wait_for_exit(srun_pid, 5.0):
+            os.kill(srun_pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main(pid: int, job: str, srun_pid: int | None = None) -> None:
     while True:
         if _wait_for_exit(pid, JOB_CHECK_S):
-            commands.cancel(job)
+            _end_step(srun_pid) if srun_pid else commands.cancel(job)
+            return
+        if srun_pid and _wait_for_exit(srun_pid, 0):
             return
         try:
             status = commands.status(job.split(".")[0])
@@ -56,4 +70,4 @@ def main(pid: int, job: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)
