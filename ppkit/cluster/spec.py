@@ -79,7 +79,9 @@ def _launcher_name(launcher, start_method, listen) -> str:
         raise ConfigError(f"launcher={launcher!r} and start_method={method!r} contradict each other; "
                           "pass only launcher= ('local' forks from a fork server, 'spawn' starts fresh "
                           "interpreters).")
-    if launcher in ("remote", "slurm") and spawning.resolve_start_method(method) == "spawn":
+    # remote: the master's own ranks come from a fork server here; slurm forks on the nodes only
+    if launcher == "remote" and spawning.resolve_start_method(method) == "spawn" or launcher == "slurm" \
+            and method == "spawn":
         raise ConfigError(
             f"a cluster across machines (launcher={launcher!r}) forks its workers on every machine, so it "
             "needs start_method='forkserver' (Linux); the spawn start method serves this machine only. "

@@ -1,0 +1,101 @@
+"""The SLURM launcher's pieces that need no SLURM: options, the scripts' text, squeue's words."""
+
+from __future__ import annotations
+
+import pytest
+
+import ppkit
+from ppkit.cluster.slurm import commands, script
+from ppkit.cluster.slurm.options import SlurmOptions, check_slurm_options
+from ppkit.cluster.slurm.watch import JobUpdate, describe
+from ppkit.cluster.spec import cluster_spec
+
+
+@pytest.mark.parametrize("time", ["45", "30:00", "00:30:00", "1-0", "1-12:00", "2-00:00:00"])
+def test_slurm_time_formats_are_accepted(time):
+    assert check_slurm_options(time=time, need_tools=False).time == time
+
+
+@pytest.mark.parametrize("options, said", [
+    ({"nodes": 0}, "nodes must be a whole number"), ({"nodes": True}, "nodes must be"),
+    ({"nodes": 1.5}, "nodes must be"), ({"time": "1h"}, "time must be a SLURM time limit"),
+    ({"time": 30}, "time must be"), ({"partition": "a b"}, "partition must be"),
+    ({"sbatch_args": "--qos=x"}, "sbatch_args must be a list"), ({"sbatch_args": ["-N", "3"]}, "set what ppkit sets"),
+    ({"sbatch_args": ["--time=5"]}, "set what ppkit sets"),
+])
+def test_bad_slurm_options_say_which_and_what_works(options, said):
+    with pytest.raises(ppkit.ConfigError, match=said):
+        check_slurm_options(**options, need_tools=False)
+
+
+def test_the_launcher_is_chosen_by_name_and_the_old_spellings_still_work(monkeypatch):
+    monkeypatch.delenv("PPKIT_START_METHOD", raising=False)
+    assert cluster_spec(2).launcher == "local"
+    assert cluster_spec(2, start_method="spawn").launcher == "spawn"
+    assert cluster_spec(2, launcher="spawn").launcher == "spawn"
+    assert cluster_spec(2, listen="127.0.0.1:0").launcher == "remote"
+    assert cluster_spec(2, listen="127.0.0.1:0").remote == ("worker1",)
+    with pytest.raises(ppkit.ConfigError, match="contradict"):
+        cluster_spec(2, launcher="local", start_method="spawn")
+    with pytest.raises(ppkit.ConfigError, match="unknown launcher 'sge'"):
+        cluster_spec(2, launcher="sge")
+    with pytest.raises(ppkit.ConfigError, match="pass listen="):
+        cluster_spec(2, launcher="remote")
+    with pytest.raises(ppkit.ConfigError, match="only apply to launcher='slurm'"):
+        cluster_spec(2, partition="debug")
+
+
+def test_the_spec_is_frozen():
+    spec = cluster_spec(2)
+    with pytest.raises(AttributeError):
+        spec.world_size = 3
+
+
+def test_the_batch_script_holds_every_option_and_no_key():
+    options = SlurmOptions(nodes=2, partition="debug", time="00:10:00", sbatch_args=("--account=course",))
+    command = script.worker_command("10.0.0.1:4000", 120, python="/opt/py/bin/python")
+    text = script.batch_script(options, 4, command, "/home/u/.cache/ppkit/slurm/ppkit-%j.out")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks=4", "#SBATCH --time=00:10:00", "#SBATCH --partition=debug",
+                 "#SBATCH --account=course", "#SBATCH --output=/home/u/.cache/ppkit/slurm/ppkit-%j.out",
+                 "srun --kill-on-bad-exit=1 /opt/py/bin/python -m ppkit worker --connect 10.0.0.1:4000 "
+                 "--name 'task{rank}' --timeout 120"):
+        assert line in text
+    assert "PPKIT_KEY=" not in text
+
+
+def test_inside_an_allocation_a_step_overlaps_the_notebooks():
+    command = script.srun_command(SlurmOptions(nodes=2), 4, "77", ["python", "-m", "ppkit", "worker"])
+    assert command[:6] == ["srun", "--overlap", "--jobid=77", "--nodes=2", "--ntasks=4", "--kill-on-bad-exit=1"]
+
+
+def test_the_training_script_is_seed002s_pattern():
+    text = script.training_script(["train.py", "--epochs", "3"], SlurmOptions(nodes=2), 8, 29511, python="python")
+    assert "#SBATCH --ntasks-per-node=8" in text and "#SBATCH --job-name=train" in text
+    assert 'export MASTER_ADDR=$(python -m ppkit.cluster.slurm.hosts "$SLURM_JOB_NODELIST")' in text
+    assert "export MASTER_PORT=29511" in text and text.rstrip().endswith("srun python train.py --epochs 3")
+
+
+def test_squeue_reasons_that_waiting_cannot_cure_are_told_apart():
+    assert commands.JobStatus("1", "PENDING", "PartitionTimeLimit", "").hopeless
+    assert not commands.JobStatus("1", "PENDING", "Resources", "").hopeless
+    assert not commands.JobStatus("1", "RUNNING", "None", "n1").hopeless
+    assert commands.JobStatus("1", "NODE_FAIL", "None", "n[1-2]").ended
+
+
+def test_the_pending_line_says_state_reason_and_wait():
+    assert describe(JobUpdate("9", commands.JobStatus("9", "PENDING", "Priority", ""), 12.4)) == \
+        "SLURM job 9: PENDING (Priority), waited 12 s (squeue -j 9)"
+    assert describe(JobUpdate("9", commands.JobStatus("9", "RUNNING", "None", "n[1-2]"), 1.25)) == \
+        "SLURM job 9: RUNNING on n[1-2], 1.2 s after it was submitted"
+    assert "no longer known" in describe(JobUpdate("9", None, 3))
+
+
+def test_worker_names_can_carry_the_launchers_rank():
+    from types import SimpleNamespace
+
+    from ppkit.cli.worker import resolve
+
+    args = SimpleNamespace(connect="127.0.0.1:4000", name="task{rank}", port=29600, key="ab" * 32, timeout=5.0)
+    _, name, _ = resolve(args, {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
+                                "SLURM_NODELIST": "n[1-2]"})
+    assert name == "task3"
