@@ -33,7 +33,7 @@ slurm:
 	bash scripts/install_slurm.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ppkit tests benchmarks
+	$(VENV)/bin/ruff check ppkit tests benchmarks conftest.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_startup.py
