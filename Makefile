@@ -6,14 +6,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ppkit-installed
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: lab test setup browser lint bench clean
+.PHONY: lab test setup browser slurm lint bench clean
 
 # JupyterLab listens on localhost only; root (containers, this kit's CI machine) needs --allow-root.
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser slurm
 	$(PY) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg $(PYTEST_ARGS)
 
 setup: $(STAMP)
@@ -28,8 +28,12 @@ $(STAMP): pyproject.toml constraints.txt
 browser:
 	bash scripts/install_chromium.sh
 
+# Debian's SLURM and munge for the SLURM tests (they start a test cluster of their own; no daemon is started here).
+slurm:
+	bash scripts/install_slurm.sh
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ppkit tests benchmarks
+	$(VENV)/bin/ruff check ppkit tests benchmarks conftest.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_startup.py

@@ -1,4 +1,4 @@
-"""Shared fixtures: a small real cluster, and a check that no ppkit process outlives a test."""
+"""Shared fixtures: small real clusters (ppkit and SLURM), and a check that no ppkit process outlives a test."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import os
 import tempfile
 
 import pytest
+import slurm_session
 from leftovers import ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
+from slurm_testbed import SlurmMissing, SlurmTestbedError
 
 import ppkit
 
@@ -60,3 +62,40 @@ def fresh(cluster2):
     if cluster2.state == "broken":
         cluster2.restart()
     return cluster2
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The session's SLURM test cluster (tests/slurm_testbed.py: nodes n1, n2; partitions debug, one), started
+    on first use; while it runs, os.environ has its SLURM_CONF, so sbatch/srun/squeue and ppkit reach it.
+
+    Skips when SLURM is not installed (`make slurm`), and fails instead under CI=true.
+    """
+    try:
+        tb = slurm_session.testbed()
+    except SlurmMissing as exc:
+        if slurm_session.in_ci():
+            pytest.fail(slurm_session.missing_message(exc))
+        pytest.skip(slurm_session.missing_message(exc))
+    yield tb
+    slurm_session.stop()  # the end of the session; pytest_sessionfinish (../conftest.py) would do it too
+
+
+@pytest.fixture
+def slurm_clean(slurm):
+    """The SLURM test cluster; the test fails if it leaves a job in the queue (which is then cancelled)."""
+    yield slurm
+    try:
+        slurm.wait_no_jobs(timeout=10)
+    except SlurmTestbedError as exc:
+        left = slurm.squeue()
+        if left:
+            slurm.run(["scancel", *(job["job_id"] for job in left)])
+        pytest.fail(f"the test left SLURM jobs behind ({exc}); they were cancelled")
+
+
+@pytest.fixture
+def slurm_restore_nodes(slurm):
+    """The SLURM test cluster, for a test that kills a slurmd (or downs a node): every node is back idle after it."""
+    yield slurm
+    slurm.restore_nodes()
