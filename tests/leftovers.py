@@ -11,6 +11,8 @@ import time
 
 import psutil
 
+SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd", "slurmscriptd")
+
 
 def ppkit_children() -> list[psutil.Process]:
     """Processes started by this test run that are ppkit workers or fork servers."""
@@ -22,6 +24,8 @@ def ppkit_children() -> list[psutil.Process]:
             env = proc.info["environ"] or {}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+        if cmd.split(" ")[0].rsplit("/", 1)[-1].startswith(SLURM_DAEMONS):
+            continue  # the SLURM test cluster's daemons (their files are in a ppkit-slurm-* folder)
         if proc.pid != me and "ppkit" in cmd and env.get("PPKIT_TEST_OWNER") == str(me):
             found.append(proc)
     return found

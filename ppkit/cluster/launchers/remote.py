@@ -14,6 +14,7 @@ listen mode the rendezvous store is a TCPStore hosted by the controller on the l
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from ppkit.cluster import diagnostics, launch
@@ -158,7 +159,10 @@ class RemoteLauncher(ForkServerLauncher):
                 del self.agents[name]
         pulse.close()
         if current:
-            self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], diagnostics.agent_lost(name, info, silent))))
+            self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], self.agent_lost(name, info, silent))))
+
+    def agent_lost(self, name: str, info: dict, silent: float | None) -> str:
+        return diagnostics.agent_lost(name, info, silent)
 
     # -- start, restart, close -----------------------------------------------------------------
     def begin(self, say=print) -> None:
@@ -189,11 +193,8 @@ class RemoteLauncher(ForkServerLauncher):
         self._send(self.agents[name][0], Spawn((self.rank_of[name],)))
 
     def _send(self, conn, msg) -> None:
-        with self._lock:
-            try:
-                conn.send(msg)
-            except OSError:
-                pass  # the agent is gone; its reader thread reports that
+        with self._lock, contextlib.suppress(OSError):  # a gone agent: its reader thread reports that
+            conn.send(msg)
 
     def _joined(self) -> dict[str, dict]:
         with self._lock:

@@ -188,15 +188,22 @@ class SlurmLauncher(RemoteLauncher):
 
     def rank_label(self, rank: int, info: dict) -> str:
         """As remote.py's, with what SLURM says of the job now (a lost node shows as NODE_FAIL)."""
-        label = super().rank_label(rank, info)
+        return f"{super().rank_label(rank, info)}{self._job_now()}"
+
+    def agent_lost(self, name: str, info: dict, silent: float | None) -> str:
+        how = "went away" if silent is None else f"said nothing for {silent:g} s"
+        return (f"{name} (rank {self.rank_of[name]}) on {info.get('host')} {how}: its SLURM task ended or its node "
+                f"failed{self._job_now()}. cluster.restart() submits a new job.")
+
+    def _job_now(self) -> str:
         try:
             status = commands.status(self.job_id.split(".")[0]) if self.job_id else None
         except (OSError, LaunchError):
             status = None
         if status is None:
-            return label
+            return ""
         reason = f", {status.reason}" if status.reason not in ("", "None") else ""
-        return f"{label}; SLURM job {status.job_id} is {status.state}{reason}, `scontrol show job {status.job_id}`"
+        return f" (SLURM job {status.job_id} is {status.state}{reason}: `scontrol show job {status.job_id}`)"
 
     def describe_missing(self, ready: set[int]) -> str:
         if self._last is not None and self._last.status is not None and self._last.status.state == "PENDING":

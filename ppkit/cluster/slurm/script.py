@@ -32,6 +32,7 @@ def batch_script(options, ntasks: int, command: list[str], output: str) -> str:
     return "\n".join([
         "#!/bin/bash",
         *directives(options, f"--ntasks={ntasks}", output),
+        "#SBATCH --no-requeue",
         "# ppkit's workers: every task joins the notebook as task<SLURM_PROCID> (its rank) over ppkit's",
         "# authenticated channel; the key travels in the job's environment (PPKIT_KEY), not in this file.",
         "# A task that fails ends the others (--kill-on-bad-exit); the notebook cancels the job on close.",
