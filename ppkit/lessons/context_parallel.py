@@ -196,3 +196,37 @@ def torch_context_parallel(rank, world_size, causal: bool = False, backward: boo
     counts = {str(op).split(".")[-1]: n for op, n in counter.get_comm_counts().items()} if counter else None
     return {"ran": True, "collectives": counts, "forward": _diff(got[0], want),
             "backward": max((_diff(g, w) for g, w in zip(got[1:], wants[1:])), default=None)}
+
+
+def plot_layouts(seq_len: int, world_size: int, causal: bool = True):
+    """The attention matrix (query position down, key position across) for each sharding: each block
+    coloured by the rank that computes it, white where the causal mask lets it be skipped; the black
+    line is the mask's edge (above it, computed and thrown away). The counted work per rank is titled."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.4))
+    colors = ["white"] + [f"C{r % 10}" for r in range(world_size)]
+    for ax, sharding in zip(fig.subplots(1, len(SHARDINGS)), SHARDINGS):
+        lay = layout(seq_len, world_size, sharding)
+        fine = 2 * world_size  # cells of seq_len / (2 x world_size): both layouts' chunks are whole cells
+        per_chunk = fine // lay.num_chunks
+        owner = {c: r for r in range(world_size) for c in lay.chunks(r)}
+        grid = [[0 if pair_kind(qi // per_chunk, kj // per_chunk, causal) == "skip" else 1 + owner[qi // per_chunk]
+                 for kj in range(fine)] for qi in range(fine)]
+        ax.imshow(grid, cmap=ListedColormap(colors), vmin=0, vmax=world_size, extent=(0, seq_len, seq_len, 0))
+        if causal:
+            ax.plot([0, seq_len], [0, seq_len], color="black", linewidth=1)
+        work = ", ".join(f"{w / 1e6:.2g}M" for w in work_formula(lay, causal))
+        ax.set_title(f"{sharding}: scores per rank {work}", fontsize=9)
+        ax.set_xlabel("key position")
+        ax.set_ylabel("query position")
+    fig.legend(handles=[_patch(f"C{r % 10}", f"rank {r}") for r in range(world_size)], loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    return fig
+
+
+def _patch(color, label):
+    from matplotlib.patches import Patch
+
+    return Patch(color=color, label=label)

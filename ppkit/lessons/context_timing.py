@@ -1,6 +1,6 @@
 """Lesson 11, measured: what each rank of the ring computed and waited for, forward and backward.
 
-    m = measure(cluster, seq_len=2048, ranks=4, sharding="zigzag", causal=True)
+    m = measure(cluster, seq_len=4096, ranks=4, sharding="zigzag", causal=True)
     m.compute_s        CPU seconds each rank spent computing (thread time: its own work, however
                        busy the machine was; the least over the repeats, since noise only adds)
     m.wait_s           wall seconds each rank waited for K/V or dK/dV that had not arrived yet
@@ -106,8 +106,8 @@ def check_settings(seq_len, ranks, sharding, world_size: int) -> Layout:
     return layout(seq_len, ranks, sharding)
 
 
-def measure(cluster, seq_len: int = 2048, ranks: int | None = None, sharding: str = "zigzag",
-            causal: bool = True, heads: int = 4, head_dim: int = 32, comm: bool = True,
+def measure(cluster, seq_len: int = 4096, ranks: int | None = None, sharding: str = "zigzag",
+            causal: bool = True, heads: int = 4, head_dim: int = 64, comm: bool = True,
             repeats: int = 1, timeout: float = 120) -> Measurement:
     """Run ring attention forward and backward on ranks 0..ranks-1 of ``cluster`` and measure it."""
     ranks = cluster.world_size if ranks is None else ranks

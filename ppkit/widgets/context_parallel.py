@@ -31,8 +31,8 @@ CSS = "ppkit-cp"
 class RingAttentionExplorer:
     """Controls, a summary and a measured timeline of ring attention on ``cluster``."""
 
-    def __init__(self, cluster, seq_len: int = 2048, ranks: int | None = None, sharding: str = "zigzag",
-                 causal: bool = True, heads: int = 4, head_dim: int = 32):
+    def __init__(self, cluster, seq_len: int = 4096, ranks: int | None = None, sharding: str = "zigzag",
+                 causal: bool = True, heads: int = 4, head_dim: int = 64):
         self.cluster, self.heads, self.head_dim = cluster, heads, head_dim
         ranks = cluster.world_size if ranks is None else ranks
         context_timing.check_settings(seq_len, ranks, sharding, cluster.world_size)  # refuse before drawing
