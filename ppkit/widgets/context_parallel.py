@@ -82,9 +82,10 @@ class RingAttentionExplorer:
 
 
 def _summary_html(m: context_timing.Measurement) -> str:
-    rows = "".join(f"<tr><td>rank {r}</td><td>{c * 1e3:.0f} ms</td><td>{w * 1e3:.0f} ms</td><td>{n:,}</td></tr>"
+    cell = "<td style='padding: 0 1.2em 0 0'>"
+    rows = "".join(f"<tr>{cell}rank {r}</td>{cell}{c * 1e3:.0f} ms</td>{cell}{w * 1e3:.0f} ms</td>{cell}{n:,}</td></tr>"
                    for r, (c, w, n) in enumerate(zip(m.compute_s, m.wait_s, m.counted)))
+    head = "".join(f"<th style='padding: 0 1.2em 0 0; text-align: left'>{h}</th>"
+                   for h in ("", "compute (CPU)", "waited", "scores computed"))
     return (f"<p><b>{escape(m.title())}</b>: step {m.step_s * 1e3:.0f} ms (forward + backward, slowest rank); "
-            f"compute slowest / mean = {m.imbalance:.2f}.</p>"
-            "<table><tr><th></th><th>compute (CPU)</th><th>waited</th><th>scores computed</th></tr>"
-            f"{rows}</table>")
+            f"compute slowest / mean = {m.imbalance:.2f}.</p><table><tr>{head}</tr>{rows}</table>")
