@@ -125,15 +125,38 @@ def test_impossible_layouts_say_what_would_work(args, says):
 
 def test_a_shard_of_the_wrong_size_is_refused():
     lay = cp.layout(16, 2, "zigzag")
+    q = torch.zeros(1, 2, 8, 4)
     with pytest.raises(ConfigError, match=r"rank 1 was given q of shape \(1, 2, 16, 4\); it needs \(batch, heads, 8"):
-        lay.check_shard(torch.zeros(1, 2, 16, 4), 1, 2)
+        lay.check_shard(torch.zeros(1, 2, 16, 4), q, q, 1, 2)
     with pytest.raises(ConfigError, match="the layout is for 2 ranks but the ring has 4"):
-        lay.check_shard(torch.zeros(1, 2, 8, 4), 1, 4)
+        lay.check_shard(q, q, q, 1, 4)
+    with pytest.raises(ConfigError, match=r"given q \(1, 2, 8, 4\), k \(1, 1, 8, 4\) and v \(1, 2, 8, 4\); ring "
+                                          "attention here needs all three of the same shape"):
+        lay.check_shard(q, torch.zeros(1, 1, 8, 4), q, 1, 2)
+
+
+def test_a_layout_cannot_be_made_impossible_directly():
+    with pytest.raises(ConfigError, match="sequence length 10 cannot be cut into 2 x 2 = 4 equal chunks"):
+        cp.Layout(10, 2, "zigzag")
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"heads": 0}, "heads must be a whole number of at least 1, got 0"),
+    ({"head_dim": 2.5}, "head_dim must be a whole number of at least 1, got 2.5"),
+    ({"dtype": "float16"}, "dtype 'float16' is not one of float32, float64"),
+])
+def test_bad_sizes_are_refused(options, says):
+    with pytest.raises(ConfigError, match=says):
+        cp.inputs(16, **options)
 
 
 def test_bad_settings_on_the_ranks_leave_the_cluster_usable(cluster2):
     with pytest.raises(ppkit.RemoteError, match="cannot be cut into 2 x 2 = 4 equal chunks"):
         cluster2.run(cp.compare, seq_len=30)
+    with pytest.raises(ppkit.RemoteError, match="ranks=3: the world has 2 ranks, so the mesh can use 1 to 2"):
+        cluster2.run(cp.torch_context_parallel, ranks=3)
+    with pytest.raises(ppkit.RemoteError, match="kernel 'flash' is not one of default, math"):
+        cluster2.run(cp.torch_context_parallel, kernel="flash")
     assert cluster2.state == "ready"
     assert max(cluster2.run(cp.compare, seq_len=32)[0].values()) < 1e-5
 

@@ -32,6 +32,17 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 
 
+def whole_number(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}.")
+    return value
+
+
+def _multiples(value: int, step: int) -> str:
+    below, above = value // step * step, (value // step + 1) * step
+    return f"{below} or {above}" if below > 0 else f"{above}"
+
+
 @dataclass(frozen=True)
 class Layout:
     """How a sequence of ``seq_len`` positions is cut over ``world_size`` ranks."""
@@ -39,6 +50,19 @@ class Layout:
     seq_len: int
     world_size: int
     sharding: str
+
+    def __post_init__(self):
+        if self.sharding not in SHARDINGS:
+            raise ConfigError(f"sharding {self.sharding!r} is not one of {', '.join(SHARDINGS)}; pick one of them.")
+        whole_number("seq_len", self.seq_len)
+        whole_number("world_size", self.world_size)
+        if self.seq_len % self.num_chunks:
+            n, chunks = self.world_size, self.num_chunks
+            why = (f"2 x {n} = {chunks} equal chunks, which zig-zag sharding over {n} ranks needs"
+                   if self.sharding == "zigzag" else f"{n} equal chunks, one per rank")
+            other = "" if self.sharding == "contiguous" else f" (or contiguous sharding, which needs a multiple of {n})"
+            raise ConfigError(f"sequence length {self.seq_len} cannot be cut into {why}; pick a multiple of {chunks} "
+                              f"such as {_multiples(self.seq_len, chunks)}{other}.")
 
     @property
     def num_chunks(self) -> int:
@@ -67,36 +91,22 @@ class Layout:
         order = torch.cat([self.positions(r) for r in range(self.world_size)])
         return torch.cat(list(shards), dim=dim).index_select(dim, torch.argsort(order))
 
-    def check_shard(self, t: torch.Tensor, rank: int, world_size: int) -> None:
+    def check_shard(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, world_size: int) -> None:
+        """Refuse shards that are not rank ``rank``'s rows, or a layout made for another world size."""
         if world_size != self.world_size:
             raise ConfigError(f"the layout is for {self.world_size} ranks but the ring has {world_size}; "
                               f"make it with layout(seq_len, {world_size}, {self.sharding!r}).")
         rows = len(self.chunks(rank)) * self.chunk_size
-        if t.dim() != 4 or t.shape[2] != rows:
-            raise ConfigError(f"rank {rank} was given q of shape {tuple(t.shape)}; it needs (batch, heads, "
+        if q.dim() != 4 or q.shape[2] != rows:
+            raise ConfigError(f"rank {rank} was given q of shape {tuple(q.shape)}; it needs (batch, heads, "
                               f"{rows}, head_dim): its rows layout.positions({rank}) of the full sequence.")
-
-
-def _multiples(value: int, step: int) -> str:
-    below, above = value // step * step, (value // step + 1) * step
-    return f"{below} or {above}" if below > 0 else f"{above}"
+        if k.shape != q.shape or v.shape != q.shape:
+            raise ConfigError(f"rank {rank} was given q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)}; "
+                              "ring attention here needs all three of the same shape (the same rows and heads).")
 
 
 def layout(seq_len: int, world_size: int, sharding: str = "zigzag") -> Layout:
-    """A checked ``Layout``: a ConfigError says which value is impossible and what would work."""
-    if sharding not in SHARDINGS:
-        raise ConfigError(f"sharding {sharding!r} is not one of {', '.join(SHARDINGS)}; pick one of them.")
-    for name, value in (("seq_len", seq_len), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}.")
-    chunks = world_size * (2 if sharding == "zigzag" else 1)
-    if seq_len % chunks:
-        why = (f"2 x {world_size} = {chunks} equal chunks, which zig-zag sharding over {world_size} ranks needs"
-               if sharding == "zigzag" else f"{world_size} equal chunks, one per rank")
-        other = ("" if sharding == "contiguous" else
-                 f" (or contiguous sharding, which needs a multiple of {world_size})")
-        raise ConfigError(f"sequence length {seq_len} cannot be cut into {why}; pick a multiple of {chunks} "
-                          f"such as {_multiples(seq_len, chunks)}{other}.")
+    """A ``Layout``; a ConfigError says which value is impossible and what would work."""
     return Layout(seq_len, world_size, sharding)
 
 
@@ -113,6 +123,8 @@ def inputs(seq_len: int, heads: int = 2, head_dim: int = 16, batch: int = 1, dty
     """q, k, v and an upstream gradient of shape (batch, heads, seq_len, head_dim), the same on every rank."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
+    for name, value in (("seq_len", seq_len), ("heads", heads), ("head_dim", head_dim), ("batch", batch)):
+        whole_number(name, value)
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=DTYPES[dtype]) for _ in range(4)]
 
@@ -171,7 +183,10 @@ def torch_context_parallel(rank, world_size, causal: bool = False, backward: boo
 
     if kernel not in ("default", "math"):
         raise ConfigError(f"kernel {kernel!r} is not one of default, math.")
-    ranks = ranks or world_size
+    ranks = world_size if ranks is None else ranks
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= world_size:
+        raise ConfigError(f"ranks={ranks!r}: the world has {world_size} ranks, so the mesh can use 1 to "
+                          f"{world_size} of them.")
     group = ring_group(ranks)
     if rank >= ranks:
         return None

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ppkit.errors import ConfigError
 from ppkit.lessons import timeline
-from ppkit.lessons.context_parallel import Layout, inputs, layout, ring_group, work_formula
+from ppkit.lessons.context_parallel import Layout, inputs, layout, ring_group, whole_number, work_formula
 from ppkit.lessons.ring_attention import NoComm, Ring, Work, ring_attention
 
 
@@ -113,8 +113,7 @@ def measure(cluster, seq_len: int = 4096, ranks: int | None = None, sharding: st
     ranks = cluster.world_size if ranks is None else ranks
     lay = check_settings(seq_len, ranks, sharding, cluster.world_size)
     for name, value in (("heads", heads), ("head_dim", head_dim), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}.")
+        whole_number(name, value)
     results = cluster.run(_measure_job, ranks, seq_len, sharding, bool(causal), heads, head_dim, bool(comm),
                           repeats, timeout=timeout)[:ranks]
     best = min(range(repeats), key=lambda i: max(r[i]["step_s"] for r in results))

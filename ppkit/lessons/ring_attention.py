@@ -220,5 +220,5 @@ def ring_attention(q, k, v, layout, causal: bool = False, group=None, ring=None,
     adds up the CPU seconds of compute per phase. ``ring``: ``NoComm`` to time the compute alone.
     ``merge_fn``: how partial results are merged (the notebook's exercise can stand in for ``merge``)."""
     ring = ring or Ring(group)
-    layout.check_shard(q, ring.rank, ring.size)
+    layout.check_shard(q, k, v, ring.rank, ring.size)
     return RingAttention.apply(q, k, v, layout, causal, ring, timeline, work or Work(), merge_fn)
