@@ -174,7 +174,7 @@ def torch_context_parallel(rank, world_size, causal: bool = False, backward: boo
     "default" or "math"). Returns what happened rather than raising: ``ran`` and the error, or the
     largest difference from full attention (output, and gradients with ``backward``) and, for the
     math kernel, the collectives ``CommDebugMode`` counted (on the default kernel it would double the
-    ~10-30 s that DTensor's first sharding propagation through that kernel's decomposition takes)."""
+    10-40 s that DTensor's first sharding propagation through that kernel's decomposition takes)."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.experimental import context_parallel
