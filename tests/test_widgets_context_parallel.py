@@ -51,3 +51,19 @@ def test_classes_for_the_browser_test(cluster4):
         assert f"ppkit-cp-{name}" in w._dom_classes
     assert "ppkit-cp" in ex.widget._dom_classes
     assert "application/vnd.jupyter.widget-view+json" in ex._repr_mimebundle_()
+
+
+def test_a_run_that_fails_says_so_and_how_to_recover(monkeypatch):
+    from types import SimpleNamespace
+
+    from ppkit.errors import WorkerDiedError
+    from ppkit.lessons import context_timing
+
+    def dies(*args, **kwargs):
+        raise WorkerDiedError("rank 1 died (SIGKILL)", [1])
+
+    monkeypatch.setattr(context_timing, "measure", dies)
+    ex = RingAttentionExplorer(SimpleNamespace(world_size=2, state="broken"), seq_len=256)
+    assert ex.redraws == 0 and ex.measurement is None and ex.error == "rank 1 died (SIGKILL)"
+    assert ("Not run:</b> rank 1 died (SIGKILL) The cluster is broken now: run cluster.restart(), then change "
+            "a setting.") in ex.summary.value
