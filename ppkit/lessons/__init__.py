@@ -19,6 +19,10 @@
     tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version
     sharding_plots   lessons 9-10: memory and traffic per rank, formula and measured
     sharding_exercises  the checkers of notebooks 09 and 10 (registered in catalog)
+    ring_attention   lesson 11: block attention, the log-sum-exp merge, ring attention forward and backward
+    context_parallel lesson 11: contiguous and zig-zag layouts, the ring vs full attention, torch's version
+    context_timing   lesson 11: the ring measured per rank (compute, waits, imbalance), its pictures
+    attention_exercises  the checker of notebook 11 (the log-sum-exp merge)
 """
 
 from __future__ import annotations

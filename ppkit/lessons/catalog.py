@@ -25,7 +25,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ppkit.errors import ConfigError, ExerciseFailed
-from ppkit.lessons import exercises, launch_exercises, pipeline_exercises, rpc_basics, sharding_exercises, solutions
+from ppkit.lessons import (
+    attention_exercises,
+    exercises,
+    launch_exercises,
+    pipeline_exercises,
+    rpc_basics,
+    sharding_exercises,
+    solutions,
+)
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,17 @@ EXERCISES = (
          "that sum, the same shape as the full output.",
          "One dist.all_reduce of the partial products (SUM, in place) gives every rank the full x @ W.T.",
          "Add the bias after the all_reduce: added before it, it would be counted world_size times.")),
+    Exercise(
+        "merge_partials", "11_context_parallel", "merge_partials(out_a, lse_a, out_b, lse_b)",
+        attention_exercises.check_merge_partials, solutions.merge_partials,
+        ("exp(lse) is a row's softmax denominator over its keys. Over the keys of A and B together the "
+         "denominator is exp(lse_a) + exp(lse_b), so the merged lse is log(exp(lse_a) + exp(lse_b)).",
+         "out_a is A's exp-weighted values divided by A's denominator. Re-weight each part by its share "
+         "of the merged one: out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse); lse has one value "
+         "per row, so .unsqueeze(-1) it to multiply the (rows, head_dim) outputs.",
+         "exp(lse_a) overflows float32 once lse_a passes ~88: get lse with torch.logaddexp(lse_a, lse_b) "
+         "(or m = max, then m + log(exp(lse_a - m) + exp(lse_b - m))). Then both exponents, lse_a - lse and "
+         "lse_b - lse, are <= 0, and a part with lse -inf simply gets weight 0.")),
 )
 
 BY_NAME = {exercise.name: exercise for exercise in EXERCISES}

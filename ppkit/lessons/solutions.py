@@ -127,3 +127,11 @@ def row_parallel_forward(x_part, weight_part, bias):
     y = x_part @ weight_part.T
     dist.all_reduce(y)
     return y + bias
+
+
+def merge_partials(out_a, lse_a, out_b, lse_b):
+    """Notebook 11: attention over the keys of A and B from the attention over each (log-sum-exp)."""
+    lse = torch.logaddexp(lse_a, lse_b)                # log(exp(lse_a) + exp(lse_b)), with no overflow
+    weight_a = torch.exp(lse_a - lse).unsqueeze(-1)    # A's share of each row's softmax denominator
+    weight_b = torch.exp(lse_b - lse).unsqueeze(-1)    # both exponents are <= 0
+    return out_a * weight_a + out_b * weight_b, lse

@@ -1,6 +1,7 @@
 """Interactive widgets for the notebooks (ipywidgets)."""
 
 from ppkit.widgets.collectives import CollectivesExplorer
+from ppkit.widgets.context_parallel import RingAttentionExplorer
 from ppkit.widgets.sharding import TensorParallelExplorer, ZeroExplorer
 
-__all__ = ["CollectivesExplorer", "TensorParallelExplorer", "ZeroExplorer"]
+__all__ = ["CollectivesExplorer", "RingAttentionExplorer", "TensorParallelExplorer", "ZeroExplorer"]

@@ -14,7 +14,7 @@ import pytest
 
 # Notebooks with a learner test below; every other widget notebook gets test_widget_notebook_renders.
 LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "09_sharded_data_parallel.ipynb",
-                  "10_tensor_parallel.ipynb"}
+                  "10_tensor_parallel.ipynb", "11_context_parallel.ipynb"}
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -316,3 +316,33 @@ def test_tensor_parallel_explorer(lab, open_notebook):
         _set_slider(page, explorer.locator(".ppkit-tp-degree"), 4)
 
     _explore(nb, "ppkit-tp", change, "TP degree 4, MLP 768 -> 3072 -> 768")
+
+
+def test_context_parallel_explorer(lab, open_notebook):
+    """11_context_parallel: contiguous sharding on 2 ranks runs the ring again (summary and timeline follow);
+    3 ranks with 4096 tokens is refused in the summary, and 3072 tokens then runs on the same cluster."""
+    # The last cell closes the cluster the explorer measures on: play first, as a learner would, then close.
+    nb = _open_and_run(lab, open_notebook, "11_context_parallel.ipynb", timeout=300, hold_back_last=True)
+
+    def change(page, explorer):
+        explorer.locator(".ppkit-cp-sharding select").select_option("contiguous")
+        _set_slider(page, explorer.locator(".ppkit-cp-ranks"), 2)
+
+    _explore(nb, "ppkit-cp", change, "contiguous, causal, 4096 tokens over 2 ranks")
+    page = nb.page
+    explorer = page.locator(".ppkit-cp").first
+    summary = explorer.locator(".ppkit-cp-summary")
+    _set_slider(page, explorer.locator(".ppkit-cp-ranks"), 3)
+    page.wait_for_function("el => el.innerText.includes('Not run')", arg=summary.element_handle(), timeout=60_000)
+    assert "sequence length 4096 cannot be cut into 3 equal chunks, one per rank; pick a multiple of 3" \
+        in summary.inner_text()
+    nb.screenshot("refused", explorer)
+    explorer.locator(".ppkit-cp-seq-len select").select_option("3072")
+    page.wait_for_function("el => el.innerText.includes('contiguous, causal, 3072 tokens over 3 ranks')",
+                           arg=summary.element_handle(), timeout=60_000)
+    nb.wait_kernel_idle()
+    nb.screenshot("after-refusal", explorer)
+    nb.assert_console_clean()
+
+    nb.run_last_cell()
+    nb.assert_ran_cleanly_and_widgets_render()
