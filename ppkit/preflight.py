@@ -100,7 +100,9 @@ class Preflight:
         verdict = "ok" if good == len(self.checks) else f"ok, {len(self.checks) - good} not ok"
         extra = f", {warned} warning{'s' * (warned != 1)}" if warned else ""
         facts = ", ".join(f"{k} {v}" for k, v in self.facts.items() if k in ("python", "torch"))
-        where = f"{sys.platform if sys.platform != 'darwin' else 'macos'}, {os.cpu_count()} cores"
+        from ppkit.cluster.budget import read_budget
+
+        where = f"{sys.platform if sys.platform != 'darwin' else 'macos'}, {read_budget().cores:g} cores"
         return f"ppkit preflight: {good}/{len(self.checks)} {verdict}{extra} ({facts}, {where})"
 
     # -- versions ----------------------------------------------------------------------------
@@ -152,9 +154,13 @@ class Preflight:
 
     # -- the machine -------------------------------------------------------------------------
     def machine(self) -> Check:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        from ppkit.cluster.budget import read_budget
+
+        budget = read_budget()  # a share of a shared server, not the machine's core count
+        cores = budget.cores
         memory = machine.memory_gib()
-        detail = f"{cores} cores" + (f", {memory:.1f} GiB memory" if memory is not None else "") + machine.gpus()
+        detail = (f"CPU budget {budget}" + (f", {memory:.1f} GiB memory" if memory is not None else "")
+                  + machine.gpus() + "".join(f"; {note}" for note in budget.notes))
         if cores < MIN_CORES:
             return Check("machine", "warn", detail + ": two ranks will share one core, so nothing "
                          "runs in parallel and timings mean little", fix="use a machine (or VM) with 2+ cores")

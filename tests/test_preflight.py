@@ -15,7 +15,7 @@ from ppkit import machine, preflight
 from ppkit.preflight import Preflight
 
 SUMMARY = re.compile(r"^ppkit preflight: (\d+)/(\d+) ok(, \d+ warnings?)? \(python \d+\.\d+\.\d+, "
-                     r"torch \d+\.\d+\.\d+, (linux|macos|win32), \d+ cores\)$")
+                     r"torch \d+\.\d+\.\d+, (linux|macos|win32), [\d.]+ cores\)$")
 NAMES = ["python", "torch", "torchvision", "backends", "widgets", "machine", "ports", "cluster",
          "rpc world", "pipeline"]
 

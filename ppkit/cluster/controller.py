@@ -18,6 +18,7 @@ import weakref
 from ppkit.checks import positive
 from ppkit.cluster import diagnostics, launch, launchers
 from ppkit.cluster.admission import handle_probe, listen_error
+from ppkit.cluster.budget import read_budget
 from ppkit.cluster.inbox import Closed, Inbox, Item
 from ppkit.cluster.jobs import Job, check_job_function, new_cell_sources, pack_job
 from ppkit.cluster.launchers import Process
@@ -85,6 +86,8 @@ class Cluster:
         except OSError as exc:
             raise listen_error(exc, host, port) from exc
         self._env = {**self._launcher.local_env(), **spec.env_dict}
+        self.budget = read_budget()  # each local worker's torch threads: its share, unless the learner set them
+        self._threads = self.budget.threads_per_worker(len(self._launcher.local_ranks), self._env)
         self.address = self._server.address
         self._launcher.bind(self.address)
         _live_clusters.add(self)
@@ -125,7 +128,7 @@ class Cluster:
                 conn.close()
                 return
             config = launch.worker_config(rank, self.world_size, self.backend, self.process_group, self._env,
-                                          self.start_timeout)
+                                          self.start_timeout, self._threads)
             conn.send(Init(self._launcher.init_config(rank, config, generation)))
             self._conns[rank] = conn
             self._inbox.read(conn, rank, generation)
@@ -282,7 +285,7 @@ class Cluster:
     # -- display ------------------------------------------------------------------------------
     def __repr__(self) -> str:
         return (f"<ppkit.Cluster world_size={self.world_size} backend={self.backend!r} "
-                f"launcher={self._launcher.describe()!r} state={self.state!r}>")
+                f"launcher={self._launcher.describe()!r} state={self.state!r} cpu_budget='{self.budget}'>")
 
     def _repr_html_(self) -> str:
         return diagnostics.cluster_html(self.world_size, self.backend, self.state, self.workers)

@@ -63,10 +63,12 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
 
 
 def worker_config(rank: int, world_size: int, backend: str, process_group: bool, env: dict,
-                  join_timeout: float) -> dict:
-    """What a worker on this machine is told when it joins (a launcher adds the store)."""
+                  join_timeout: float, threads: int | None = None) -> dict:
+    """What a worker on this machine is told when it joins (a launcher adds the store).
+    ``threads``: its torch threads (its share of the CPU budget), None to leave torch's default."""
     return {
         "rank": rank, "world_size": world_size, "backend": backend, "process_group": process_group,
+        "threads": threads,
         "device": f"cuda:{rank}" if backend == "nccl" else "cpu",
         # the kernel's sys.path too, so functions imported from modules the notebook can
         # import (sys.path.append("..") in a cell, pytest's test dirs) unpickle on the workers

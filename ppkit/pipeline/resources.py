@@ -100,7 +100,9 @@ def host_report() -> dict:
 
     with _lock:
         original = _original
-    return {"host": socket.gethostname(), "pid": os.getpid(),
+    from ppkit.cluster.budget import read_budget
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "budget": read_budget().cores,
             "cpus": original["cpus"] if original else _affinity(),
             "threads": original["threads"] if original else torch.get_num_threads()}
 
@@ -206,6 +208,9 @@ def plan(placement, setting, reports: dict[str, dict], master: str = "master") -
     left_over: dict[str, list[int]] = {}
     for host, names in by_host.items():
         cpus = list(reports[names[0]]["cpus"] or [])
+        budget = reports[names[0]].get("budget")
+        if budget is not None:  # a share of a shared server: no more cores than the learner's CPU budget
+            cpus = cpus[:max(1, int(budget))]
         if setting == AUTO and len(cpus) >= len(names):
             shares = _split(cpus, len(names))
             for name, share in zip(names, shares, strict=True):

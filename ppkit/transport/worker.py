@@ -105,6 +105,8 @@ class Worker:
         else:
             self._pipes = []
         os.environ.update(cfg.get("env", {}))
+        if cfg.get("threads"):
+            set_torch_threads(cfg["threads"])
         if cfg.get("cwd") and os.path.isdir(cfg["cwd"]):
             os.chdir(cfg["cwd"])
         for path in reversed(cfg.get("sys_path", [])):
@@ -232,6 +234,17 @@ class Worker:
             return Result(job_id, False, _error_info(exc, note=(
                 f"the job finished but its return value ({type(value).__name__}) cannot be "
                 "pickled to send back to the notebook. Return plain data or tensors instead.")))
+
+
+def set_torch_threads(threads: int) -> None:
+    """This worker's share of the learner's CPU budget (ppkit/cluster/budget.py), intra- and inter-op."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)  # possible once, before any inter-op work: a new worker
+    except RuntimeError:
+        pass
 
 
 def _error_info(exc: BaseException, skip: int = 0, note: str | None = None) -> dict:

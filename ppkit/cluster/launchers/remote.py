@@ -83,7 +83,7 @@ class RemoteLauncher(ForkServerLauncher):
         if rank in self.name_of:
             # the worker's own machine decides its interface (ppkit worker --iface) and paths
             config.update(env=without_socket_vars(config["env"]), cwd=None, sys_path=[], device="cpu",
-                          name=self.name_of[rank])
+                          name=self.name_of[rank], threads=None)  # its machine's cores, not ours
         return config
 
     def rendezvous_url(self, name: str = "") -> str:
