@@ -4,11 +4,13 @@
     cluster = ppkit.start(4)            # four background ranks (gloo on CPU)
     cluster.run(fn)                     # fn(rank, world_size) on every rank, results by rank
     cluster.close()
+    ppkit.spawn(fn, args=(2,), nprocs=2)  # mp.spawn's fn(i, *args), fresh processes every call
 """
 
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.rpc_world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
+from ppkit.cluster.spawn_call import SpawnContext, spawn
 from ppkit.errors import (
     AuthenticationError,
     ClusterStateError,
@@ -17,6 +19,8 @@ from ppkit.errors import (
     JobTimeoutError,
     LaunchError,
     PPKitError,
+    ProcessExitedError,
+    ProcessRaisedError,
     RemoteError,
     RpcPickleError,
     StageError,
@@ -45,15 +49,19 @@ __all__ = [
     "JobTimeoutError",
     "LaunchError",
     "PPKitError",
+    "ProcessExitedError",
+    "ProcessRaisedError",
     "RemoteError",
     "RpcPickleError",
     "RpcWorld",
+    "SpawnContext",
     "StageError",
     "StageTimeoutError",
     "WorkerDiedError",
     "WorkerError",
     "__version__",
     "by_value",
+    "spawn",
     "start",
     "start_rpc",
 ]

@@ -8,7 +8,9 @@
     ├── RpcPickleError       an RPC's function, argument or result cannot be pickled (also a TypeError)
     └── WorkerError          something went wrong on a rank during a job
         ├── RemoteError      the job raised on one or more ranks (remote traceback attached)
+        │   └── ProcessRaisedError   ... in a process of ppkit.spawn (mp's ProcessRaisedException)
         ├── WorkerDiedError  a rank's process died
+        │   └── ProcessExitedError   a process of ppkit.spawn exited (mp's ProcessExitedException)
         └── JobTimeoutError  the job did not finish in time (stack of every waiting rank attached)
 
 ``JobInterrupted`` is a ``KeyboardInterrupt`` (so Ctrl-C in a script still stops it), raised when
@@ -136,3 +138,28 @@ class StageTimeoutError(StageError, TimeoutError):
 class RpcPickleError(PPKitError, TypeError):
     """An RPC's function, argument or result cannot be pickled (a lock, an open file, ...)."""
 
+
+# --- ppkit.spawn (branch spawn) ------------------------------------------------------------------
+class ProcessRaisedError(RemoteError):
+    """A process of ``ppkit.spawn`` raised, as ``torch.multiprocessing``'s ProcessRaisedException
+    says: ``error_index`` is its index (the ``i`` of ``fn(i, *args)``), ``pid`` its process id."""
+
+    def __init__(self, message: str, error: RemoteError, error_index: int, pid: int | None):
+        super().__init__(message, error.ranks, error.tracebacks, error.exc_types, error.messages,
+                         error.stacks, error.rendezvous)
+        self.error_index = error_index
+        self.pid = pid
+
+
+class ProcessExitedError(WorkerDiedError):
+    """A process of ``ppkit.spawn`` exited before ``fn`` returned (``sys.exit(3)``, ``os._exit``, a
+    signal), as ProcessExitedException says: ``exit_code`` (None if a signal ended it) or
+    ``signal_name``; ``error_index`` and ``pid`` as in ``ProcessRaisedError``."""
+
+    def __init__(self, message: str, error_index: int, pid: int | None, exit_code: int | None = None,
+                 signal_name: str | None = None, status: int | None = None):
+        super().__init__(message, [error_index], status)
+        self.error_index = error_index
+        self.pid = pid
+        self.exit_code = exit_code
+        self.signal_name = signal_name
