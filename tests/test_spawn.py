@@ -264,6 +264,41 @@ def test_a_taken_fixed_port_says_which_and_what_to_do():
     assert_none_left()
 
 
+RPC_CELL = """
+import os
+import torch
+from torch.distributed import rpc
+
+def add(a, b):  # called by RPC on the other process, which cannot import it by name
+    return a + b
+
+def rpc_worker(i, world_size, port):
+    os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(port))
+    rpc.init_rpc(f"worker{i}", rank=i, world_size=world_size)
+    if i == 0:
+        print("sum:", rpc.rpc_sync("worker1", add, args=(torch.ones(2), 1)).tolist())
+    rpc.shutdown()
+"""
+
+
+def test_rpc_sends_a_cells_functions_by_value_on_a_fixed_port(capsys):
+    cell = {"__name__": "__main__"}  # as IPython runs a cell: the functions belong to __main__
+    exec(compile(RPC_CELL, "<cell>", "exec"), cell)
+    port = free_port()
+    for _ in range(2):
+        ppkit.spawn(cell["rpc_worker"], args=(2, port), nprocs=2, timeout=120)
+        assert "[rank 0] sum: [2.0, 2.0]" in capsys.readouterr().out
+    assert_none_left()
+
+
+def test_a_multiprocessing_queue_in_args_is_refused_with_what_to_do_instead():
+    import torch.multiprocessing as mp
+
+    with pytest.raises(ppkit.ConfigError, match=r"cannot send args\[0\] \(SimpleQueue\).*not children of this "
+                                                r"kernel\): to get results back, write them to files"):
+        ppkit.spawn(two_args, args=(mp.get_context("spawn").SimpleQueue(),), nprocs=1)
+
+
 BAD = [
     (dict(fn=None), r"ppkit.spawn needs the function each process runs, fn\(i, \*args\), got NoneType"),
     (dict(args=2), r"args must be a tuple of the arguments after i, got int 2. Write args=\(world_size,\)"),

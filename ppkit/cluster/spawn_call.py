@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 
 from ppkit.checks import positive
-from ppkit.cluster import spawn_errors
+from ppkit.cluster import rpc_pickle, spawn_errors
 from ppkit.cluster.controller import DEFAULT_TIMEOUT_S, Cluster
 from ppkit.errors import ClusterStateError, ConfigError, JobInterrupted, WorkerError
 from ppkit.transport.zygote import PRELOAD_ENV
@@ -134,6 +134,10 @@ def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> N
     os.environ.update(changed)
     for name in removed:
         os.environ.pop(name, None)
+    try:  # RPC sends a cell's functions and classes by value, as ppkit's RPC world does
+        rpc_pickle.install()
+    except (ImportError, ClusterStateError):  # a torch without RPC (Windows) or without its internals
+        pass
     try:
         fn(rank, *args)
     except SystemExit as exc:  # sys.exit(0) ends a process of mp.spawn successfully

@@ -147,4 +147,6 @@ def cannot_send(fn, args: tuple, exc: ConfigError) -> ConfigError:
         f"ppkit.spawn cannot send {culprit} to the new processes: {cause}. fn and args are pickled, "
         "as mp.spawn pickles them (functions and classes from notebook cells by value). Pass data "
         "(tensors, numbers, lists, file paths) and create what cannot be pickled (locks, open files, "
-        "process groups, models holding them) inside fn.")
+        "process groups) inside fn. A multiprocessing queue or manager cannot reach these processes "
+        "either (they are not children of this kernel): to get results back, write them to files, or "
+        "use cluster.run, which returns them.")
