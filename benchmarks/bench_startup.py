@@ -19,6 +19,12 @@ Every start-up is timed in a fresh Python process, as a fresh notebook kernel wo
 Then, on a warm cluster: the median round trip of ``cluster.run`` of a function that does nothing,
 and the time ``cluster.restart()`` takes. Prints a markdown table; ratios are to the floor.
 Targets (issue 2): 4 ranks ready within 1.5x the floor; round trip <= 20 ms.
+
+Last, ``ppkit.spawn`` against ``mp.spawn``: each called 10 times in a row (``--spawn-calls``) on 4
+processes running a function that does nothing, from a fresh script that imported torch, the first
+ppkit call included (it starts the fork server); ``mp.spawn`` with its default start method,
+spawn, as tutorials call it. Target (issue 26): ppkit.spawn >= 5x faster. ``--spawn-only`` runs
+just this comparison.
 """
 
 from __future__ import annotations
@@ -101,6 +107,46 @@ def mp_spawn_child(world_size: int) -> None:
     print(json.dumps(last - start))
 
 
+# -- ppkit.spawn vs mp.spawn, each called again and again from a script ----------------------------
+def _trivial(i):
+    return None
+
+
+def spawn_calls_child(kind: str, nprocs: int, calls: int) -> None:
+    """Time ``calls`` calls of ``kind`` ("ppkit" or "mp") in this fresh script; print the times."""
+    import torch  # noqa: F401  (a tutorial's script, like a notebook, has imported torch)
+
+    if kind == "ppkit":
+        import ppkit
+
+        spawn = ppkit.spawn
+    else:
+        import torch.multiprocessing as mp
+
+        spawn = mp.spawn
+    times = []
+    for _ in range(calls):
+        start = time.monotonic()
+        spawn(_trivial, nprocs=nprocs, join=True)
+        times.append(time.monotonic() - start)
+    print(json.dumps(times))
+
+
+def spawn_numbers(nprocs: int, calls: int) -> None:
+    runs = {kind: json.loads(run_child([__file__, "--spawn-child", kind, str(nprocs), str(calls)])[1]
+                             .strip().splitlines()[-1]) for kind in ("ppkit", "mp")}
+    print(f"| {calls} calls in a row, {nprocs} processes, a function that does nothing | total (s) "
+          "| first call (s) | median call (s) |")
+    print("|---|---|---|---|")
+    for kind, label in (("ppkit", "`ppkit.spawn` (fork server; the first call starts it)"),
+                        ("mp", "`mp.spawn` (start method spawn, its default)")):
+        times = runs[kind]
+        print(f"| {label} | {sum(times):.2f} | {times[0]:.2f} | {statistics.median(times):.3f} |")
+    print(f"\nppkit.spawn is {sum(runs['mp']) / sum(runs['ppkit']):.1f}x faster over the {calls} calls "
+          f"({statistics.median(runs['mp']) / statistics.median(runs['ppkit']):.0f}x per call once started); "
+          "target >= 5x")
+
+
 # -- warm cluster ------------------------------------------------------------------------------------
 def _nothing(rank, world_size):
     return None
@@ -133,10 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto", help="ppkit's backend (mp.spawn always uses gloo)")
     parser.add_argument("--round-trips", type=int, default=200, help="cluster.run calls timed")
     parser.add_argument("--slurm", type=int, metavar="NODES", help="also time launcher='slurm' on NODES nodes")
+    parser.add_argument("--spawn-calls", type=int, default=10, help="calls of ppkit.spawn and mp.spawn timed")
+    parser.add_argument("--spawn-only", action="store_true", help="only compare ppkit.spawn with mp.spawn")
     parser.add_argument("--mp-spawn-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--spawn-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.mp_spawn_child:
         mp_spawn_child(args.mp_spawn_child)
+        return 0
+    if args.spawn_child:
+        kind, nprocs, calls = args.spawn_child
+        spawn_calls_child(kind, int(nprocs), int(calls))
+        return 0
+    if args.spawn_only:
+        spawn_numbers(4, args.spawn_calls)
         return 0
 
     import torch
@@ -192,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| `cluster.run` round trip, function that does nothing ({args.round_trips} calls) | {n} "
               f"| {median * 1e3:.2f} ms | {p90 * 1e3:.2f} ms |")
         print(f"| `cluster.restart()` | {n} | {restart:.2f} s | |")
+    print()
+    spawn_numbers(4, args.spawn_calls)
     return 0
 
 

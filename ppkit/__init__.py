@@ -4,12 +4,14 @@
     cluster = ppkit.start(4)            # four background ranks (gloo on CPU)
     cluster.run(fn)                     # fn(rank, world_size) on every rank, results by rank
     cluster.close()
+    ppkit.spawn(fn, args=(2,), nprocs=2)  # mp.spawn's fn(i, *args), fresh processes every call
 """
 
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.env import read_launch_env
 from ppkit.cluster.rpc_world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
+from ppkit.cluster.spawn_call import SpawnContext, spawn
 from ppkit.errors import (
     AuthenticationError,
     ClusterStateError,
@@ -18,6 +20,8 @@ from ppkit.errors import (
     JobTimeoutError,
     LaunchError,
     PPKitError,
+    ProcessExitedError,
+    ProcessRaisedError,
     RemoteError,
     RpcPickleError,
     StageError,
@@ -46,9 +50,12 @@ __all__ = [
     "JobTimeoutError",
     "LaunchError",
     "PPKitError",
+    "ProcessExitedError",
+    "ProcessRaisedError",
     "RemoteError",
     "RpcPickleError",
     "RpcWorld",
+    "SpawnContext",
     "StageError",
     "StageTimeoutError",
     "WorkerDiedError",
@@ -56,6 +63,7 @@ __all__ = [
     "__version__",
     "by_value",
     "read_launch_env",
+    "spawn",
     "start",
     "start_rpc",
 ]

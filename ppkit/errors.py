@@ -8,7 +8,9 @@
     ├── RpcPickleError       an RPC's function, argument or result cannot be pickled (also a TypeError)
     └── WorkerError          something went wrong on a rank during a job
         ├── RemoteError      the job raised on one or more ranks (remote traceback attached)
+        │   └── ProcessRaisedError   ... in a process of ppkit.spawn (mp's ProcessRaisedException)
         ├── WorkerDiedError  a rank's process died
+        │   └── ProcessExitedError   a process of ppkit.spawn exited (mp's ProcessExitedException)
         └── JobTimeoutError  the job did not finish in time (stack of every waiting rank attached)
 
 ``JobInterrupted`` is a ``KeyboardInterrupt`` (so Ctrl-C in a script still stops it), raised when
@@ -50,29 +52,47 @@ class RemoteError(WorkerError):
     """The job raised an exception on one or more ranks.
 
     ``tracebacks`` maps rank -> the remote traceback text; ``exc_types`` maps rank -> the
-    exception's class name on that rank.
+    exception's class name on that rank, ``messages`` to its message. ``stacks`` maps each rank
+    that was still waiting -> where it waited; ``rendezvous`` maps rank -> the (scheme, host, port)
+    of each env:// or tcp:// rendezvous its process made (a repeated port explains many hangs).
     """
 
-    def __init__(self, message, ranks, tracebacks, exc_types):
+    def __init__(self, message, ranks, tracebacks, exc_types, messages=None, stacks=None, rendezvous=None):
         super().__init__(message, ranks)
         self.tracebacks = dict(tracebacks)
         self.exc_types = dict(exc_types)
+        self.messages = dict(messages or {})
+        self.stacks = dict(stacks or {})
+        self.rendezvous = dict(rendezvous or {})
 
 
 class WorkerDiedError(WorkerError):
-    """A rank's process exited or was killed."""
+    """A rank's process exited or was killed; ``status``: its wait status, where known."""
+
+    def __init__(self, message: str, ranks: list[int] | None = None, status: int | None = None):
+        super().__init__(message, ranks)
+        self.status = status
 
 
 class JobTimeoutError(WorkerError, TimeoutError):
-    """The job did not finish in time. ``stacks`` maps each waiting rank -> where it waits."""
+    """The job did not finish in time. ``stacks`` maps each waiting rank -> where it waits;
+    ``done`` lists the ranks that finished, ``rendezvous`` is as in ``RemoteError``."""
 
-    def __init__(self, message, ranks, stacks):
+    def __init__(self, message, ranks, stacks, done=None, rendezvous=None):
         super().__init__(message, ranks)
         self.stacks = dict(stacks)
+        self.done = list(done or [])
+        self.rendezvous = dict(rendezvous or {})
 
 
 class JobInterrupted(KeyboardInterrupt):
-    """Kernel > Interrupt (or Ctrl-C) cancelled a running job."""
+    """Kernel > Interrupt (or Ctrl-C) cancelled a running job. ``ranks``: those that could not
+    be stopped, ``stacks``: where each of them waits."""
+
+    def __init__(self, message: str = "", ranks: list[int] | None = None, stacks: dict | None = None):
+        super().__init__(message)
+        self.ranks = list(ranks or [])
+        self.stacks = dict(stacks or {})
 
 
 # --- added on branch `lessons` (issue 3) ---------------------------------------------------------
@@ -117,3 +137,29 @@ class StageTimeoutError(StageError, TimeoutError):
 # --- RPC pickling (branch p15) ------------------------------------------------------------------
 class RpcPickleError(PPKitError, TypeError):
     """An RPC's function, argument or result cannot be pickled (a lock, an open file, ...)."""
+
+
+# --- ppkit.spawn (branch spawn) ------------------------------------------------------------------
+class ProcessRaisedError(RemoteError):
+    """A process of ``ppkit.spawn`` raised, as ``torch.multiprocessing``'s ProcessRaisedException
+    says: ``error_index`` is its index (the ``i`` of ``fn(i, *args)``), ``pid`` its process id."""
+
+    def __init__(self, message: str, error: RemoteError, error_index: int, pid: int | None):
+        super().__init__(message, error.ranks, error.tracebacks, error.exc_types, error.messages,
+                         error.stacks, error.rendezvous)
+        self.error_index = error_index
+        self.pid = pid
+
+
+class ProcessExitedError(WorkerDiedError):
+    """A process of ``ppkit.spawn`` exited before ``fn`` returned (``sys.exit(3)``, ``os._exit``, a
+    signal), as ProcessExitedException says: ``exit_code`` (None if a signal ended it) or
+    ``signal_name``; ``error_index`` and ``pid`` as in ``ProcessRaisedError``."""
+
+    def __init__(self, message: str, error_index: int, pid: int | None, exit_code: int | None = None,
+                 signal_name: str | None = None, status: int | None = None):
+        super().__init__(message, [error_index], status)
+        self.error_index = error_index
+        self.pid = pid
+        self.exit_code = exit_code
+        self.signal_name = signal_name

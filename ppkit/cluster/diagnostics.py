@@ -32,18 +32,54 @@ def describe_status(status: int | None) -> str:
     return f"it exited with code {os.WEXITSTATUS(status)}"
 
 
-def ask_stacks(send, inbox, ranks: list[int], wait: float = 2.0) -> dict[int, str]:
+def ask_stacks(send, inbox, ranks: list[int], wait: float = 2.0, rendezvous: dict | None = None) -> dict[int, str]:
     """Where each of ``ranks`` waits now (its main thread's stack); ``send(rank, msg)`` is False
-    for a rank that is gone."""
+    for a rank that is gone. ``rendezvous``, if given, gets each answering rank's rendezvous
+    history (``Stacks.rendezvous``). What else arrives meanwhile (a result) is put back."""
     stacks = {rank: "(rank is gone)" for rank in ranks if not send(rank, AskStacks())}
     deadline = time.monotonic() + wait
+    others = []
     while len(stacks) < len(ranks):
         item = inbox.next(deadline)
         if item is None:
             break
-        if isinstance(item.msg, Stacks):
+        if isinstance(item.msg, Stacks) and item.source in ranks:
             stacks[item.source] = item.msg.text
+            if rendezvous is not None:
+                rendezvous[item.source] = item.msg.rendezvous
+        elif not isinstance(item.msg, Stacks):
+            others.append(item)
+    inbox.put_back(others)
     return {r: stacks.get(r, "(no answer)") for r in ranks}
+
+
+def repeated_rendezvous(rendezvous: dict) -> tuple[list[int], tuple, int] | None:
+    """(ranks, (scheme, host, port), times) where ranks' processes rendezvoused on one port more
+    than once, or None. ``rendezvous``: rank -> that process's history, oldest first."""
+    repeats: dict[tuple, dict[int, int]] = {}
+    for rank, history in rendezvous.items():
+        for where in set(history):
+            if history.count(where) > 1:
+                repeats.setdefault(where, {})[rank] = history.count(where)
+    if not repeats:
+        return None
+    where, counts = max(repeats.items(), key=lambda kv: (len(kv[1]), max(kv[1].values())))
+    return sorted(counts), where, max(counts.values())
+
+
+def reinit_note(rendezvous: dict) -> str:
+    """Why a job on persistent workers may hang: a process group re-created on the same port."""
+    found = repeated_rendezvous(rendezvous)
+    if found is None:
+        return ""
+    ranks, (scheme, host, port), times = found
+    return (f"Rank(s) {ranks} created a process group on port {port} ({scheme}://{host}:{port}) "
+            f"{times} times in the same process: a group re-created on the same port in processes "
+            "that keep running can hang in its first collective or fail to connect, because it can "
+            "meet the previous group's store (PyTorch issue 74666). Run such code with "
+            "ppkit.spawn(fn, args=(world_size,), nprocs=world_size), which starts fresh processes "
+            "for every call as mp.spawn does, or use a new MASTER_PORT for every run "
+            "(ppkit.lessons.data_parallel.free_port()). ")
 
 
 def format_stacks(stacks: dict[int, str]) -> str:
@@ -90,15 +126,16 @@ def agent_lost(name: str, info: dict, silent_s: float | None) -> str:
 
 
 # -- during a job -------------------------------------------------------------------------------
-def job_timed_out(seconds: float, waiting: list[int], done: list[int], stacks: dict) -> JobTimeoutError:
+def job_timed_out(seconds: float, waiting: list[int], done: list[int], stacks: dict,
+                  rendezvous: dict | None = None) -> JobTimeoutError:
     mute = [r for r in waiting if stacks.get(r) == "(no answer)"]  # a frozen (SIGSTOPped) process says nothing
     return JobTimeoutError(
         f"the job did not finish within {seconds:g} s: rank(s) {waiting} are still waiting"
         + (f" (rank(s) {done} finished)" if done else "")
         + (f". Rank(s) {mute} did not even say where they wait: stopped, frozen or overloaded" if mute else "")
-        + ". Usually a send without a matching recv, or a collective that not every rank "
-        f"called. {RESTART}; pass run(..., timeout=SECONDS) if "
-        "the job is just slow.\n" + format_stacks(stacks), waiting, stacks)
+        + ". " + (reinit_note(rendezvous or {}) or "Usually a send without a matching recv, or a collective "
+                  "that not every rank called. ") + f"{RESTART}; pass run(..., timeout=SECONDS) if "
+        "the job is just slow.\n" + format_stacks(stacks), waiting, stacks, done, rendezvous)
 
 
 def job_not_taken(seconds: float, ranks: list[int], size: int) -> JobTimeoutError:
@@ -118,7 +155,7 @@ def interrupted_while_sending(ranks: list[int], size: int) -> JobInterrupted:
 def worker_died(rank: int, label: str, status: int | None) -> WorkerDiedError:
     return WorkerDiedError(
         f"rank {rank} ({label}) died during the job: {describe_status(status)}. The other ranks "
-        "may be blocked waiting for it. Run cluster.restart() to start a clean world.", [rank])
+        "may be blocked waiting for it. Run cluster.restart() to start a clean world.", [rank], status)
 
 
 def rank_lost(rank: int, reason: str) -> WorkerDiedError:
@@ -126,31 +163,39 @@ def rank_lost(rank: int, reason: str) -> WorkerDiedError:
     return WorkerDiedError(f"rank {rank} is lost during the job: {reason}", [rank])
 
 
-def ranks_raised(errors: dict[int, dict], waiting: list[int], stacks: dict) -> RemoteError:
-    """``errors``: rank -> the error dict of its ``Result``, for every rank that raised."""
+def ranks_raised(errors: dict[int, dict], waiting: list[int], stacks: dict,
+                 rendezvous: dict | None = None) -> RemoteError:
+    """``errors``: rank -> the error dict of its ``Result``, for every rank that raised;
+    ``rendezvous``: the waiting ranks' histories (the failed ones' come with their errors)."""
     failed = sorted(errors)
     first = errors[failed[0]]
+    rendezvous = {**(rendezvous or {}), **{r: e["rendezvous"] for r, e in errors.items() if "rendezvous" in e}}
     text = (f"rank {failed[0]} raised {first['type']}: {first['message']}"
             if len(failed) == 1 else
             f"ranks {failed} raised an exception (rank {failed[0]}: {first['type']}: "
             f"{first['message']})")
+    if note := reinit_note(rendezvous):
+        text += f"\n{note.strip()}"
     for r in failed:
         text += f"\n\n--- traceback on rank {r} ---\n{errors[r]['traceback']}"
     if waiting:
         text += (f"\nRank(s) {waiting} are still blocked, probably waiting for the failed "
                  f"rank. {RESTART}.\n" + format_stacks(stacks))
     return RemoteError(text, failed, {r: e["traceback"] for r, e in errors.items()},
-                       {r: e["type"] for r, e in errors.items()})
+                       {r: e["type"] for r, e in errors.items()}, {r: e["message"] for r, e in errors.items()},
+                       stacks, rendezvous)
 
 
 def interrupted(stuck: list[int], stacks: dict) -> JobInterrupted:
+    """``stacks``: where each rank that was running was interrupted; the message shows the
+    ``stuck`` ones', which did not stop."""
     if not stuck:
         return JobInterrupted(
-            "interrupted: the job was cancelled on every rank; the cluster is ready to use.")
+            "interrupted: the job was cancelled on every rank; the cluster is ready to use.", [], stacks)
     return JobInterrupted(
         f"interrupted: rank(s) {stuck} could not be stopped (they are blocked outside Python, "
         f"e.g. in a collective). {RESTART}; your notebook variables stay.\n"
-        + format_stacks(stacks))
+        + format_stacks({r: stacks.get(r, "(no answer)") for r in stuck}), stuck, stacks)
 
 
 # -- display ------------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ class Job:
         self._printer = printer
         self._on_break = on_break  # on_break(reason): the cluster needs a restart
         self.results: dict[int, Result | Cancelled] = {}
+        self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
 
     def run(self, payload: bytes, sources: dict, timeout: float, workers: dict) -> list:
         """Every rank's return value, by rank; raises the job's error otherwise."""
@@ -80,7 +81,7 @@ class Job:
             stacks = self._stacks(waiting) if waiting else {}
             if waiting:
                 self._on_break(f"rank(s) {waiting} are still blocked after rank {min(errors)} failed.")
-            raise diagnostics.ranks_raised(errors, waiting, stacks)
+            raise diagnostics.ranks_raised(errors, waiting, stacks, self.rendezvous)
         return [byvalue.loads(self.results[r].value) for r in range(self.world_size)]
 
     def waiting(self) -> list[int]:
@@ -124,7 +125,7 @@ class Job:
                 stacks = self._stacks(waiting)
                 self._printer.flush()
                 self._on_break(f"a job timed out with rank(s) {waiting} still blocked.")
-                raise diagnostics.job_timed_out(timeout, waiting, sorted(self.results), stacks)
+                raise diagnostics.job_timed_out(timeout, waiting, sorted(self.results), stacks, self.rendezvous)
             if isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
@@ -146,20 +147,24 @@ class Job:
         return False
 
     def _cancel(self) -> None:
-        for rank in self.waiting():
-            self._send(rank, Cancel(self.job_id))
-        deadline = time.monotonic() + CANCEL_WAIT_S
+        """Cancel the job on every rank; ``JobInterrupted`` says which could not be stopped and
+        where each rank was when interrupted (asked first: a cancelled rank's stack is gone)."""
+        stacks = {}
         try:
+            stacks = self._stacks(self.waiting())
+            for rank in self.waiting():
+                self._send(rank, Cancel(self.job_id))
+            deadline = time.monotonic() + CANCEL_WAIT_S
             while self.waiting() and (item := self._inbox.next(deadline)):
                 self._take(item)
         except KeyboardInterrupt:
-            pass
+            for rank in self.waiting():
+                self._send(rank, Cancel(self.job_id))
         self._printer.flush()
         stuck = self.waiting()
-        stacks = self._stacks(stuck) if stuck else {}
         if stuck:
             self._on_break(f"rank(s) {stuck} did not stop when the job was interrupted.")
         raise diagnostics.interrupted(stuck, stacks)
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
-        return diagnostics.ask_stacks(self._send, self._inbox, ranks)
+        return diagnostics.ask_stacks(self._send, self._inbox, ranks, rendezvous=self.rendezvous)

@@ -4,6 +4,7 @@
     p2p            lesson 1: a recv without a send, and a measured timeline of waiting
     collectives    lesson 2: every collective run for real, modelled in plain Python, drawn
     data_parallel  lesson 3: gradients by hand == DDP == one process; init methods; samplers
+    ddp_tutorial   lesson 3: the DDP tutorial's code, unchanged but for devices, run with ppkit.spawn
     launchers      lesson 3: what torchrun and SLURM tell each process
     exercises      the checkers of the exercises in notebooks 01-03 (they run on real ranks)
     pipeline_exercises  the same for notebooks 05, 06 and 08 (shapes, step time, activations)

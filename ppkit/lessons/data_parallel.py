@@ -143,6 +143,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something on this machine still listens on ``port`` (a store left behind, say)."""
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
 def init_demo(rank, world_size, init_method: str, env: dict | None = None, timeout_s: float = 60):
     """Join a fresh process group with ``init_method``, all_reduce ``rank + 1``, leave again.
 

@@ -52,6 +52,9 @@ class _KeyCheck:
     timeout would let a peer that sends a byte every few seconds hold the check for minutes."""
 
     def __init__(self, sock: socket.socket, seconds: float):
+        # Small messages go at once: with Nagle's algorithm one that follows another still unanswered
+        # (the key check's last word, then a worker's hello) waits for the peer's delayed ACK, 40 ms.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock, self.seconds = sock, seconds
         self.deadline = time.monotonic() + seconds
         self.received = 0

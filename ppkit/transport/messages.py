@@ -84,7 +84,8 @@ class Run:
 @dataclass(frozen=True)
 class Result:
     """A job ended: ``ok`` with ``value`` the cloudpickled return value, or not ``ok`` with
-    ``value`` a dict of the exception's ``type``, ``message`` and ``traceback``."""
+    ``value`` a dict of the exception's ``type``, ``message`` and ``traceback`` (and the
+    process's ``rendezvous``, as in ``Stacks``)."""
     job_id: int
     ok: bool
     value: bytes | dict
@@ -109,9 +110,11 @@ class AskStacks:
 
 @dataclass(frozen=True)
 class Stacks:
-    """The main thread's stack while running ``job_id`` (None: between jobs)."""
+    """The main thread's stack while running ``job_id`` (None: between jobs); ``rendezvous``:
+    the (scheme, host, port) of each env:// or tcp:// rendezvous the process made (rendezvous.py)."""
     job_id: int | None
     text: str
+    rendezvous: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import traceback
 from datetime import timedelta
 from importlib import metadata
 
-from ppkit.transport import byvalue, channel
+from ppkit.transport import byvalue, channel, rendezvous
 from ppkit.transport.capture import OutputPipe
 from ppkit.transport.messages import (
     AskStacks,
@@ -113,6 +113,7 @@ class Worker:
             if path not in sys.path:
                 sys.path.insert(0, path)
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
+        rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
         info = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
                 "backend": cfg.get("backend"), "device": cfg.get("device", "cpu")}
         try:
@@ -168,7 +169,7 @@ class Worker:
             elif isinstance(msg, AskStacks):
                 frame = sys._current_frames().get(self._main_ident)
                 text = "".join(traceback.format_stack(frame)) if frame else "(no Python frame)"
-                self.send(Stacks(self._current, text))
+                self.send(Stacks(self._current, text, rendezvous.history()))
             elif isinstance(msg, Cancel):
                 with self._current_lock:
                     if self._current == msg.job_id:
@@ -227,7 +228,7 @@ class Worker:
             return Cancelled(job_id)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
             self._leave()
-            return Result(job_id, False, _error_info(exc, skip=1))
+            return Result(job_id, False, {**_error_info(exc, skip=1), "rendezvous": rendezvous.history()})
         try:
             return Result(job_id, True, byvalue.dumps(value))
         except Exception as exc:

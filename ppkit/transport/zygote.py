@@ -7,10 +7,14 @@ with the kernel (PR_SET_PDEATHSIG plus a parent watch), and reports every worker
 so the controller can say "rank 1 was killed by SIGKILL" rather than "connection lost".
 
 Run as ``python -m ppkit.transport.zygote`` with PPKIT_ADDR, PPKIT_KEY and PPKIT_PARENT set.
+PPKIT_PRELOAD (comma-separated modules, optional) is imported once the first workers are forked,
+so that later forks start with it (ppkit.spawn forks anew for every call; DDP's first use imports
+torch._dynamo, one to two seconds in every fresh process).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -19,6 +23,8 @@ import time
 import traceback
 
 from ppkit.transport.messages import Exited, ForkServerHello, Kill, Shutdown, Spawn, Spawned
+
+PRELOAD_ENV = "PPKIT_PRELOAD"
 
 
 def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.Condition,
@@ -96,6 +102,7 @@ def main() -> None:
     address = channel.parse_address(os.environ.pop("PPKIT_ADDR"))
     key = bytes.fromhex(os.environ.pop(channel.KEY_ENV))
     procs.die_with_parent(int(os.environ.pop("PPKIT_PARENT")))
+    preload = [name for name in os.environ.pop(PRELOAD_ENV, "").split(",") if name]
 
     import cloudpickle  # noqa: F401  (preloaded so that forked workers start warm)
     import torch
@@ -124,6 +131,12 @@ def main() -> None:
                     have_children.notify_all()
                 with lock:
                     conn.send(Spawned(rank, pid))
+            for name in preload:  # not before: the first workers need not wait for it
+                try:
+                    importlib.import_module(name)
+                except Exception:  # noqa: BLE001 - a preload is an optimisation, never a failure
+                    pass
+            preload = []
         elif isinstance(msg, Kill):
             stop_children(children, have_children)
         elif isinstance(msg, Shutdown):

@@ -142,7 +142,7 @@ class Launcher:
         unhandled = []
         while not done() and time.monotonic() < deadline:
             # in slices: next() returns only what is not routine, and exit reports are
-            if (item := self.inbox.next(min(deadline, time.monotonic() + 0.05))) is not None:
+            if (item := self.inbox.next(min(deadline, time.monotonic() + 0.01))) is not None:
                 unhandled.append(item)
         self.inbox.put_back(unhandled)  # e.g. the fork server's EOF
         return done()

@@ -1,0 +1,152 @@
+"""What ``ppkit.spawn`` says when a call fails.
+
+The call runs on a hidden cluster, whose own errors would tell the learner to run
+``cluster.restart()``, a cluster they never made. These say the same things for a learner who
+called ``mp.spawn``: which process (its rank and pid) failed and how, where the others waited, and
+that every process of the call is already gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from ppkit.cluster.diagnostics import describe_status, format_stacks, repeated_rendezvous
+from ppkit.errors import (
+    ConfigError,
+    JobInterrupted,
+    JobTimeoutError,
+    ProcessExitedError,
+    ProcessRaisedError,
+    RemoteError,
+    WorkerDiedError,
+)
+from ppkit.transport import byvalue
+
+STOPPED = "Every process of this call has been stopped. The next ppkit.spawn starts fresh ones."
+
+
+def translate(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: float) -> BaseException:
+    """The hidden cluster's error ``exc`` as ppkit.spawn's own (``exc`` itself if it has none)."""
+    if isinstance(exc, RemoteError):
+        return raised(exc, pids, nprocs)
+    if isinstance(exc, WorkerDiedError) and exc.ranks:
+        return exited(exc.ranks[0], pids, nprocs, exc.status)
+    if isinstance(exc, JobTimeoutError):
+        return timed_out(exc, timeout)
+    if isinstance(exc, JobInterrupted):
+        return interrupted(exc)
+    return exc
+
+
+def from_fn(text: str) -> str:
+    """A stack or traceback from the call of ``fn`` on: the frames of the worker that ran it (its
+    job loop, ``_call_rank``) say nothing to a learner who called mp.spawn."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    ours = [i for i in starts if lines[i].rstrip().endswith(", in _call_rank")]
+    if not ours:
+        return text
+    after = [i for i in starts if i > ours[-1]]
+    head = lines[:1] if lines and lines[0].startswith("Traceback") else []
+    return "".join(head + lines[after[0]:]) if after else text
+
+
+def _stacks(stacks: dict) -> str:
+    return format_stacks({rank: from_fn(text) for rank, text in stacks.items()})
+
+
+def _who(rank: int, pids: dict[int, int], nprocs: int) -> str:
+    return f"process {rank} of {nprocs} (pid {pids.get(rank)})"
+
+
+def _reinit(rendezvous: dict) -> str:
+    found = repeated_rendezvous(rendezvous)
+    if found is None:
+        return ""
+    ranks, (scheme, host, port), times = found
+    return (f" Rank(s) {ranks} created a process group on port {port} ({scheme}://{host}:{port}) {times} "
+            "times in one process: a group re-created on the same port in the same process can hang "
+            "or fail to connect (PyTorch issue 74666). Call init_process_group once per process, or "
+            "give the second group another port.")
+
+
+def raised(exc: RemoteError, pids: dict[int, int], nprocs: int) -> BaseException:
+    failed = exc.ranks
+    first = failed[0]
+    if all(exc.exc_types.get(r) == "SystemExit" for r in failed):  # sys.exit(code), code not 0
+        message = exc.messages.get(first, "")
+        number = message.lstrip("-").isdigit()
+        code = int(message) if number else 1  # sys.exit("text") prints it and exits with 1
+        return ProcessExitedError(
+            f"{_who(first, pids, nprocs)} called sys.exit({message if number else repr(message)}) before fn "
+            "returned: exit code "
+            f"{code}, which mp.spawn reports as a failure too. {STOPPED}\n\n--- traceback in process "
+            f"{first} ---\n{from_fn(exc.tracebacks.get(first, ''))}", first, pids.get(first), exit_code=code)
+    what = f"{exc.exc_types.get(first)}: {exc.messages.get(first, '')}"
+    text = (f"{_who(first, pids, nprocs)} raised {what}" if len(failed) == 1 else
+            f"processes {failed} raised an exception ({_who(first, pids, nprocs)}: {what})")
+    text += f". {STOPPED}"
+    waiting = sorted(exc.stacks)
+    if waiting:
+        text += (f" Process(es) {waiting} were still running, probably waiting for process {first}: "
+                 "where each waited is at the end.")
+    text += _reinit(exc.rendezvous)
+    for r in failed:
+        text += f"\n\n--- traceback in process {r} ---\n{from_fn(exc.tracebacks.get(r, ''))}"
+    if waiting:
+        text += "\n" + _stacks(exc.stacks)
+    return ProcessRaisedError(text, exc, first, pids.get(first))
+
+
+def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None) -> ProcessExitedError:
+    code = sig = None
+    if status is not None and os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        sig = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
+    elif status is not None:
+        code = os.WEXITSTATUS(status)
+    hint = {"SIGKILL": " (the out-of-memory killer sends SIGKILL: is the machine short of memory?)",
+            "SIGSEGV": " (a crash in C or C++ code: its output above may say where)"}.get(sig, "")
+    if code is not None:
+        hint = " (os._exit, or a library that exits the process: its output above may say why)"
+    return ProcessExitedError(
+        f"{_who(rank, pids, nprocs)} ended before fn returned: {describe_status(status)}{hint}. The "
+        f"other processes may have been waiting for it. {STOPPED}", rank, pids.get(rank), code, sig, status)
+
+
+def timed_out(exc: JobTimeoutError, timeout: float) -> JobTimeoutError:
+    mute = [r for r in exc.ranks if exc.stacks.get(r) == "(no answer)"]
+    reinit = _reinit(exc.rendezvous)
+    return JobTimeoutError(
+        f"the processes did not finish within {timeout:g} s (ppkit.spawn's timeout): process(es) "
+        f"{exc.ranks} were still running" + (f" (process(es) {exc.done} had finished)" if exc.done else "")
+        + (f"; process(es) {mute} did not even say where they wait: stopped, frozen or overloaded" if mute else "")
+        + f". {STOPPED}" + (reinit or " Usually a send without a matching recv, or a collective that not "
+                            "every process called.")
+        + " Pass ppkit.spawn(..., timeout=SECONDS) if the work is just slow. Where each process "
+        "waited:\n" + _stacks(exc.stacks), exc.ranks, exc.stacks, exc.done, exc.rendezvous)
+
+
+def interrupted(exc: JobInterrupted) -> JobInterrupted:
+    stuck = f" (process(es) {exc.ranks} were blocked outside Python, e.g. in a collective)" if exc.ranks else ""
+    where = (" Where each process was:\n" + _stacks(exc.stacks)) if exc.stacks else ""
+    return JobInterrupted(f"interrupted{stuck}. {STOPPED}{where}", exc.ranks, exc.stacks)
+
+
+def cannot_send(fn, args: tuple, exc: ConfigError) -> ConfigError:
+    """``fn`` or one of ``args`` cannot be pickled: say which."""
+    culprit, cause = "fn and its args", exc.__cause__ or exc
+    for name, value in [(getattr(fn, "__name__", "fn"), fn), *((f"args[{i}]", a) for i, a in enumerate(args))]:
+        try:
+            byvalue.dumps(value)
+        except Exception as err:  # noqa: BLE001 - any pickling failure names its culprit
+            culprit, cause = f"{name} ({type(value).__name__})", err
+            break
+    return ConfigError(
+        f"ppkit.spawn cannot send {culprit} to the new processes: {cause}. fn and args are pickled, "
+        "as mp.spawn pickles them (functions and classes from notebook cells by value). Pass data "
+        "(tensors, numbers, lists, file paths) and create what cannot be pickled (locks, open files, "
+        "process groups) inside fn. A multiprocessing queue or manager cannot reach these processes "
+        "either (they are not children of this kernel): to get results back, write them to files, or "
+        "use cluster.run, which returns them.")
