@@ -1,4 +1,4 @@
-"""The DDP tutorial's code (ppkit/lessons/ddp_tutorial.py), pasted as written, run with ppkit.spawn in
+"""The DDP tutorial's shape (ppkit/lessons/ddp_tutorial.py: its set-up, model and demos), run with ppkit.spawn in
 place of mp.spawn: each demo 20 times in a row on the tutorial's fixed port, without a hang or a
 leftover process, its functions and classes living in ``__main__`` as in a notebook cell."""
 
@@ -19,9 +19,9 @@ from ppkit.lessons import ddp_tutorial
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = 20
-PRINTS = {"demo_basic": "Running basic DDP example on rank {}.",
-          "demo_checkpoint": "Running DDP checkpoint example on rank {}.",
-          "demo_model_parallel": "Running DDP with model parallel example on rank {}."}
+PRINTS = {"demo_basic": "basic DDP demo on rank {}",
+          "demo_checkpoint": "DDP checkpoint demo on rank {}",
+          "demo_model_parallel": "DDP with model parallel demo on rank {}"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,8 +47,8 @@ def test_notebook_03_pastes_the_same_code():
     notebook = json.loads((ROOT / "notebooks" / "03_data_parallel.ipynb").read_text())
     sources = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
     assert ddp_tutorial.tutorial_source() in sources
-    assert "os.environ['MASTER_PORT'] = '12355'" in ddp_tutorial.tutorial_source()
-    assert "    ppkit.spawn(demo_fn,\n                args=(world_size,)," in ddp_tutorial.tutorial_source()
+    assert 'os.environ["MASTER_PORT"] = "12355"' in ddp_tutorial.tutorial_source()
+    assert "ppkit.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)" in ddp_tutorial.tutorial_source()
 
 
 def test_the_cells_functions_are_shipped_by_value():

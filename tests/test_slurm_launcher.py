@@ -51,7 +51,7 @@ def test_start_run_ranks_and_close_leave_nothing_queued(clean, capsys):
         assert {node for _, node in procs} == {"n1", "n2"}
         assert cluster.run(lambda rank, world_size: os.environ["MASTER_ADDR"]) == ["127.0.0.1"] * 4  # n1's NodeAddr
         assert "#SBATCH --nodes=2" in cluster.slurm_script and "#SBATCH --ntasks=4" in cluster.slurm_script
-        assert "srun --kill-on-bad-exit=1" in cluster.slurm_script
+        assert "srun --whole" in cluster.slurm_script
         assert cluster._key.hex() not in cluster.slurm_script  # the key travels in the environment only
         assert "launcher='slurm job" in repr(cluster)
         assert [p.role for p in cluster.processes()].count("worker") == 4

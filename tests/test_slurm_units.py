@@ -57,15 +57,17 @@ def test_the_batch_script_holds_every_option_and_no_key():
     text = script.batch_script(options, 4, command, "/home/u/.cache/ppkit/slurm/ppkit-%j.out")
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks=4", "#SBATCH --time=00:10:00", "#SBATCH --partition=debug",
                  "#SBATCH --account=course", "#SBATCH --output=/home/u/.cache/ppkit/slurm/ppkit-%j.out",
-                 "srun --kill-on-bad-exit=1 /opt/py/bin/python -m ppkit worker --connect 10.0.0.1:4000 "
-                 "--name 'task{rank}' --timeout 120"):
+                 'export PPKIT_TASKS_PER_NODE="$SLURM_TASKS_PER_NODE"',
+                 "srun --whole --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 /opt/py/bin/python -m "
+                 "ppkit worker --connect 10.0.0.1:4000 --name 'node{rank}' --timeout 120"):
         assert line in text
     assert "PPKIT_KEY=" not in text
 
 
 def test_inside_an_allocation_a_step_overlaps_the_notebooks():
     command = script.srun_command(SlurmOptions(nodes=2), 4, "77", ["python", "-m", "ppkit", "worker"])
-    assert command[:6] == ["srun", "--overlap", "--jobid=77", "--nodes=2", "--ntasks=4", "--kill-on-bad-exit=1"]
+    assert command[:7] == ["srun", "--overlap", "--jobid=77", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                           "--kill-on-bad-exit=1"]
 
 
 def test_the_training_script_is_seed002s_pattern():
@@ -99,3 +101,16 @@ def test_worker_names_can_carry_the_launchers_rank():
     _, name, _ = resolve(args, {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
                                 "SLURM_NODELIST": "n[1-2]"})
     assert name == "task3"
+
+
+def test_a_nodes_ranks_follow_slurms_tasks_per_node():
+    from ppkit.cluster.slurm import layout
+
+    assert layout.tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert layout.node_ranks("3,1", 0) == [0, 1, 2] and layout.node_ranks("3,1", 1) == [3]
+    assert layout.node_ranks("2(x2)", 1) == [2, 3]
+    assert layout.even(5, 2) == "3,2" and layout.even(4, 4) == "1,1,1,1"
+    with pytest.raises(ppkit.ConfigError, match="SLURM_TASKS_PER_NODE's form"):
+        layout.tasks_per_node("three")
+    with pytest.raises(ppkit.ConfigError, match="not one of the 2 node"):
+        layout.node_ranks("3,1", 2)

@@ -81,6 +81,15 @@ def _launch_env(environ):
     return read_launch_env(environ)
 
 
+def _node_ranks(environ) -> list[int] | None:
+    """Under ppkit's SLURM launcher: the ranks of this node (one agent per node forks them all)."""
+    from ppkit.cluster.slurm.layout import TASKS_ENV, node_ranks
+
+    if not environ.get(TASKS_ENV) or "SLURM_NODEID" not in environ:
+        return None
+    return node_ranks(environ[TASKS_ENV], int(environ["SLURM_NODEID"]))
+
+
 def main(args) -> int:
     from ppkit.transport.agent import Agent
 
@@ -89,13 +98,15 @@ def main(args) -> int:
 
     try:
         address, name, key = resolve(args)
+        ranks = _node_ranks(os.environ)
     except ConfigError as exc:
         print(f"ppkit worker: error: {exc}", file=sys.stderr)
         return 2
     where = f"{address[0]}:{address[1]}"
     say(f"{name}: connecting to the master at {where} ...")
     try:
-        agent = Agent(address, key, name, iface=args.iface, connect_timeout=args.timeout, say=say)
+        agent = Agent(address, key, name, iface=args.iface, connect_timeout=args.timeout, say=say,
+                      ranks=ranks)
     except (LaunchError, AuthenticationError) as exc:
         print(f"ppkit worker: {exc}", file=sys.stderr)
         return 1

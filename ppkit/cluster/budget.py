@@ -120,5 +120,5 @@ def read_budget(environ=None, root: Path = CGROUP_ROOT, affinity: int | None = N
             if value is not None:
                 found.append((value, f"{name}={environ[name]} from the JupyterHub spawner"))
                 break
-    budget, source = min(found, key=lambda item: item[0])
+    budget, source = min(found)  # the fewest cores (then by name: any order is fine for equal ones)
     return CpuBudget(budget, source, tuple(notes))

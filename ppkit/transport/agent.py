@@ -65,8 +65,9 @@ def choose_interface(requested: str | None, local_address: str) -> str | None:
 
 class Agent:
     def __init__(self, address: tuple[str, int], key: bytes, name: str, *, iface: str | None = None,
-                 connect_timeout: float = 60.0, say=print):
+                 connect_timeout: float = 60.0, say=print, ranks: list[int] | None = None):
         self.address, self.key, self.name, self.say = address, key, name, say
+        self.ranks = ranks  # the ranks this machine holds, when its launcher says (SLURM: a node's)
         self.conn = connect(address, key, connect_timeout)
         sock = socket.socket(fileno=os.dup(self.conn.fileno()))
         try:
@@ -85,7 +86,7 @@ class Agent:
         addrs = ifaces.interfaces().get(self.iface, []) if self.iface else []
         return {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
                 **worker.versions(), "iface": self.iface, "iface_addrs": addrs,
-                "local_address": self.local_address}
+                "local_address": self.local_address, **({"ranks": self.ranks} if self.ranks else {})}
 
     def join(self) -> dict:
         """Introduce ourselves; return the master's answer or raise ``LaunchError`` if refused."""

@@ -5,11 +5,9 @@
 worker1``. That command runs an *agent* (ppkit/transport/agent.py) which, once admitted, forks the
 rank's worker process on request, so ``restart()`` works across machines too.
 
-An agent is admitted before anything runs: if its name is not expected, or the checks of
-ppkit/cluster/admission.py fail (versions, network interface), it is refused with a message on
-both machines. Ranks follow the order of the names, not the order in which workers connect. In
-listen mode the rendezvous store is a TCPStore hosted by the controller on the listen address
-(local mode keeps its FileStore and 127.0.0.1-only sockets).
+An agent is admitted before anything runs, or refused with a message on both machines (an
+unexpected name, or admission.py's checks: versions, network interface). Ranks follow the order of
+the names, not of connections. The rendezvous is a TCPStore the controller hosts on the listen address.
 """
 
 from __future__ import annotations
@@ -43,10 +41,7 @@ class RemoteLauncher(ForkServerLauncher):
         self.host, self.port = self.listen_address()
         self.names = self.worker_names()
         self.ssh_hosts = dict(spec.ssh_hosts)
-        self.first_remote_rank = self.world_size - len(self.names)
-        self.rank_of = {name: self.first_remote_rank + i for i, name in enumerate(self.names)}
-        self.name_of = {rank: name for name, rank in self.rank_of.items()}
-        self.local_ranks = list(range(self.first_remote_rank))
+        self.lay_out({name: (self.world_size - len(self.names) + i,) for i, name in enumerate(self.names)})
         self._start_timeout = spec.start_timeout
         self._lock = threading.RLock()  # guards self.agents and every send to an agent
         self._spawning = False
@@ -58,6 +53,12 @@ class RemoteLauncher(ForkServerLauncher):
 
     def listen_address(self) -> tuple[str, int]:  # (slurm.py chooses its own, and its names)
         return self.spec.listen
+
+    def lay_out(self, ranks_of: dict[str, tuple[int, ...]]) -> None:
+        """Which ranks each agent forks (one each here; slurm.py's agents fork a node's ranks)."""
+        self.ranks_of, self.rank_of = ranks_of, {name: ranks[0] for name, ranks in ranks_of.items()}  # first: words
+        self.name_of = {rank: name for name, ranks in ranks_of.items() for rank in ranks}
+        self.local_ranks = [rank for rank in range(self.world_size) if rank not in self.name_of]
 
     def worker_names(self) -> list[str]:
         return list(self.spec.remote)
@@ -93,9 +94,8 @@ class RemoteLauncher(ForkServerLauncher):
         return f"tcp://{self.host}:{self._rpc_store.port}"
 
     def rank_label(self, rank: int, info: dict) -> str:
-        if rank not in self.name_of:
-            return super().rank_label(rank, info)
-        return f"{self.name_of[rank]} on {info.get('host', '?')}, pid {info.get('pid')}"
+        name = self.name_of.get(rank)
+        return f"{name} on {info.get('host', '?')}, pid {info.get('pid')}" if name else super().rank_label(rank, info)
 
     # -- admission (runs in the connection's reader thread) ----------------------------------
     def accept(self, conn, first) -> bool:
@@ -190,7 +190,7 @@ class RemoteLauncher(ForkServerLauncher):
             self._spawning = False
 
     def _spawn(self, name: str) -> None:
-        self._send(self.agents[name][0], Spawn((self.rank_of[name],)))
+        self._send(self.agents[name][0], Spawn(self.ranks_of[name]))
 
     def _send(self, conn, msg) -> None:
         with self._lock, contextlib.suppress(OSError):  # a gone agent: its reader thread reports that

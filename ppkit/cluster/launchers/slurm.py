@@ -18,11 +18,11 @@ import time
 from ppkit.cluster.inbox import Item, LaunchFailed
 from ppkit.cluster.launchers.base import Process, child_env
 from ppkit.cluster.launchers.remote import RemoteLauncher
-from ppkit.cluster.slurm import commands, hosts, script
+from ppkit.cluster.slurm import commands, hosts, layout, script
 from ppkit.cluster.slurm.watch import JobUpdate, JobWatch, PendingView, describe
 from ppkit.errors import LaunchError
 from ppkit.transport import channel
-from ppkit.transport.messages import Shutdown
+from ppkit.transport.messages import AgentHello, Shutdown
 
 
 class SlurmLauncher(RemoteLauncher):
@@ -32,6 +32,8 @@ class SlurmLauncher(RemoteLauncher):
         self.options = spec.slurm
         self.allocation = commands.inside_allocation()
         super().__init__(spec, inbox, key)
+        self._layout = layout.even(self.world_size, self.options.nodes)  # SLURM's own, once the job runs
+        self.lay_out({name: tuple(layout.node_ranks(self._layout, i)) for i, name in enumerate(self.names)})
         self.job_id: str | None = None  # the job (or "job.step" inside an allocation) of this generation
         self.slurm_script = ""  # what was submitted, or the srun command inside an allocation
         self._srun: subprocess.Popen | None = None
@@ -46,15 +48,28 @@ class SlurmLauncher(RemoteLauncher):
         return self.spec.listen or (hosts.listen_host(), 0)
 
     def worker_names(self) -> list[str]:
-        return [f"task{rank}" for rank in range(self.world_size)]  # `ppkit worker --name task{rank}`
+        return [f"node{i}" for i in range(self.options.nodes)]  # `ppkit worker --name node{rank}`, one a node
+
+    def accept(self, conn, first) -> bool:
+        """A node's agent says which of the job's ranks SLURM placed on it (layout.py)."""
+        ranks = first.info.get("ranks") if isinstance(first, AgentHello) else None
+        name = first.info.get("name") if isinstance(first, AgentHello) else None
+        if name in self.ranks_of and isinstance(ranks, list) and ranks and set(ranks) <= set(range(self.world_size)):
+            with self._lock:
+                self.lay_out({**self.ranks_of, name: tuple(ranks)})
+        return super().accept(conn, first)
 
     def init_config(self, rank: int, config: dict, generation: int) -> dict:
         shared = {k: config[k] for k in ("cwd", "sys_path")}  # the nodes see this file system too
         config = {**super().init_config(rank, config, generation), **shared}
         if self._master_addr is None and self._last is not None and self._last.status is not None:
             self._master_addr = hosts.master_addr(self._last.status.nodes)
+        node = self.name_of[rank]
+        task = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(self.world_size),  # as if srun started each rank
+                "SLURM_LOCALID": str(self.ranks_of[node].index(rank)), "SLURM_NODEID": node.removeprefix("node")}
         if self._master_addr:  # as under srun: the allocation's first node
-            config["env"] = {**config["env"], "MASTER_ADDR": self._master_addr}
+            task["MASTER_ADDR"] = self._master_addr
+        config["env"] = {**config["env"], **task}
         return config
 
     # -- a job per generation -----------------------------------------------------------------
@@ -63,6 +78,7 @@ class SlurmLauncher(RemoteLauncher):
             return
         command = script.worker_command(f"{self.host}:{self.port}", self.spec.start_timeout)
         env = {k: v for k, v in child_env((self.host, self.port), self.key).items() if k != "PPKIT_PARENT"}
+        env[layout.TASKS_ENV] = self._layout  # inside an allocation; a batch job exports SLURM's own
         submitted = time.monotonic()
         if self.allocation:
             self._start_step(command, env)
@@ -192,8 +208,8 @@ class SlurmLauncher(RemoteLauncher):
 
     def agent_lost(self, name: str, info: dict, silent: float | None) -> str:
         how = "went away" if silent is None else f"said nothing for {silent:g} s"
-        return (f"{name} (rank {self.rank_of[name]}) on {info.get('host')} {how}: its SLURM task ended or its node "
-                f"failed{self._job_now()}. cluster.restart() submits a new job.")
+        return (f"{name} (ranks {list(self.ranks_of[name])}) on {info.get('host')} {how}: its SLURM task ended or its "
+                f"node failed{self._job_now()}. cluster.restart() submits a new job.")
 
     def _job_now(self) -> str:
         try:

@@ -12,8 +12,8 @@ OUTPUT_DIR = Path.home() / ".cache" / "ppkit" / "slurm"  # on the shared home, a
 
 
 def worker_command(connect: str, timeout: float, python: str = sys.executable) -> list[str]:
-    """Each task's command: join the notebook at ``connect`` as ``task<SLURM_PROCID>``."""
-    return [python, "-m", "ppkit", "worker", "--connect", connect, "--name", "task{rank}",
+    """Each node's agent: join the notebook at ``connect`` as ``node<SLURM_NODEID>`` (one task per node)."""
+    return [python, "-m", "ppkit", "worker", "--connect", connect, "--name", "node{rank}",
             "--timeout", f"{timeout:g}"]
 
 
@@ -33,17 +33,20 @@ def batch_script(options, ntasks: int, command: list[str], output: str) -> str:
         "#!/bin/bash",
         *directives(options, f"--ntasks={ntasks}", output),
         "#SBATCH --no-requeue",
-        "# ppkit's workers: every task joins the notebook as task<SLURM_PROCID> (its rank) over ppkit's",
-        "# authenticated channel; the key travels in the job's environment (PPKIT_KEY), not in this file.",
-        "# A task that fails ends the others (--kill-on-bad-exit); the notebook cancels the job on close.",
-        f"srun --kill-on-bad-exit=1 {shlex.join(command)}",
+        "# ppkit's workers: one agent per node (it imports torch once there) joins the notebook over ppkit's",
+        "# authenticated channel and forks the ranks SLURM placed on its node (PPKIT_TASKS_PER_NODE), in node",
+        "# order as SLURM_PROCID numbers them; the key travels in the job's environment (PPKIT_KEY), not here.",
+        "# An agent that fails ends the others (--kill-on-bad-exit); the notebook cancels the job on close.",
+        "export PPKIT_TASKS_PER_NODE=\"$SLURM_TASKS_PER_NODE\"",
+        f"srun --whole --nodes={options.nodes} --ntasks={options.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+        f"{shlex.join(command)}",
         ""])
 
 
 def srun_command(options, ntasks: int, job_id: str, command: list[str]) -> list[str]:
     """Inside an allocation: a step of it beside the notebook's own (``--overlap``)."""
-    return ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={options.nodes}", f"--ntasks={ntasks}",
-            "--kill-on-bad-exit=1", f"--job-name={JOB_NAME}", *options.sbatch_args, *command]
+    return ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={options.nodes}", f"--ntasks={options.nodes}",
+            "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--job-name={JOB_NAME}", *options.sbatch_args, *command]
 
 
 def job_name(program: list[str]) -> str:
