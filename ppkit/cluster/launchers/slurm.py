@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from ppkit.cluster.inbox import Item, LaunchFailed
@@ -21,7 +22,7 @@ from ppkit.cluster.launchers.remote import RemoteLauncher
 from ppkit.cluster.slurm import commands, hosts, layout, script
 from ppkit.cluster.slurm.watch import JobUpdate, JobWatch, PendingView, describe
 from ppkit.errors import LaunchError
-from ppkit.transport import channel
+from ppkit.transport import channel, worker
 from ppkit.transport.messages import AgentHello, Shutdown
 
 
@@ -34,7 +35,7 @@ class SlurmLauncher(RemoteLauncher):
         super().__init__(spec, inbox, key)
         self._layout = layout.even(self.world_size, self.options.nodes)  # SLURM's own, once the job runs
         self.lay_out({name: tuple(layout.node_ranks(self._layout, i)) for i, name in enumerate(self.names)})
-        self.job_id: str | None = None  # the job (or "job.step" inside an allocation) of this generation
+        self.job_id: str | None = None  # this generation's job (inside an allocation: the allocation's)
         self.slurm_script = ""  # what was submitted, or the srun command inside an allocation
         self._srun: subprocess.Popen | None = None
         self._reaper: subprocess.Popen | None = None
@@ -79,6 +80,8 @@ class SlurmLauncher(RemoteLauncher):
         command = script.worker_command(f"{self.host}:{self.port}", self.spec.start_timeout)
         env = {k: v for k, v in child_env((self.host, self.port), self.key).items() if k != "PPKIT_PARENT"}
         env[layout.TASKS_ENV] = self._layout  # inside an allocation; a batch job exports SLURM's own
+        # the agents' hello is checked against this kernel's torch version: import it while SLURM schedules
+        threading.Thread(target=worker.versions, daemon=True, name="ppkit-import-torch").start()
         submitted = time.monotonic()
         if self.allocation:
             self._start_step(command, env)
@@ -98,10 +101,11 @@ class SlurmLauncher(RemoteLauncher):
 
     def _start_step(self, command: list[str], env: dict) -> None:
         self.slurm_script = " ".join(script.srun_command(self.options, self.world_size, self.allocation, command))
-        self._srun = subprocess.Popen(script.srun_command(self.options, self.world_size, self.allocation, command),
-                                      env=env, stdin=subprocess.DEVNULL, stdout=open(self.step_log, "wb"),
-                                      stderr=subprocess.STDOUT, start_new_session=True)
-        self.job_id = self.allocation  # the step's own id is known to srun only; scancel ends it by name
+        with open(self.step_log, "wb") as log:
+            self._srun = subprocess.Popen(script.srun_command(self.options, self.world_size, self.allocation, command),
+                                          env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        self.job_id = self.allocation  # ending srun ends the step (close, restart, and the reaper's way)
 
     @property
     def step_log(self):
@@ -121,15 +125,16 @@ class SlurmLauncher(RemoteLauncher):
         if not isinstance(item.msg, JobUpdate):
             return super().lost(item)
         status = item.msg.status
-        if self._srun is not None and self._srun.poll() is not None and len(self._joined()) < self.world_size:
-            return LaunchFailed(None, f"srun exited with code {self._srun.returncode} before every task joined: "
+        if self._srun is not None and self._srun.poll() is not None and len(self._joined()) < len(self.names):
+            return LaunchFailed(None, f"srun exited with code {self._srun.returncode} before every node joined: "
                                       f"{self._step_tail()}\nThe command was: {self.slurm_script}")
         if status is not None and status.hopeless:
             commands.cancel(status.job_id)
             return LaunchFailed(None, (
-                f"SLURM job {status.job_id} can never start: squeue's reason is {status.reason} (the job asks "
-                f"for more than partition {self.options.partition or '(default)'} allows: nodes={self.options.nodes}, "
-                f"time={self.options.time!r}). It was cancelled. `sinfo -s` shows each partition's limits."))
+                f"SLURM job {status.job_id} can never start: squeue's reason is {status.reason}, which waiting does "
+                f"not cure (it asks what partition {self.options.partition or '(default)'}, the account or the nodes "
+                f"do not allow: nodes={self.options.nodes}, time={self.options.time!r}). It was cancelled. "
+                "`sinfo -s` shows each partition's limits."))
         if self.allocation:
             return None  # the allocation is the notebook's own: it runs as long as we do
         if status is None or status.ended:
