@@ -91,6 +91,8 @@ class Agent:
     def join(self) -> dict:
         """Introduce ourselves; return the master's answer or raise ``LaunchError`` if refused."""
         where = f"{self.address[0]}:{self.address[1]}"
+        import torch  # noqa: F401  (once here, in the main thread: every rank we fork starts with it)
+
         self.conn.send(AgentHello(self.hello()))
         try:
             # a master of our ppkit version sends heartbeats at once; another one only its answer

@@ -56,13 +56,19 @@ def ppkit_version() -> str:
         return "0+unknown"
 
 
-def versions() -> dict:
-    import torch
+def torch_version() -> str:
+    """The installed torch's version, from its package metadata: checking versions at admission
+    then costs no ``import torch`` (seconds) on either side; torch itself where there is none."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:  # a source checkout on sys.path
+        import torch
 
-    # str(): torch.__version__ is a TorchVersion, and unpickling one would make the controller
-    # import all of torch (seconds) just to read the hello message
-    return {"python": platform.python_version(), "torch": str(torch.__version__),
-            "ppkit": ppkit_version()}
+        return str(torch.__version__)  # str(): a TorchVersion would need torch to unpickle
+
+
+def versions() -> dict:
+    return {"python": platform.python_version(), "torch": torch_version(), "ppkit": ppkit_version()}
 
 
 class Worker:

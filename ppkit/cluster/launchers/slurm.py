@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 
 from ppkit.cluster.inbox import Item, LaunchFailed
@@ -22,7 +21,7 @@ from ppkit.cluster.launchers.remote import RemoteLauncher
 from ppkit.cluster.slurm import commands, hosts, layout, script
 from ppkit.cluster.slurm.watch import JobUpdate, JobWatch, PendingView, describe
 from ppkit.errors import LaunchError
-from ppkit.transport import channel, worker
+from ppkit.transport import channel
 from ppkit.transport.messages import AgentHello, Shutdown
 
 
@@ -80,8 +79,6 @@ class SlurmLauncher(RemoteLauncher):
         command = script.worker_command(f"{self.host}:{self.port}", self.spec.start_timeout)
         env = {k: v for k, v in child_env((self.host, self.port), self.key).items() if k != "PPKIT_PARENT"}
         env[layout.TASKS_ENV] = self._layout  # inside an allocation; a batch job exports SLURM's own
-        # the agents' hello is checked against this kernel's torch version: import it while SLURM schedules
-        threading.Thread(target=worker.versions, daemon=True, name="ppkit-import-torch").start()
         submitted = time.monotonic()
         if self.allocation:
             self._start_step(command, env)
