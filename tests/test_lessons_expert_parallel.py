@@ -5,7 +5,6 @@ the comparison fails on a wrong layer; bad settings are refused and leave the cl
 from __future__ import annotations
 
 import sys
-import warnings
 
 import cloudpickle
 import pytest
@@ -26,6 +25,8 @@ SETTINGS = [
     {"skew": 10.0, "capacity_factor": 4.0},                    # all to experts 0 and 1: ranks that get no row
 ]
 ERRORS = {"forward", "aux", "d_tokens", "d_router", "d_w1", "d_w2"}
+TORCH_214 = pytest.mark.skipif(not torch.__version__.startswith("2.14."),
+                               reason="notebook 12 describes torch 2.14's all_to_all functions")
 
 
 @pytest.mark.parametrize("cluster_name", ["cluster2", "cluster4"])
@@ -52,31 +53,35 @@ def test_drops_are_counted_and_skew_empties_some_ranks(cluster4):
     assert all(r["dropped_pairs"] > 0 for r in squeezed)
 
 
-def _all_to_all_against_torchs(rank, world_size):
-    from torch.distributed.nn.functional import all_to_all_single
-
+def _logged_all_to_all(rank, world_size):
     input_splits = [(rank + 2 * q) % 3 for q in range(world_size)]  # zeros included
     output_splits = [(q + 2 * rank) % 3 for q in range(world_size)]
-    x = torch.randn(sum(input_splits), 5, generator=torch.Generator().manual_seed(rank))
-    up = torch.randn(sum(output_splits), 5, generator=torch.Generator().manual_seed(10 + rank))
-    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    x = torch.randn(sum(input_splits), 5).requires_grad_()
     log = ep.AllToAllLog()
-    got = ep.AllToAll.apply(ours, output_splits, input_splits, None, log, "dispatch")
-    (got * up).sum().backward()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of _functional_collectives
-        want = all_to_all_single(torch.empty(sum(output_splits), 5), theirs, output_splits, input_splits)
-    (want * up).sum().backward()
-    own = input_splits[rank] * 5 * 4
-    return (torch.equal(got, want) and torch.equal(ours.grad, theirs.grad),
-            [(c["direction"], c["bytes"], c["off_rank"]) for c in log.calls],
-            (x.nbytes, x.nbytes - own, up.nbytes, up.nbytes - output_splits[rank] * 20))
+    ep.AllToAll.apply(x, output_splits, input_splits, None, log, "dispatch").sum().backward()
+    row = 5 * 4
+    return ([(c["direction"], c["rows"], c["bytes"], c["off_rank"]) for c in log.calls],
+            [("forward", sum(input_splits), sum(input_splits) * row, (sum(input_splits) - input_splits[rank]) * row),
+             ("backward", sum(output_splits), sum(output_splits) * row,
+              (sum(output_splits) - output_splits[rank]) * row)])
 
 
 def test_uneven_all_to_all_and_its_backward_equal_torchs_on_gloo(cluster4):
-    for same, calls, (sent, off, back, back_off) in cluster4.run(_all_to_all_against_torchs):
-        assert same
-        assert calls == [("forward", sent, off), ("backward", back, back_off)]
+    for found in cluster4.run(ep.against_torch):
+        assert {name: f["equal"] for name, f in found.items()} == {
+            "torch.distributed.nn.functional.all_to_all_single": True,
+            "torch.distributed._functional_collectives.all_to_all_single_autograd": True}
+    for got, want in cluster4.run(_logged_all_to_all):
+        assert got == want
+
+
+@TORCH_214
+def test_torchs_first_all_to_all_is_deprecated_as_the_notebook_says(cluster2):
+    found = cluster2.run(ep.against_torch)[0]
+    assert found["torch.distributed.nn.functional.all_to_all_single"]["warnings"] == [
+        "FutureWarning: torch.distributed.nn.functional.all_to_all_single is deprecated, use "
+        "torch.distributed._functional_collectives.all_to_all_single instead."]
+    assert found["torch.distributed._functional_collectives.all_to_all_single_autograd"]["warnings"] == []
 
 
 def _rows_taken_in_expert_order(rows, received, w1, w2, timeline):

@@ -186,3 +186,38 @@ def compare(rank, world_size, aux_weight: float = 0.1, splits_fn=None, **options
             "dropped_pairs": r.dropped_pairs, "kept_pairs": int(r.keep.sum()), "bytes": log.total(),
             "rows_computed": next(c["rows"] for c in log.calls if c["what"] == "combine")}
 
+
+
+# -- torch's own ---------------------------------------------------------------------------------
+
+def against_torch(rank, world_size) -> dict:
+    """``AllToAll`` against torch's two differentiable all_to_all_singles, on uneven splits with zeros:
+    for each, whether output and input gradient are identical to ours, and the warnings it gave."""
+    import warnings
+
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+    from torch.distributed.nn.functional import all_to_all_single
+
+    input_splits = [(rank + 2 * q) % 3 for q in range(world_size)]  # some ranks get nothing from some others
+    output_splits = [(q + 2 * rank) % 3 for q in range(world_size)]
+    x = torch.randn(sum(input_splits), 5, generator=torch.Generator().manual_seed(rank))
+    upstream = torch.randn(sum(output_splits), 5, generator=torch.Generator().manual_seed(10 + rank))
+    ours = x.clone().requires_grad_()
+    want = AllToAll.apply(ours, output_splits, input_splits)
+    (want * upstream).sum().backward()
+    theirs = {
+        "torch.distributed.nn.functional.all_to_all_single": lambda t: all_to_all_single(
+            torch.empty(sum(output_splits), 5), t, output_splits, input_splits),
+        "torch.distributed._functional_collectives.all_to_all_single_autograd": lambda t: all_to_all_single_autograd(
+            t, output_splits, input_splits, dist.group.WORLD),
+    }
+    found = {}
+    for name, fn in theirs.items():
+        mine = x.clone().requires_grad_()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = fn(mine)
+            (got * upstream).sum().backward()
+        found[name] = {"equal": bool(torch.equal(got, want) and torch.equal(mine.grad, ours.grad)),
+                       "warnings": sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})}
+    return found
