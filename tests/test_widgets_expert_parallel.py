@@ -80,3 +80,36 @@ def test_a_run_that_fails_says_so_and_how_to_recover(monkeypatch):
     assert ex.redraws == 0 and ex.measurement is None and ex.error == "rank 1 died (SIGKILL)"
     assert ("Not run:</b> rank 1 died (SIGKILL) The cluster is broken now: run cluster.restart(), then change "
             "a setting.") in ex.summary.value
+
+
+def test_a_change_from_another_thread_waits_for_the_running_measurement(monkeypatch):
+    """JupyterLab can deliver a widget change on a kernel subshell (another thread) while a measurement runs:
+    it must not start a second cluster.run at once, and the latest settings are measured right after."""
+    import threading
+    from types import SimpleNamespace
+
+    from ppkit.lessons import moe_timing
+
+    measured, running = [], []
+
+    def measure(cluster, ranks, **options):
+        assert not running, "two measurements at once"
+        running.append(True)
+        try:
+            measured.append(options["skew"])
+            if len(measured) == 2:  # a change arrives from another thread while this one runs
+                change = threading.Thread(target=setattr, args=(ex.skew, "value", 3.0))
+                change.start()
+                change.join()
+            s, _ = moe_timing.check_settings(4, ranks, **options)
+            phases = [dict.fromkeys(moe_timing.PHASES, 0.01)] * 4
+            return moe_timing.Measurement(s, 4, [[1] * 8] * 4, [[1] * 8] * 4, [2] * 4, [(0, 0)] * 4, [1.0] * 4,
+                                          [(10, 5)] * 4, [64] * 4, phases, [0.1] * 4)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(moe_timing, "measure", measure)
+    ex = MoEExplorer(SimpleNamespace(world_size=4, state="ready"), **SMALL)
+    ex.skew.value = 1.0
+    assert measured == [0.0, 1.0, 3.0] and ex.redraws == 3
+    assert ex.measurement.settings.skew == 3.0 and "skew 3" in ex.summary.value

@@ -16,6 +16,7 @@ counts runs.
 
 from __future__ import annotations
 
+import threading
 from html import escape
 
 import ipywidgets as widgets
@@ -59,7 +60,7 @@ class MoEExplorer:
         self.widget = widgets.VBox([*rows, self.summary, self.output])
         self.widget.add_class(CSS)
         self.measurement = self.figure = self.error = None
-        self.redraws = 0
+        self.redraws, self._wanted, self._one_at_a_time = 0, False, threading.Lock()
         for w in controls.values():
             w.observe(lambda _change: self.redraw(), names="value")
         self.redraw()
@@ -69,7 +70,22 @@ class MoEExplorer:
                 "capacity_factor": self.capacity.value, "skew": self.skew.value, **self.sizes}
 
     def redraw(self) -> None:
-        """Measure the current settings on the cluster and draw them; or say why they cannot run."""
+        """Measure the current settings on the cluster and draw them; or say why they cannot run.
+
+        One at a time: JupyterLab with ipykernel 7 can deliver a widget change on a kernel subshell, in
+        another thread, while a measurement runs, and two ``cluster.run`` at once would mix up their jobs.
+        A change that arrives meanwhile is measured right after, with the settings of that moment."""
+        self._wanted = True
+        while self._wanted:
+            if not self._one_at_a_time.acquire(blocking=False):
+                return  # the thread measuring now sees _wanted and measures again
+            try:
+                self._wanted = False
+                self._measure_and_draw()
+            finally:
+                self._one_at_a_time.release()
+
+    def _measure_and_draw(self) -> None:
         chosen = self.settings()
         try:
             moe_timing.check_settings(self.cluster.world_size, **chosen)
