@@ -150,3 +150,14 @@ def test_bad_parameters_refused_in_one_process():
     s = moe.settings(experts=4)
     with pytest.raises(ConfigError, match="4 experts cannot be spread evenly over 3 ranks"):
         moe.parameters(s).local(0, 3, s)
+
+
+def _counts_that_cannot_be_shared(rank, world_size):
+    return ep.dispatch_splits(torch.ones(5, dtype=torch.int64), world_size)
+
+
+def test_counts_the_ranks_cannot_share_are_refused(cluster2):
+    with pytest.raises(ppkit.RemoteError, match=r"tokens_per_expert has shape \(5,\): it needs one count per expert, "
+                                                "and the experts spread evenly over the 2 ranks"):
+        cluster2.run(_counts_that_cannot_be_shared)
+    assert cluster2.state == "ready"

@@ -101,6 +101,8 @@ def test_a_rank_gets_its_own_block_of_experts():
     assert [s.owner(e, 4) for e in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert torch.equal(moe.tokens(s, 1)[0], moe.tokens(s, 1)[0]) and not torch.equal(moe.tokens(s, 0)[0],
                                                                                       moe.tokens(s, 1)[0])
+    with pytest.raises(ConfigError, match="rank=4: with 4 ranks it must be 0 to 3"):
+        p.local(4, 4, s)
 
 
 @pytest.mark.parametrize("options, says", [

@@ -80,11 +80,19 @@ class AllToAll(torch.autograd.Function):
                 None, None, None, None, None, None)
 
 
+def _check_counts(counts: torch.Tensor, world_size: int) -> None:
+    if counts.dim() != 1 or counts.numel() % world_size:
+        raise ConfigError(f"tokens_per_expert has shape {tuple(counts.shape)}: it needs one count per expert, and "
+                          f"the experts spread evenly over the {world_size} ranks (a multiple of {world_size} "
+                          "counts).")
+
+
 def exchange_counts(tokens_per_expert: torch.Tensor, group=None, log=None) -> torch.Tensor:
     """(ranks, experts per rank): row q is how many rows rank q will send to each of my experts. Only the
     senders know it, so before the tokens go, every rank sends each rank the counts for that rank's
     experts: an all_to_all of E numbers with equal splits."""
     world_size = dist.get_world_size(group)
+    _check_counts(tokens_per_expert, world_size)
     received = torch.empty_like(tokens_per_expert)
     dist.all_to_all_single(received, tokens_per_expert, group=group)
     if log is not None:
@@ -97,6 +105,7 @@ def dispatch_splits(tokens_per_expert, world_size, group=None):
     """The split sizes of the dispatch (the notebook's exercise): rows this rank sends to each rank, the
     sum of its counts for that rank's experts; rows it receives from each rank, from the exchanged counts."""
     counts = torch.as_tensor(tokens_per_expert, dtype=torch.int64)
+    _check_counts(counts, world_size)
     input_splits = counts.view(world_size, -1).sum(1)
     output_splits = exchange_counts(counts, group).sum(1)
     return input_splits.tolist(), output_splits.tolist()

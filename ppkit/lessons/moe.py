@@ -109,6 +109,8 @@ class Parameters:
     def local(self, rank: int, world_size: int, s: MoESettings) -> Parameters:
         """Rank ``rank``'s share: the whole router (replicated) and its own experts' weights."""
         n = s.experts_per_rank(world_size)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ConfigError(f"rank={rank!r}: with {world_size} ranks it must be 0 to {world_size - 1}.")
         mine = slice(rank * n, (rank + 1) * n)
         return Parameters(self.router, self.w1[mine], self.w2[mine])
 
