@@ -24,6 +24,10 @@
     context_parallel lesson 11: contiguous and zig-zag layouts, the ring vs full attention, torch's version
     context_timing   lesson 11: the ring measured per rank (compute, waits, imbalance), its pictures
     attention_exercises  the checker of notebook 11 (the log-sum-exp merge)
+    moe              lesson 12: a mixture-of-experts layer in one process (router, capacity, aux loss)
+    expert_parallel  lesson 12: the experts over the ranks, all_to_all dispatch and combine, vs one process
+    moe_timing       lesson 12: tokens per expert and rank, drops, bytes and step time measured, pictures
+    moe_exercises    the checker of notebook 12 (the dispatch's split sizes)
 """
 
 from __future__ import annotations

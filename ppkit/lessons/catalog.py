@@ -29,6 +29,7 @@ from ppkit.lessons import (
     attention_exercises,
     exercises,
     launch_exercises,
+    moe_exercises,
     pipeline_exercises,
     rpc_basics,
     sharding_exercises,
@@ -186,6 +187,17 @@ EXERCISES = (
          "exp(lse_a) overflows float32 once lse_a passes ~88: get lse with torch.logaddexp(lse_a, lse_b) "
          "(or m = max, then m + log(exp(lse_a - m) + exp(lse_b - m))). Then both exponents, lse_a - lse and "
          "lse_b - lse, are <= 0, and a part with lse -inf simply gets weight 0.")),
+    Exercise(
+        "dispatch_splits", "12_expert_parallel", "dispatch_splits(tokens_per_expert, world_size)",
+        moe_exercises.check_dispatch_splits, solutions.dispatch_splits,
+        ("Rank q holds a block of experts, q x n .. q x n + n - 1 with n = experts / world_size: "
+         "tokens_per_expert.view(world_size, -1) has one row per rank, and each row's sum is what you send "
+         "that rank: input_splits.",
+         "output_splits[q] is what rank q sends you, which only rank q knows; but every rank has just computed "
+         "its own input_splits. One dist.all_to_all_single(output_splits, input_splits) with the default equal "
+         "splits sends entry q to rank q and puts what rank q sent in entry q.",
+         "Make output_splits with torch.empty_like(input_splits) (int64, one value per rank) and return both "
+         "as lists of ints: input_splits.tolist(), output_splits.tolist().")),
 )
 
 BY_NAME = {exercise.name: exercise for exercise in EXERCISES}

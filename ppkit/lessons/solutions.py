@@ -135,3 +135,11 @@ def merge_partials(out_a, lse_a, out_b, lse_b):
     weight_a = torch.exp(lse_a - lse).unsqueeze(-1)    # A's share of each row's softmax denominator
     weight_b = torch.exp(lse_b - lse).unsqueeze(-1)    # both exponents are <= 0
     return out_a * weight_a + out_b * weight_b, lse
+
+
+def dispatch_splits(tokens_per_expert, world_size):
+    """Notebook 12: rows this rank sends to each rank, and rows it will receive from each (counts sent first)."""
+    input_splits = tokens_per_expert.view(world_size, -1).sum(1)  # rank q holds the q-th block of experts
+    output_splits = torch.empty_like(input_splits)
+    dist.all_to_all_single(output_splits, input_splits)          # entry q arrives from rank q: what it sends me
+    return input_splits.tolist(), output_splits.tolist()

@@ -2,6 +2,7 @@
 
 from ppkit.widgets.collectives import CollectivesExplorer
 from ppkit.widgets.context_parallel import RingAttentionExplorer
+from ppkit.widgets.expert_parallel import MoEExplorer
 from ppkit.widgets.sharding import TensorParallelExplorer, ZeroExplorer
 
-__all__ = ["CollectivesExplorer", "RingAttentionExplorer", "TensorParallelExplorer", "ZeroExplorer"]
+__all__ = ["CollectivesExplorer", "MoEExplorer", "RingAttentionExplorer", "TensorParallelExplorer", "ZeroExplorer"]

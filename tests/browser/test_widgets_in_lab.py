@@ -14,7 +14,7 @@ import pytest
 
 # Notebooks with a learner test below; every other widget notebook gets test_widget_notebook_renders.
 LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "09_sharded_data_parallel.ipynb",
-                  "10_tensor_parallel.ipynb", "11_context_parallel.ipynb"}
+                  "10_tensor_parallel.ipynb", "11_context_parallel.ipynb", "12_expert_parallel.ipynb"}
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -339,6 +339,39 @@ def test_context_parallel_explorer(lab, open_notebook):
     nb.screenshot("refused", explorer)
     explorer.locator(".ppkit-cp-seq-len select").select_option("3072")
     page.wait_for_function("el => el.innerText.includes('contiguous, causal, 3072 tokens over 3 ranks')",
+                           arg=summary.element_handle(), timeout=60_000)
+    nb.wait_kernel_idle()
+    nb.screenshot("after-refusal", explorer)
+    nb.assert_console_clean()
+
+    nb.run_last_cell()
+    nb.assert_ran_cleanly_and_widgets_render()
+
+
+def test_expert_parallel_explorer(lab, open_notebook):
+    """12_expert_parallel: router skew 2 and top-1 run the layer again (summary and pictures follow); 6 experts
+    on 4 ranks is refused in the summary, and 3 ranks then runs on the same cluster."""
+    # The last cell closes the cluster the explorer measures on: play first, as a learner would, then close.
+    nb = _open_and_run(lab, open_notebook, "12_expert_parallel.ipynb", timeout=300, hold_back_last=True)
+
+    def change(page, explorer):
+        skew = explorer.locator(".ppkit-moe-skew [role=slider]")
+        skew.focus()
+        for _ in range(4):  # 0.5 per step: skew 2
+            skew.press("ArrowRight")
+        _set_slider(page, explorer.locator(".ppkit-moe-top-k"), 1)
+
+    _explore(nb, "ppkit-moe", change, "8 experts over 4 ranks, top-1, capacity factor 1.25, skew 2")
+    page = nb.page
+    explorer = page.locator(".ppkit-moe").first
+    summary = explorer.locator(".ppkit-moe-summary")
+    explorer.locator(".ppkit-moe-experts select").select_option("6")
+    page.wait_for_function("el => el.innerText.includes('Not run')", arg=summary.element_handle(), timeout=60_000)
+    assert ("6 experts cannot be spread evenly over 4 ranks; pick a number of experts that is a multiple of 4 "
+            "(such as 4 or 8), or a number of ranks that divides 6 (1, 2, 3, 6).") in summary.inner_text()
+    nb.screenshot("refused", explorer)
+    _set_slider(page, explorer.locator(".ppkit-moe-ranks"), 3)
+    page.wait_for_function("el => el.innerText.includes('6 experts over 3 ranks, top-1')",
                            arg=summary.element_handle(), timeout=60_000)
     nb.wait_kernel_idle()
     nb.screenshot("after-refusal", explorer)

@@ -1,0 +1,131 @@
+"""The checker of notebook 12's exercise passes the solution (and the lesson's own function), reports a
+stub as not written, and names the mistake of wrong split sizes, on real ranks."""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+
+import ppkit
+from ppkit.errors import ExerciseFailed
+from ppkit.lessons import expert_parallel, solutions
+from ppkit.lessons import moe_exercises as ex
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def bare():
+    with ppkit.Cluster(4, "gloo", process_group=False, timeout=30) as cluster:
+        yield cluster
+
+
+def stub(tokens_per_expert, world_size):
+    raise NotImplementedError("write the split sizes here")
+
+
+def lessons_own(tokens_per_expert, world_size):
+    return expert_parallel.dispatch_splits(tokens_per_expert, world_size)
+
+
+def as_tensors(tokens_per_expert, world_size):
+    return tuple(torch.tensor(v) for v in solutions.dispatch_splits(tokens_per_expert, world_size))
+
+
+def per_expert(tokens_per_expert, world_size):
+    received = torch.empty_like(tokens_per_expert)
+    dist.all_to_all_single(received, tokens_per_expert)
+    return tokens_per_expert.tolist(), received.tolist()
+
+
+def round_robin(tokens_per_expert, world_size):
+    sends = torch.stack([tokens_per_expert[q::world_size].sum() for q in range(world_size)])
+    received = torch.empty_like(sends)
+    dist.all_to_all_single(received, sends)
+    return sends.tolist(), received.tolist()
+
+
+def no_exchange(tokens_per_expert, world_size):
+    sends = tokens_per_expert.view(world_size, -1).sum(1).tolist()
+    return sends, sends
+
+
+def reversed_sources(tokens_per_expert, world_size):
+    sends, received = solutions.dispatch_splits(tokens_per_expert, world_size)
+    return sends, received[::-1]
+
+
+def as_floats(tokens_per_expert, world_size):
+    sends, received = solutions.dispatch_splits(tokens_per_expert, world_size)
+    return torch.tensor(sends, dtype=torch.float32), received
+
+
+def only_input(tokens_per_expert, world_size):
+    return tokens_per_expert.view(world_size, -1).sum(1).tolist()
+
+
+def rank_zero_skips_the_exchange(tokens_per_expert, world_size):
+    if dist.get_rank() == 0:
+        return no_exchange(tokens_per_expert, world_size)
+    return solutions.dispatch_splits(tokens_per_expert, world_size)
+
+
+def test_the_solution_and_the_lessons_own_pass(bare, capsys):
+    for fn in (solutions.dispatch_splits, lessons_own, as_tensors):
+        report = ex.check_dispatch_splits(fn, cluster=bare)
+        assert report.passed and len(report.cases) == 6
+    assert "dispatch split sizes: passed all 6 cases (world_size 2, 12 experts (6 per rank);" in capsys.readouterr().out
+
+
+def test_a_stub_is_not_written_yet(bare, capsys):
+    assert ex.check_dispatch_splits(stub, cluster=bare) is None
+    assert "not written yet: replace the NotImplementedError in stub" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, says", [
+    (per_expert, "world_size 2, 12 experts (6 per rank): rank 0: input_splits has 12 values, one per expert; "
+                 "all_to_all_single wants one per rank (2): add up the counts of the 6 experts each rank holds"),
+    (round_robin, "world_size 2, 12 experts (6 per rank): rank 0: input_splits [18, 12] deals the experts out "
+                  "round-robin (expert e on rank e % 2); here rank q holds the block of experts q x 6 .. q x 6 + 5 "
+                  "(e // 6), so input_splits is [13, 17]"),
+    (no_exchange, "world_size 2, 12 experts (6 per rank): rank 0: output_splits equals input_splits ([13, 17]), "
+                  "but what this rank receives is what the others send it ([13, 0]), which only they know: "
+                  "exchange the counts first with dist.all_to_all_single"),
+    (reversed_sources, "world_size 2, 12 experts (6 per rank): rank 0: output_splits [0, 13] adds up to the right "
+                       "total, 13, but entry q must be what rank q sends this rank: [13, 0]"),
+    (as_floats, "rank 0: input_splits is a torch.float32 tensor of shape (2,); all_to_all_single takes split sizes "
+                "as whole numbers"),
+    (only_input, "rank 0: expected a pair (input_splits, output_splits), got list [13, 17]: return both"),
+])
+def test_mistakes_are_named(bare, fn, says):
+    with pytest.raises(ExerciseFailed) as info:
+        ex.check_dispatch_splits(fn, cluster=bare, world_sizes=(2, 4))
+    assert says in str(info.value), str(info.value)
+    assert bare.state == "ready"
+
+
+def test_a_rank_that_skips_the_exchange_is_reported_and_the_cluster_stays_usable(bare):
+    """Rank 0 never joins the all_to_all: rank 1 waits in it until rank 0 leaves the group."""
+    with pytest.raises(ExerciseFailed) as info:
+        ex.check_dispatch_splits(rank_zero_skips_the_exchange, cluster=bare, world_sizes=(2,), timeout=5)
+    assert "world_size 2: rank 1 raised RuntimeError" in str(info.value) or "did not finish within 5 s" in str(
+        info.value), str(info.value)
+    assert bare.state == "ready"
+    assert ex.check_dispatch_splits(solutions.dispatch_splits, cluster=bare, world_sizes=(2,)).passed
+
+
+def test_a_raising_answer_is_reported(bare):
+    def breaks(tokens_per_expert, world_size):
+        raise ValueError("shapes")
+    with pytest.raises(ExerciseFailed, match="world_size 2: rank 0 raised ValueError: shapes"):
+        ex.check_dispatch_splits(breaks, cluster=bare, world_sizes=(2,))
+
+
+def test_cases_leave_ranks_with_nothing_to_send():
+    for k in (2, 3, 4):
+        (_, spread), (_, single) = ex.split_cases(k)
+        assert ex.expected(spread, 1)[0][0] == 0 and ex.expected(single, 0)[0] == [0] * k
