@@ -211,3 +211,22 @@ def test_prints_arrive_before_run_returns(cluster2, capsys):
     for rank in (0, 1):
         mine = [line for line in out if line.startswith(f"[rank {rank}] ")]
         assert mine == [f"[rank {rank}] line {i}" for i in range(200)]
+
+
+def test_runs_from_two_threads_take_turns(fresh):
+    """A widget's callback may run on another kernel thread (JupyterLab's subshells) while a cell's
+    job runs: the two jobs must not mix their ranks' results."""
+    import threading
+    import time
+
+    def slow(rank, world_size, tag):
+        time.sleep(0.3)
+        return (tag, rank)
+
+    results = {}
+    threads = [threading.Thread(target=lambda t=tag: results.__setitem__(t, fresh.run(slow, t))) for tag in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results == {"a": [("a", 0), ("a", 1)], "b": [("b", 0), ("b", 1)]}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import threading
 import time
 import weakref
 
@@ -77,7 +78,7 @@ class Cluster:
         self._key = spec.key or channel.new_key()
         self._inbox = Inbox(self._routine)
         self._conns: dict[int, object] = {}  # rank -> this generation's connection
-        self._job_ids, self._sources_sent = itertools.count(1), set()
+        self._job_ids, self._sources_sent, self._one_job = itertools.count(1), set(), threading.Lock()
         self._printer = RankPrinter(list(spec.labels) if spec.labels else None)  # "rank N" by default
         self._launcher = launchers.create(spec, self._inbox, self._key)
         host, port = self._launcher.server_address()
@@ -230,8 +231,7 @@ class Cluster:
         self._drain()
 
     def _break(self, reason: str) -> None:
-        self.state = "broken"
-        self._broken_reason = reason
+        self.state, self._broken_reason = "broken", reason
 
     def close(self) -> None:
         """Stop every worker and the fork server. Safe to call twice."""
@@ -254,15 +254,16 @@ class Cluster:
         """Run ``fn(rank, world_size, *args, **kwargs)`` on every rank; return results by rank.
 
         Raises ``RemoteError`` if any rank raised, ``WorkerDiedError`` if a rank died and
-        ``JobTimeoutError`` (with where each rank waits) after ``timeout`` seconds.
+        ``JobTimeoutError`` (with where each rank waits) after ``timeout`` seconds. One job at a time:
+        a widget's callback may call this from another thread of the kernel (JupyterLab's subshells).
         """
         check_job_function(fn)
         timeout = self.timeout if timeout is None else positive(timeout, "timeout")
-        self._check_usable()
-        payload = pack_job(fn, args, kwargs)
-        job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
-                  self._printer, self._break, self._conns)
-        return job.run(payload, new_cell_sources(self._sources_sent), timeout, self.workers)
+        with self._one_job:
+            self._check_usable()
+            job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
+                      self._printer, self._break, self._conns)
+            return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout, self.workers)
 
     def _check_usable(self) -> None:
         if self.state == "closed":
