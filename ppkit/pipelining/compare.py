@@ -12,6 +12,7 @@ checks it against one local ResNet50 and ``ppkit.pipelining.report`` tabulates a
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -139,14 +140,29 @@ def run_looped(cluster, x, y, schedule: str, *, num_microbatches: int = 4, cut=N
 
 
 def compare_looped(cluster, x, y, num_microbatches: int = 4, *, schedules=tuple(placement.SPECS),
-                   steps: int = 2, timeout: float | None = None, **options) -> dict[str, LoopedRun]:
-    """Every schedule in ``schedules`` on the same batch and micro-batches: one warm-up step and
-    ``steps`` timed ones each (GPipe and 1F1B cut at the tutorial's ``layer2``, the others into
-    four stages). Every schedule is checked before the first one runs."""
-    if steps < 1:
-        raise ConfigError(f"steps must be at least 1, got {steps}.")
+                   steps: int = 2, rounds: int = 1, timeout: float | None = None, **options) -> dict[str, LoopedRun]:
+    """Every schedule in ``schedules`` on the same batch and micro-batches (GPipe and 1F1B cut at the
+    tutorial's ``layer2``, the others into four stages), checked before the first one runs.
+
+    Each round runs every schedule in turn for one warm-up step and ``steps`` timed ones, so a
+    machine that gets busier or quieter affects all of them alike. The result keeps the last round's
+    timeline and gradients and the timed steps of every round (``step_times``; ``round_times``: the
+    median of each round, for ratios within a round).
+    """
+    if steps < 1 or rounds < 1:
+        raise ConfigError(f"steps and rounds must be at least 1, got steps={steps}, rounds={rounds}.")
     num_ranks = _two_ranks(cluster)
     for schedule in schedules:
         placement.check_microbatches(schedule, num_ranks, num_microbatches)
-    return {schedule: run_looped(cluster, x, y, schedule, num_microbatches=num_microbatches, steps=steps + 1,
-                                 timeout=timeout, **options) for schedule in schedules}
+    runs: dict[str, LoopedRun] = {}
+    timed: dict[str, list[list[float]]] = {schedule: [] for schedule in schedules}
+    for _ in range(rounds):
+        for schedule in schedules:
+            run = run_looped(cluster, x, y, schedule, num_microbatches=num_microbatches, steps=steps + 1,
+                             timeout=timeout, **options)
+            timed[schedule].append(run.step_times[1:])
+            runs[schedule] = run
+    for schedule, run in runs.items():
+        run.step_times, run.warmup_steps = [t for times in timed[schedule] for t in times], 0
+        run.round_times = [statistics.median(times) for times in timed[schedule]]
+    return runs

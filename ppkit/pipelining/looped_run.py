@@ -12,7 +12,7 @@ and the schedule's plan, and replays that plan with the measured time of every p
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ppkit.pipelining import plan as plans
 from ppkit.pipelining.bubble_model import schedule_orders
@@ -35,6 +35,7 @@ class LoopedRun:
     plan: dict[int, list[Op]]  # each rank's order of work
     peak_activation_bytes: list[int]  # per rank
     warmup_steps: int = 1  # leading step_times that also set the pipeline up
+    round_times: list[float] = field(default_factory=list)  # median per round (compare_looped)
 
     @property
     def num_ranks(self) -> int:

@@ -113,8 +113,8 @@ def check_microbatches(schedule: str, num_ranks: int, num_microbatches) -> int:
         why = (f"it needs at least as many micro-batches as stages ({stages} stages on {num_ranks} ranks)")
     else:
         rounds = max(1, m // num_ranks)
-        why = (f"it runs micro-batches in rounds of {num_ranks} (one per rank): {m} micro-batches make "
-               f"{rounds} rounds, and {m} is not a multiple of {rounds}")
+        why = (f"it splits the micro-batches into m // ranks = {m} // {num_ranks} = {rounds} rounds of "
+               f"equal size, and {m} is not a multiple of {rounds}")
     counts = ", ".join(map(str, working_counts(schedule, num_ranks)))
     raise ConfigError(f"{spec.torch_name} cannot take num_microbatches={m!r} on {num_ranks} ranks: {why}. "
                       f"Counts that work here: {counts}, ... (and the batch size must be a multiple of it).")
