@@ -9,9 +9,11 @@ from torch import nn
 
 import ppkit
 from ppkit.models.resnet import resnet50, split_resnet50
+from ppkit.pipeline.bubble import closed_form, predict_from_timeline
 from ppkit.pipeline.config import PipelineConfig
 from ppkit.pipeline.no_overlap import overlap_bound, solo_seconds_per_image, train_no_overlap
-from ppkit.pipeline.sweep import build_model, train_batches
+from ppkit.pipeline.sweep import RunResult, build_model, train_batches
+from ppkit.pipeline.timeline import Event, Timeline
 
 CONFIG = PipelineConfig(batch_size=6, image_size=40, num_batches=1, microbatch_sizes=(2,),
                         placement="worker1:cpu,worker2:cpu", cut="layer1", train_mode=False).check()
@@ -49,7 +51,21 @@ def test_no_overlap_makes_the_pipelined_update_one_microbatch_at_a_time(world):
         for stage, phase in ((0, "forward"), (1, "forward"), (1, "backward"), (0, "backward"))]
     assert all(a.end <= b.start + 1e-3 for a, b in zip(events, events[1:]))
     assert run.num_microbatches == 3 and run.microbatch_size == 2
-    assert 1.0 <= overlap_bound(run) <= 2.0 + 1e-9  # two stages overlap at most two-fold
+
+
+def test_overlap_bound_is_the_step_over_the_ideal_pipeline_of_its_own_stage_times():
+    # two stages, 3 micro-batches one at a time: forward 1 and 2 s, backward 2 and 3 s per micro-batch
+    times = {(0, "forward"): 1.0, (1, "forward"): 2.0, (1, "backward"): 3.0, (0, "backward"): 2.0}
+    events, clock = [], 0.0
+    for mb in range(3):
+        for stage, phase in ((0, "forward"), (1, "forward"), (1, "backward"), (0, "backward")):
+            events.append(Event(stage, mb, phase, clock, clock + times[(stage, phase)]))
+            clock += times[(stage, phase)] + 0.5  # and half a second of messages after each
+    timeline = Timeline(events, ["stage 1", "stage 2"], 3)
+    run = RunResult(2, 3, [clock], 6, timeline, predict_from_timeline(timeline))
+    ideal = closed_form([1.0, 2.0], [2.0, 3.0], 3)  # 3 + 2 x 2 + 5 + 2 x 3 = 18 s
+    assert run.prediction.total == pytest.approx(ideal) == pytest.approx(18.0)
+    assert overlap_bound(run, rest_seconds=0.25) == pytest.approx(clock / (0.25 + 18.0))
 
 
 def test_solo_seconds_per_image_times_one_shard_and_restores_the_threads():

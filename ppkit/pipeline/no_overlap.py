@@ -12,7 +12,7 @@ BatchNorm statistics and same update as the pipelined step at that size; only th
     pipelined = train_batches(model, optimizer, config, microbatch_size=4)
     alone = train_no_overlap(model, optimizer, config, microbatch_size=4)
     alone.seconds_per_batch / pipelined.seconds_per_batch   # the gain from overlap alone
-    overlap_bound(alone)                                     # what overlap could give at best
+    overlap_bound(alone, rest_seconds)                       # what overlap could give at best
 
 :func:`solo_seconds_per_image` times one stage alone at several micro-batch sizes, in this process:
 what a micro-batch's size does to the cost of an image, with no pipeline around it.
@@ -71,15 +71,15 @@ def train_no_overlap(model, optimizer, config, microbatch_size: int) -> RunResul
     return RunResult(microbatch_size, count, seconds, config.batch_size, timeline, prediction)
 
 
-def overlap_bound(run: RunResult) -> float:
-    """The most overlap could speed up ``run`` (a :func:`train_no_overlap` result): its step time
-    over the same step with the stages' solo times pipelined ideally (GPipe, sends free) and the
-    rest of the step (loss, optimizer, messages) unchanged."""
-    busy = sum(run.timeline.busy(s, phase) for s in range(run.timeline.num_stages)
-               for phase in ("forward", "backward"))
-    step = run.seconds_per_batch
-    rest = max(0.0, step - busy)
-    return step / (rest + run.prediction.total) if run.prediction is not None else 1.0
+def overlap_bound(run: RunResult, rest_seconds: float) -> float:
+    """The most overlap could speed up ``run`` (a :func:`train_no_overlap` result): its step time over
+    the ideal pipeline of the same stage times (GPipe, sends free) plus ``rest_seconds``, what a
+    step spends outside the stages when the batch is not cut (loss, optimizer, one round of messages:
+    ``Reference.fixed_seconds``). Run one at a time, every micro-batch also waits for its own
+    messages and loss; in a pipeline those overlap with the other micro-batches' compute."""
+    if run.prediction is None:
+        return 1.0
+    return run.seconds_per_batch / (max(0.0, rest_seconds) + run.prediction.total)
 
 
 def solo_seconds_per_image(shard: nn.Module, input_shape, sizes, *, backward: bool = True,

@@ -13,14 +13,12 @@ reference is the gain from overlap alone; the whole-batch reference over the sam
 the micro-batch size did to the cost per image; the speed-up over the whole batch is their product.
 
 The *bubble bound* for ``m`` micro-batches assumes each stage needs exactly ``f_s / m`` and ``b_s / m``
-per micro-batch and nothing else changes: the other work plus the ideal GPipe schedule of
-:mod:`ppkit.pipeline.bubble`. The *overlap bound* is the same ideal schedule built from the
-same-size reference's own stage times instead, so it holds whatever the micro-batch size does to
-the cost per image. The measured step time falls with ``m`` (the bubble shrinks) and then rises
-again: every micro-batch costs a fixed amount too (its messages, smaller and less efficient kernels,
-one more gradient accumulation of the shard's weights). Fitting ``measured - bound = overhead * (m - 1)``
-states that cost in ms per micro-batch, and ``bound + overhead * (m - 1)`` predicts where the bottom of
-the U is.
+per micro-batch: the rest of the step plus the ideal GPipe schedule of :mod:`ppkit.pipeline.bubble`.
+The *overlap bound* builds that ideal schedule from the same-size reference's own stage times, so it
+holds whatever the micro-batch size does to the cost per image. The measured step falls with ``m``,
+then rises: every micro-batch costs something of its own (messages, smaller kernels, one more
+gradient accumulation). The fit ``measured - bound = overhead * (m - 1)`` states that cost, and
+``bound + overhead * (m - 1)`` predicts the bottom of the U.
 
 Steps are measured in rounds (one step at every count per round, after one untimed warm-up step
 each; the same-size reference right after its count's step), alternating the order, so a machine
@@ -135,13 +133,6 @@ class CurvePoint:
         """No overlap at this micro-batch size over pipelined: the gain from overlap alone."""
         return None if self.no_overlap is None else self.no_overlap / self.seconds
 
-    @property
-    def overlap_bound(self) -> float | None:
-        """The most overlap could give at this size (from the same-size reference's stage times)."""
-        if self.num_microbatches == 1:
-            return 1.0
-        return None if self.no_overlap_run is None else overlap_bound(self.no_overlap_run)
-
 
 def fit_overhead(counts, measured, bound) -> float:
     """Least squares of ``measured - bound = overhead * (m - 1)`` over the counts above 1."""
@@ -202,13 +193,22 @@ class UCurve:
     def speedup(self, point: CurvePoint) -> float:
         return self.reference.step_seconds / point.seconds
 
+    def overlap_bound(self, point: CurvePoint) -> float | None:
+        """The most overlap could give at ``point``'s size: its same-size reference over the ideal
+        pipeline of that reference's stage times plus the whole-batch step's rest (``no_overlap``)."""
+        if point.num_microbatches == 1:
+            return 1.0
+        if point.no_overlap_run is None:
+            return None
+        return overlap_bound(point.no_overlap_run, self.reference.fixed_seconds)
+
     def rows(self) -> list[dict]:
         rows = []
         for p in self.points:
             bound = self.reference.bound_seconds(p.num_microbatches)
             rows.append({"num_microbatches": p.num_microbatches, "microbatch_size": p.microbatch_size,
                          "step_s": p.seconds, "no_overlap_s": p.no_overlap, "overlap_speedup": p.overlap_speedup,
-                         "overlap_bound": p.overlap_bound, "speedup": self.speedup(p), "bound_s": bound,
+                         "overlap_bound": self.overlap_bound(p), "speedup": self.speedup(p), "bound_s": bound,
                          "bound_speedup": self.reference.step_seconds / bound,
                          "model_s": self.model_seconds(p.num_microbatches),
                          "measured_over_bound": p.seconds / bound})
@@ -232,10 +232,11 @@ class UCurve:
         whole = (f"{self.speedup(best):.2f}x (bubble bound "
                  f"{self.reference.bound_speedup(best.num_microbatches):.2f}x, {best.num_microbatches} "
                  f"micro-batches of {best.microbatch_size})")
-        if best.overlap_speedup is None or best.overlap_bound is None:
+        bound = self.overlap_bound(best)
+        if best.overlap_speedup is None or bound is None:
             return f"speed-up over no overlap: {whole}"
         return (f"speed-up over no overlap at the same micro-batch size: {best.overlap_speedup:.2f}x (overlap "
-                f"bound {best.overlap_bound:.2f}x); over the whole batch in one: {whole}")
+                f"bound {bound:.2f}x); over the whole batch in one: {whole}")
 
 
 def reference_from(runs: list[RunResult]) -> Reference:
