@@ -145,7 +145,7 @@ def test_cli_end_to_end(world, tmp_path, capsys):
     assert plot.read_bytes().startswith(b"\x89PNG")
     verify = next(line for line in lines if line.startswith("verify:"))
     assert "OK" in verify and float(verify.split("= ")[1].split()[0]) <= 1e-4
-    assert lines[-1].startswith("speed-up over no overlap: ")
+    assert lines[-1].startswith("speed-up over no overlap at the same micro-batch size: ")
 
 
 def test_cli_progress_bar():

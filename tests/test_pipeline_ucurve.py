@@ -29,8 +29,11 @@ from ppkit.pipeline.ucurve import (
 )
 
 matplotlib.use("Agg")
-SPEEDUP_LINE = re.compile(r"^speed-up over no overlap: (\d+\.\d\d)x \(bubble bound (\d+\.\d\d)x, "
-                          r"(\d+) micro-batches of (\d+)\)$")
+# groups: [speed-up over the same micro-batches one at a time, its overlap bound,] speed-up over the
+# whole batch in one micro-batch, its bubble bound, the count, the micro-batch size
+SPEEDUP_LINE = re.compile(r"^speed-up over no overlap(?: at the same micro-batch size: (\d+\.\d\d)x \(overlap "
+                          r"bound (\d+\.\d\d)x\); over the whole batch in one)?: (\d+\.\d\d)x \(bubble bound "
+                          r"(\d+\.\d\d)x, (\d+) micro-batches of (\d+)\)$")
 
 
 def test_reference_bound_is_the_bubble_model_of_the_solo_times_split_m_ways():
@@ -57,9 +60,10 @@ def test_overhead_fit_recovers_a_known_cost_and_the_best_count():
     assert curve.model_seconds(8) == pytest.approx(measured[3])
     match = SPEEDUP_LINE.match(curve.summary())
     assert match, curve.summary()
-    assert float(match[1]) == pytest.approx(3.0 / measured[3], abs=0.005)
-    assert float(match[2]) == pytest.approx(ref.bound_speedup(8), abs=0.005)
-    assert match.group(3, 4) == ("8", "4")
+    assert match[1] is None  # no same-size reference measured for these points
+    assert float(match[3]) == pytest.approx(3.0 / measured[3], abs=0.005)
+    assert float(match[4]) == pytest.approx(ref.bound_speedup(8), abs=0.005)
+    assert match.group(5, 6) == ("8", "4")
     assert best_count((0.4, 0.6), (0.8, 1.0), 0.2, 0.025, counts) == 8
     assert step_model((0.4, 0.6), (0.8, 1.0), 0.2, 0.0, 1) == pytest.approx(3.0)
     text = curve.format_table()
@@ -117,9 +121,18 @@ def test_measured_ucurve_and_auto_cut_on_real_workers(world):
                                progress=lambda done, total: steps.append((done, total)))
     finally:
         model.close()
-    assert steps[-1] == (9, 9)  # 3 counts x (1 warm-up + 2 rounds)
+    assert steps[-1] == (13, 13)  # 3 counts x (1 warm-up + 2 rounds), and 2 rounds of 2 same-size references
     assert curve.counts == [1, 2, 4] and [p.microbatch_size for p in curve.points] == [4, 2, 1]
-    assert all(len(p.step_seconds) == 2 for p in curve.points)
+    assert all(len(p.step_seconds) == 2 and len(p.no_overlap_seconds) == 2 for p in curve.points)
+    one, *more = curve.points
+    assert one.no_overlap_seconds == one.step_seconds and one.overlap_speedup == 1.0 == curve.overlap_bound(one)
+    for point in more:  # the same micro-batches, one at a time: every one of them, on both stages
+        assert point.no_overlap_run.microbatch_size == point.microbatch_size
+        assert sorted(e.microbatch for e in point.no_overlap_run.timeline.select(1, "forward")) == list(
+            range(point.num_microbatches))
+        assert point.overlap_speedup == pytest.approx(point.no_overlap / point.seconds)
+        assert curve.overlap_bound(point) == pytest.approx(point.no_overlap_run.seconds_per_batch / (
+            curve.reference.fixed_seconds + point.no_overlap_run.prediction.total))
     ref = curve.reference
     assert ref.step_seconds == curve.points[0].seconds
     assert all(f > 0 for f in ref.forward) and all(b > 0 for b in ref.backward)
@@ -127,7 +140,9 @@ def test_measured_ucurve_and_auto_cut_on_real_workers(world):
     assert ref.bound_seconds(4) < ref.bound_seconds(1)  # the bubble shrinks
     assert math.isfinite(curve.overhead_seconds)
     assert {p.process for p in curve.resources} >= {"worker1", "worker2"}
-    assert SPEEDUP_LINE.match(curve.summary())
+    match = SPEEDUP_LINE.match(curve.summary())
+    assert match and float(match[1]) == pytest.approx(curve.best.overlap_speedup, abs=0.005)
+    assert "no overlap s (same size)" in curve.format_table()
     for point in curve.points:  # the timeline kept is the last round's, at that count
         assert point.run.num_microbatches == point.num_microbatches
     from ppkit.pipeline.plots import ucurve_figure

@@ -50,3 +50,22 @@ def test_a_failing_stage_does_not_leave_its_neighbour_hanging(batch, no_leftover
         assert info.value.exc_types[0] == "StageTimeoutError"  # ...and its neighbour gave up in time
         assert "stage 1 of 2 (rank 0) of the 1f1b pipeline waited more than 3 s" in str(info.value)
         assert cluster.state == "ready"
+
+
+def test_a_failing_stage_of_a_v_schedule_ends_in_time_and_restart_recovers(batch, no_leftovers):
+    def _failing_loss(rank, world_size, x, y):
+        # ZBV puts stages 1 and 4 on rank 0, so the loss (and its failure) is there; rank 1, holding
+        # stages 2 and 3, then waits for the gradients of stage 4
+        bad = y + (10 * pp.NUM_CLASSES if rank == 0 else 0)
+        return pp.train_step(rank, world_size, x, bad, "zbvzerobubble", p2p_timeout=3)
+
+    with ppkit.Cluster(2, "gloo", timeout=60) as cluster:
+        with pytest.raises(ppkit.RemoteError) as info:
+            cluster.run(_failing_loss, *batch, timeout=RUN_TIMEOUT)
+        assert info.value.exc_types[0] != "StageTimeoutError"  # the real cause is reported...
+        assert info.value.exc_types[1] == "StageTimeoutError"  # ...and the other rank gave up in time
+        assert "stages 2 and 3 of 4 (rank 1) of the zbvzerobubble pipeline waited more than 3 s" in str(info.value)
+        cluster.restart()
+        run = cmp.run_looped(cluster, *batch, "zbvzerobubble", timeout=RUN_TIMEOUT, return_grads=False)
+        reference = verify.reference_step(*batch, run.cuts)
+        assert run.loss == pytest.approx(reference["loss"], rel=verify.LOSS_RTOL)

@@ -6,10 +6,14 @@
     ppkit pipeline --placement master:cpu,worker1:cpu --cut layer3 --plot sweep.png --verify
 
 With the RPC schedule it measures the U-curve (ppkit/pipeline/ucurve.py): the no-overlap reference
-(one micro-batch) and every count, in rounds, with each stage process on its own cores
-(``--stage-threads``), and ends with one line a script can read::
+(one micro-batch) and every count, each also with its micro-batches one at a time (no overlap at the
+same size), in rounds, with each stage process on its own cores (``--stage-threads``), and ends with
+one line a script can read::
 
-    speed-up over no overlap: 1.62x (bubble bound 1.74x, 8 micro-batches of 4)
+    speed-up over no overlap at the same micro-batch size: 1.61x (overlap bound 1.66x); over the
+    whole batch in one: 2.10x (bubble bound 1.46x, 8 micro-batches of 15)
+
+(one line; wrapped here).
 
 The command runs in three steps, each its own function so options can extend one step without
 touching the others: read and check the flags (:func:`config_from_args`; nothing starts if they are

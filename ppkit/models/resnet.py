@@ -1,4 +1,5 @@
-"""torchvision's ResNet50 cut into two shards at a stage boundary.
+"""torchvision's ResNet50 cut into shards at stage boundaries (two for most lessons, four for the
+interleaved and V-shaped pipeline schedules).
 
 The shards are plain ``nn.Sequential`` slices of one ``torchvision.models.resnet50``, so running
 shard 2 on shard 1's output is exactly the whole model: tests and notebooks compare against it.
@@ -51,15 +52,31 @@ def stage_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 def split_resnet50(model: nn.Module, cut: str = DEFAULT_CUT) -> tuple[nn.Sequential, nn.Sequential]:
     """Split ``model`` after stage ``cut``; the shards share the model's parameters."""
+    shard1, shard2 = split_resnet50_at(model, (cut,))
+    return shard1, shard2
+
+
+def check_cuts(cuts) -> tuple[str, ...]:
+    """``cuts`` as a tuple of distinct cut points in forward order (one cut: two shards)."""
+    cuts = (cuts,) if isinstance(cuts, str) else tuple(cuts)
+    for cut in cuts:
+        check_cut(cut)
+    if not cuts or list(cuts) != sorted(set(cuts), key=STAGES.index):
+        raise ConfigError(f"cut points {list(cuts)} must be distinct and in forward order "
+                          f"({', '.join(CUT_POINTS)}), e.g. ('layer1', 'layer2', 'layer3') for four shards.")
+    return cuts
+
+
+def split_resnet50_at(model: nn.Module, cuts) -> tuple[nn.Sequential, ...]:
+    """Split ``model`` after each stage in ``cuts`` (``len(cuts) + 1`` shards sharing its parameters)."""
     from torch import nn
 
-    check_cut(cut)
     stages = stage_modules(model)
-    end = STAGES.index(cut) + 1
-    shard1 = nn.Sequential(*(stages[name] for name in STAGES[:end]))
-    shard2 = nn.Sequential(*(stages[name] for name in STAGES[end:]),
-                           model.avgpool, nn.Flatten(1), model.fc)
-    return shard1, shard2
+    ends = [STAGES.index(cut) + 1 for cut in check_cuts(cuts)]
+    names = [STAGES[a:b] for a, b in zip([0, *ends], [*ends, len(STAGES)])]
+    shards = [nn.Sequential(*(stages[name] for name in group)) for group in names]
+    shards[-1].extend([model.avgpool, nn.Flatten(1), model.fc])
+    return tuple(shards)
 
 
 def build_shards(cut: str = DEFAULT_CUT, seed: int = 0) -> tuple[nn.Sequential, nn.Sequential]:

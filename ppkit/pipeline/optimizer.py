@@ -24,5 +24,11 @@ class PipelineOptimizer:
         self.model = model
         model.call_stages(stages.make_optimizer, optimizer_class, kwargs, what="creating the optimizer")
 
-    def step(self, context_id: int) -> None:
+    def step(self, context_id: int | None) -> None:
+        """Step every shard with its gradients of ``context_id``, or (``None``) with the gradients
+        :meth:`accumulate` added up."""
         self.model.call_stages(stages.optimizer_step, context_id, what="optimizer step")
+
+    def accumulate(self, context_id: int) -> None:
+        """Add every shard's gradients of ``context_id`` to what the next ``step(None)`` uses."""
+        self.model.call_stages(stages.accumulate_gradients, context_id, what="accumulating gradients")

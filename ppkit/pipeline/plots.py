@@ -75,8 +75,9 @@ def sweep_figure(result, run_index: int | None = -1):
 
 
 def plot_ucurve(ax, curve) -> None:
-    """Step time over the number of micro-batches: measured (median, range of the rounds), the bubble
-    bound from the solo stage times, and the bound plus the fitted per-micro-batch overhead."""
+    """Step time over the number of micro-batches: measured (median, range of the rounds), the
+    no-overlap reference at each count's micro-batch size (if measured), the bubble bound from the
+    solo stage times, and the bound plus the fitted per-micro-batch overhead."""
     counts = curve.counts
     measured = [p.seconds for p in curve.points]
     low = [p.seconds - min(p.step_seconds) for p in curve.points]
@@ -86,6 +87,9 @@ def plot_ucurve(ax, curve) -> None:
             label="bubble bound (solo stage times)")
     ax.plot(counts, [curve.model_seconds(m) for m in counts], "s--",
             label=f"bound + {curve.overhead_seconds * 1e3:.0f} ms per extra micro-batch")
+    same = [(p.num_microbatches, p.no_overlap) for p in curve.points if p.no_overlap is not None]
+    if len(same) > 1:
+        ax.plot(*zip(*same), "x--", color="grey", label="no overlap, same micro-batches one at a time")
     ax.axhline(curve.reference.step_seconds, color="grey", linewidth=0.8, label="no overlap (1 micro-batch)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(counts, [f"{p.num_microbatches}\n({p.microbatch_size})" for p in curve.points])

@@ -174,11 +174,23 @@ class Stage:
             events.append(self._events.popleft())
         return events
 
-    def optimizer_step(self, context_id: int) -> None:
+    def accumulate_gradients(self, context_id: int) -> None:
+        """Add the shard's gradients of ``context_id`` to its ``.grad``: a step whose micro-batches
+        each ran in a context of their own (``ppkit.pipeline.no_overlap``)."""
         grads = dist_autograd.get_gradients(context_id)
-        params = [p for p in self.module.parameters() if p in grads]
-        for p in params:
-            p.grad = grads[p]
+        for p in self.module.parameters():
+            if p in grads:
+                p.grad = grads[p].clone() if p.grad is None else p.grad.add_(grads[p])
+
+    def optimizer_step(self, context_id: int | None) -> None:
+        """Step with the gradients of ``context_id``, or (``None``) with those accumulated."""
+        if context_id is None:
+            params = [p for p in self.module.parameters() if p.grad is not None]
+        else:
+            grads = dist_autograd.get_gradients(context_id)
+            params = [p for p in self.module.parameters() if p in grads]
+            for p in params:
+                p.grad = grads[p]
         self.optimizer.step()
         for p in params:
             p.grad = None

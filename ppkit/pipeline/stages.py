@@ -148,8 +148,12 @@ def make_optimizer(stage_id: str, optimizer_class, kwargs: dict) -> None:
     stage.optimizer = optimizer_class(stage.module.parameters(), **kwargs)
 
 
-def optimizer_step(stage_id: str, context_id: int) -> None:
+def optimizer_step(stage_id: str, context_id: int | None) -> None:
     _get(stage_id).optimizer_step(context_id)
+
+
+def accumulate_gradients(stage_id: str, context_id: int) -> None:
+    _get(stage_id).accumulate_gradients(context_id)
 
 
 def state_dict(stage_id: str) -> dict:

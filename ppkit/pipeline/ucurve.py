@@ -2,22 +2,28 @@
 
     curve = measure_ucurve(model, optimizer, config, counts=(1, 2, 4, 8, 16, 32))
     print(curve.format_table())
-    print(curve.summary())   # speed-up over no overlap: 1.62x (bubble bound 1.74x, 8 micro-batches of 4)
+    print(curve.summary())   # speed-up over no overlap at the same micro-batch size: 1.45x (...)
 
-The *reference* is the same shards with the same per-stage resources and the whole batch as one
-micro-batch: no overlap, so its timeline shows each stage's time alone (``f_s`` forward, ``b_s``
-backward) and the step's other work (loss, optimizer, messages). The *bubble bound* for ``m``
-micro-batches assumes each stage needs exactly ``f_s / m`` and ``b_s / m`` per micro-batch and
-nothing else changes: the other work plus the ideal GPipe schedule of :mod:`ppkit.pipeline.bubble`.
-It is what pipelining could give at best. The measured step time falls with ``m`` (the bubble
-shrinks) and then rises again: every micro-batch costs a fixed amount too (its messages, smaller
-and less efficient kernels, one more gradient accumulation of the shard's weights). Fitting
-``measured - bound = overhead * (m - 1)`` states that cost in ms per micro-batch, and
-``bound + overhead * (m - 1)`` predicts where the bottom of the U is.
+Two no-overlap references. The *whole-batch* one is the same shards with the same per-stage
+resources and the whole batch as one micro-batch: its timeline shows each stage's time alone
+(``f_s`` forward, ``b_s`` backward) and the step's other work (loss, optimizer, messages). The
+*same-size* one (``ppkit.pipeline.no_overlap``, measured for every count unless ``same_size=False``)
+runs the very micro-batches of each count one after the other. The pipelined step over the same-size
+reference is the gain from overlap alone; the whole-batch reference over the same-size one is what
+the micro-batch size did to the cost per image; the speed-up over the whole batch is their product.
+
+The *bubble bound* for ``m`` micro-batches assumes each stage needs exactly ``f_s / m`` and ``b_s / m``
+per micro-batch: the rest of the step plus the ideal GPipe schedule of :mod:`ppkit.pipeline.bubble`.
+The *overlap bound* builds that ideal schedule from the same-size reference's own stage times, so it
+holds whatever the micro-batch size does to the cost per image. The measured step falls with ``m``,
+then rises: every micro-batch costs something of its own (messages, smaller kernels, one more
+gradient accumulation). The fit ``measured - bound = overhead * (m - 1)`` states that cost, and
+``bound + overhead * (m - 1)`` predicts the bottom of the U.
 
 Steps are measured in rounds (one step at every count per round, after one untimed warm-up step
-each), alternating the order, so a machine that gets busier meanwhile slows every count alike; a
-count's step time is the median of its rounds (the lower of the two middle ones for an even number).
+each; the same-size reference right after its count's step), alternating the order, so a machine
+that gets busier meanwhile slows every count alike; a count's step time is the median of its rounds
+(the lower of the two middle ones for an even number).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from ppkit.errors import ConfigError
 from ppkit.pipeline.bubble import predict
 from ppkit.pipeline.config import PipelineConfig
+from ppkit.pipeline.no_overlap import overlap_bound, train_no_overlap
 from ppkit.pipeline.sweep import RunResult, train_batches
 
 DEFAULT_COUNTS = (1, 2, 4, 8, 16, 32)
@@ -108,11 +115,23 @@ class CurvePoint:
     microbatch_size: int
     step_seconds: list[float] = field(default_factory=list)  # one per round
     run: RunResult | None = None  # the last round (timeline and bubble model of that step)
+    no_overlap_seconds: list[float] = field(default_factory=list)  # the same micro-batches one at a time
+    no_overlap_run: RunResult | None = None
 
     @property
     def seconds(self) -> float:
         """The median of the rounds (the lower middle one for an even count: a measured step)."""
         return statistics.median_low(self.step_seconds)
+
+    @property
+    def no_overlap(self) -> float | None:
+        """The same-size reference's step time (median of the rounds), if it was measured."""
+        return statistics.median_low(self.no_overlap_seconds) if self.no_overlap_seconds else None
+
+    @property
+    def overlap_speedup(self) -> float | None:
+        """No overlap at this micro-batch size over pipelined: the gain from overlap alone."""
+        return None if self.no_overlap is None else self.no_overlap / self.seconds
 
 
 def fit_overhead(counts, measured, bound) -> float:
@@ -126,7 +145,10 @@ COLUMNS = (
     ("num_microbatches", "micro-batches", "{}"),
     ("microbatch_size", "micro-batch size", "{}"),
     ("step_s", "s / step", "{:.3f}"),
-    ("speedup", "speed-up", "{:.2f}x"),
+    ("no_overlap_s", "no overlap s (same size)", "{:.3f}"),
+    ("overlap_speedup", "speed-up over it", "{:.2f}x"),
+    ("overlap_bound", "overlap bound", "{:.2f}x"),
+    ("speedup", "vs whole batch", "{:.2f}x"),
     ("bound_s", "bubble bound s", "{:.3f}"),
     ("bound_speedup", "bound speed-up", "{:.2f}x"),
     ("model_s", "bound + overhead s", "{:.3f}"),
@@ -171,12 +193,22 @@ class UCurve:
     def speedup(self, point: CurvePoint) -> float:
         return self.reference.step_seconds / point.seconds
 
+    def overlap_bound(self, point: CurvePoint) -> float | None:
+        """The most overlap could give at ``point``'s size: its same-size reference over the ideal
+        pipeline of that reference's stage times plus the whole-batch step's rest (``no_overlap``)."""
+        if point.num_microbatches == 1:
+            return 1.0
+        if point.no_overlap_run is None:
+            return None
+        return overlap_bound(point.no_overlap_run, self.reference.fixed_seconds)
+
     def rows(self) -> list[dict]:
         rows = []
         for p in self.points:
             bound = self.reference.bound_seconds(p.num_microbatches)
             rows.append({"num_microbatches": p.num_microbatches, "microbatch_size": p.microbatch_size,
-                         "step_s": p.seconds, "speedup": self.speedup(p), "bound_s": bound,
+                         "step_s": p.seconds, "no_overlap_s": p.no_overlap, "overlap_speedup": p.overlap_speedup,
+                         "overlap_bound": self.overlap_bound(p), "speedup": self.speedup(p), "bound_s": bound,
                          "bound_speedup": self.reference.step_seconds / bound,
                          "model_s": self.model_seconds(p.num_microbatches),
                          "measured_over_bound": p.seconds / bound})
@@ -193,11 +225,18 @@ class UCurve:
                 f"{self.predicted_best} micro-batches, the measured best {self.best.num_microbatches}")
 
     def summary(self) -> str:
-        """The one line a script reads: speed-up of the best count, its bound, the count and size."""
+        """The one line a script reads: the best count's speed-up over no overlap at its own
+        micro-batch size and its overlap bound (when measured), then over the whole batch in one
+        micro-batch and its bubble bound, the count and the size."""
         best = self.best
-        return (f"speed-up over no overlap: {self.speedup(best):.2f}x (bubble bound "
-                f"{self.reference.bound_speedup(best.num_microbatches):.2f}x, {best.num_microbatches} "
-                f"micro-batches of {best.microbatch_size})")
+        whole = (f"{self.speedup(best):.2f}x (bubble bound "
+                 f"{self.reference.bound_speedup(best.num_microbatches):.2f}x, {best.num_microbatches} "
+                 f"micro-batches of {best.microbatch_size})")
+        bound = self.overlap_bound(best)
+        if best.overlap_speedup is None or bound is None:
+            return f"speed-up over no overlap: {whole}"
+        return (f"speed-up over no overlap at the same micro-batch size: {best.overlap_speedup:.2f}x (overlap "
+                f"bound {bound:.2f}x); over the whole batch in one: {whole}")
 
 
 def reference_from(runs: list[RunResult]) -> Reference:
@@ -210,12 +249,13 @@ def reference_from(runs: list[RunResult]) -> Reference:
 
 
 def measure_ucurve(model, optimizer, config: PipelineConfig, counts=None, *, rounds: int | None = None,
-                   warmup: int = 1, progress=None) -> UCurve:
+                   warmup: int = 1, progress=None, same_size: bool = True) -> UCurve:
     """Measure the U-curve on ``model`` (built by ``sweep.build_model(config)``, left open).
 
     ``counts``: numbers of micro-batches (default 1, 2, 4, ... 32, up to the batch size; 1 is
     always measured: it is the reference). ``rounds``: timed steps per count (default
-    ``config.num_batches``). ``progress(done, total)`` counts steps.
+    ``config.num_batches``). ``same_size``: also time the no-overlap reference at every count's
+    micro-batch size (one more step per count above 1 and round). ``progress(done, total)`` counts steps.
     """
     rounds = config.num_batches if rounds is None else rounds
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
@@ -224,7 +264,8 @@ def measure_ucurve(model, optimizer, config: PipelineConfig, counts=None, *, rou
     one = config.replace(num_batches=1, microbatch_sizes=tuple(size for _, size in pairs)).check()
     points = [CurvePoint(m, size) for m, size in pairs]
     reference_runs: list[RunResult] = []
-    total, done = (warmup + rounds) * len(points), 0
+    extra = sum(p.num_microbatches > 1 for p in points) if same_size else 0
+    total, done = (warmup + rounds) * len(points) + rounds * extra, 0
 
     def step(point: CurvePoint, timed: bool) -> None:
         nonlocal done
@@ -234,6 +275,13 @@ def measure_ucurve(model, optimizer, config: PipelineConfig, counts=None, *, rou
             point.run = run
             if point.num_microbatches == 1:
                 reference_runs.append(run)
+                if same_size:  # one micro-batch: nothing overlaps, it is its own same-size reference
+                    point.no_overlap_seconds.append(run.seconds_per_batch)
+            elif same_size:
+                alone = train_no_overlap(model, optimizer, one, point.microbatch_size)
+                point.no_overlap_seconds.append(alone.seconds_per_batch)
+                point.no_overlap_run = alone
+                done += 1
         done += 1
         if progress is not None:
             progress(done, total)

@@ -1,8 +1,10 @@
-"""RPC, GPipe and 1F1B on the same batch: each schedule run for a few steps, in turns.
+"""RPC, GPipe and 1F1B on the same batch: each schedule run for a few steps, in turns; and every
+schedule of ``placement.SPECS`` (two stages per rank past 1F1B) measured per rank.
 
     x, y = make_batch(8, 32)
     runs = compare_schedules(cluster, model, x, y, num_microbatches=4)   # model: an RPC PipelineModel
     print(report.format_table(runs)); report.plot_timelines(runs)
+    looped = compare_looped(cluster, x, y, num_microbatches=4)           # name -> LoopedRun
 
 Each run is a ``ScheduleRun`` (``ppkit.pipelining.schedule_run``); ``ppkit.pipelining.verify``
 checks it against one local ResNet50 and ``ppkit.pipelining.report`` tabulates and draws it.
@@ -10,6 +12,7 @@ checks it against one local ResNet50 and ``ppkit.pipelining.report`` tabulates a
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -17,7 +20,9 @@ from torch import nn
 
 from ppkit.errors import ConfigError
 from ppkit.pipeline.timeline import Timeline
+from ppkit.pipelining import placement
 from ppkit.pipelining.bubble_model import KINDS, check_kind
+from ppkit.pipelining.looped_run import LoopedRun, merge_looped
 from ppkit.pipelining.schedule_run import ScheduleRun, merge_ranks
 from ppkit.pipelining.stage import check_schedule, microbatch_size_of, train_step
 
@@ -106,4 +111,58 @@ def compare_schedules(cluster, model, x: torch.Tensor, y: torch.Tensor, num_micr
             runs[schedule] = run
     for schedule, run in runs.items():
         run.step_times, run.warmup_steps = timed[schedule], 0
+    return runs
+
+
+def _two_ranks(cluster) -> int:
+    if cluster.world_size != 2:
+        raise ConfigError(f"these ResNet50 pipelines run on 2 ranks; this cluster has {cluster.world_size}. "
+                          "Start one with ppkit.Cluster(2, 'gloo').")
+    return cluster.world_size
+
+
+def run_looped(cluster, x, y, schedule: str, *, num_microbatches: int = 4, cut=None,
+               timeout: float | None = None, **options) -> LoopedRun:
+    """``train_step`` of any schedule on every rank of a 2-rank ``cluster``, merged per rank.
+
+    Impossible settings (a micro-batch count the schedule cannot take, a batch that does not split
+    into it, a wrong number of cut points) are refused here, in this process, before any rank runs:
+    the cluster stays as it was.
+    """
+    placement.spec_of(schedule)
+    num_ranks = _two_ranks(cluster)
+    cuts = placement.stage_cuts(schedule, num_ranks, cut)
+    placement.check_microbatches(schedule, num_ranks, num_microbatches)
+    batch = x[0] if isinstance(x, (list, tuple)) else x
+    microbatch_size_of(len(batch), num_microbatches)
+    return merge_looped(cluster.run(train_step, x, y, schedule, num_microbatches=num_microbatches, cut=cuts,
+                                    timeout=timeout, **options))
+
+
+def compare_looped(cluster, x, y, num_microbatches: int = 4, *, schedules=tuple(placement.SPECS),
+                   steps: int = 2, rounds: int = 1, timeout: float | None = None, **options) -> dict[str, LoopedRun]:
+    """Every schedule in ``schedules`` on the same batch and micro-batches (GPipe and 1F1B cut at the
+    tutorial's ``layer2``, the others into four stages), checked before the first one runs.
+
+    Each round runs every schedule in turn for one warm-up step and ``steps`` timed ones, so a
+    machine that gets busier or quieter affects all of them alike. The result keeps the last round's
+    timeline and gradients and the timed steps of every round (``step_times``; ``round_times``: the
+    median of each round, for ratios within a round).
+    """
+    if steps < 1 or rounds < 1:
+        raise ConfigError(f"steps and rounds must be at least 1, got steps={steps}, rounds={rounds}.")
+    num_ranks = _two_ranks(cluster)
+    for schedule in schedules:
+        placement.check_microbatches(schedule, num_ranks, num_microbatches)
+    runs: dict[str, LoopedRun] = {}
+    timed: dict[str, list[list[float]]] = {schedule: [] for schedule in schedules}
+    for _ in range(rounds):
+        for schedule in schedules:
+            run = run_looped(cluster, x, y, schedule, num_microbatches=num_microbatches, steps=steps + 1,
+                             timeout=timeout, **options)
+            timed[schedule].append(run.step_times[1:])
+            runs[schedule] = run
+    for schedule, run in runs.items():
+        run.step_times, run.warmup_steps = [t for times in timed[schedule] for t in times], 0
+        run.round_times = [statistics.median(times) for times in timed[schedule]]
     return runs

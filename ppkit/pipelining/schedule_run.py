@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ppkit.errors import ConfigError
 from ppkit.pipeline.bubble import BubblePrediction
 from ppkit.pipeline.timeline import Event, Timeline
 from ppkit.pipelining.bubble_model import PHASE, ideal_timeline, schedule_orders
@@ -61,13 +62,16 @@ class ScheduleRun:
 def merge_ranks(ranks: list[dict]) -> ScheduleRun:
     """One run from the per-rank results of ``train_step`` (in rank order)."""
     origin = min(r["step_start"] for r in ranks)
-    events = sorted((Event(r["stage"], mb, PHASE[kind], t0 - origin, t1 - origin)
-                     for r in ranks for kind, mb, t0, t1 in r["events"]), key=lambda e: (e.stage, e.start))
+    if any(len(r["stages"]) != 1 for r in ranks):
+        raise ConfigError(f"{ranks[0]['schedule']} puts several stages on a rank; merge it with "
+                          "ppkit.pipelining.looped_run.merge_looped.")
+    events = sorted((Event(stage, mb, PHASE[kind], t0 - origin, t1 - origin)
+                     for r in ranks for stage, kind, mb, t0, t1 in r["events"]), key=lambda e: (e.stage, e.start))
     first = ranks[0]
     labels = [f"stage {r['stage'] + 1} (rank {r['rank']})" for r in ranks]
     return ScheduleRun(
         first["schedule"], first["num_microbatches"], first["microbatch_size"], ranks[-1]["loss"],
-        None if first["grads"] is None else [r["grads"] for r in ranks],
+        None if first["grads"] is None else [r["grads"][r["stage"]] for r in ranks],
         [max(times) for times in zip(*(r["step_times"] for r in ranks))],
         Timeline(events, labels, first["num_microbatches"]),
         [r["peak_activation_bytes"] for r in ranks])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ppkit.errors import ConfigError
-from ppkit.models.resnet import DEFAULT_CUT, resnet50, split_resnet50
+from ppkit.models.resnet import DEFAULT_CUT, resnet50, split_resnet50_at
 from ppkit.pipelining.stage import LOSSES
 
 # "Equal" for these float32 computations. Convolutions pick their algorithm by batch size, so a
@@ -20,15 +20,16 @@ LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-3
 
 
-def reference_step(x: torch.Tensor, y: torch.Tensor, cut: str = DEFAULT_CUT, seed: int = 0,
+def reference_step(x: torch.Tensor, y: torch.Tensor, cut=DEFAULT_CUT, seed: int = 0,
                    loss: str = "cross_entropy") -> dict:
-    """The same step on one local model (eval-mode BN, whole batch): loss and gradients per shard."""
+    """The same step on one local model (eval-mode BN, whole batch): loss and gradients per shard,
+    the model cut at ``cut`` (one cut point, or several: ``("layer1", "layer2", "layer3")``)."""
     model = resnet50(seed).eval()
     loss = LOSSES[loss](model(x), y)
     loss.backward()
     return {"loss": loss.item(),
             "grads": [{name: p.grad for name, p in shard.named_parameters()}
-                      for shard in split_resnet50(model, cut)]}
+                      for shard in split_resnet50_at(model, cut)]}
 
 
 def grad_difference(grads: list[dict], reference: list[dict]) -> float:
