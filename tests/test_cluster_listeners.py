@@ -16,6 +16,7 @@ import time
 
 import psutil
 import pytest
+from leftovers import SLURM_DAEMONS
 
 import ppkit
 from ppkit.lessons import data_parallel as dp
@@ -36,6 +37,8 @@ def listening(pids=None) -> set[tuple[str, int]]:
     found = set()
     for proc in procs:
         try:
+            if proc.name().startswith(SLURM_DAEMONS):  # the SLURM test cluster's, not ppkit's (tests/slurm_testbed.py)
+                continue
             found.update((c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
                          if c.status == psutil.CONN_LISTEN)
         except psutil.Error:
