@@ -84,3 +84,10 @@ def test_workers_take_their_share_as_torch_threads_and_the_repr_says_where_it_ca
     with ppkit.Cluster(2, env={"OMP_NUM_THREADS": "1"}) as cluster:  # the learner's own setting stays
         assert cluster.run(_threads)[0][0] == 1
     assert os.environ[BUDGET_ENV] == "4"
+
+
+def test_where_nothing_limits_the_learner_torchs_default_stays(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert read_budget({}, root=tmp_path, affinity=8).threads_per_worker(4) is None
+    assert read_budget({"CPU_LIMIT": "4"}, root=tmp_path, affinity=8).threads_per_worker(4) == 1
+    assert read_budget({}, root=tmp_path, affinity=8).threads_per_worker(4, {"OMP_NUM_THREADS": "3"}) == 3

@@ -5,8 +5,8 @@ each learner a share (CPU_LIMIT / CPU_GUARANTEE in the environment, and a cgroup
 kernel enforces), and the process may be pinned to a few cores (affinity). ``os.cpu_count()``
 sees none of that: 30 learners x 4 workers x every core's worth of torch threads oversubscribe
 the machine many times over. ppkit reads all of them, takes the smallest, and gives each local
-worker ``budget / workers`` torch threads (at least one), unless the learner sets them
-(``OMP_NUM_THREADS`` in ``env=``, or $PPKIT_CPU_BUDGET to change the budget itself).
+worker ``budget / workers`` torch threads (at least one) where something limits the learner, unless
+the learner sets them (``OMP_NUM_THREADS`` in ``env=``, or $PPKIT_CPU_BUDGET to change the budget).
 
 An unreadable or odd value is a note that says what was read and what was used, never an error.
 """
@@ -29,13 +29,19 @@ class CpuBudget:
     cores: float
     source: str
     notes: tuple[str, ...] = ()
+    limited: bool = True  # False: nothing but the cores this process may run on (a laptop, a whole VM)
 
-    def threads_per_worker(self, workers: int, env=None) -> int:
-        """Each of ``workers``' torch threads; the learner's OMP_NUM_THREADS (in ``env``, else this
-        process's) wins: a forked worker's torch has read its environment already, so it is applied."""
+    def threads_per_worker(self, workers: int, env=None) -> int | None:
+        """Each of ``workers``' torch threads, or None to leave torch's default. The learner's
+        OMP_NUM_THREADS (in ``env``, else this process's) wins: a forked worker's torch has read its
+        environment already, so it is applied. Where nothing limits the learner, torch's default
+        stays: the kernel's own torch uses it too, and a worker on another thread count can round
+        differently (convolutions take another path), so results compared with the kernel's differ."""
         own = (env or {}).get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS", "")
         if own.strip().isdigit() and int(own) > 0:
             return int(own)
+        if not self.limited:
+            return None
         return max(1, math.floor(self.cores / max(1, workers)))
 
     def __str__(self) -> str:
@@ -121,4 +127,4 @@ def read_budget(environ=None, root: Path = CGROUP_ROOT, affinity: int | None = N
                 found.append((value, f"{name}={environ[name]} from the JupyterHub spawner"))
                 break
     budget, source = min(found)  # the fewest cores (then by name: any order is fine for equal ones)
-    return CpuBudget(budget, source, tuple(notes))
+    return CpuBudget(budget, source, tuple(notes), limited=budget < cores)
