@@ -18,11 +18,10 @@ from __future__ import annotations
 from html import escape
 
 import ipywidgets as widgets
-from IPython.display import display
 
-from ppkit.errors import PPKitError
 from ppkit.lessons import context_timing
 from ppkit.lessons.context_parallel import SHARDINGS
+from ppkit.widgets.measured import measure_and_draw
 
 SEQ_LENS = (256, 384, 768, 1024, 1536, 2048, 3072, 4096)
 CSS = "ppkit-cp"
@@ -59,23 +58,13 @@ class RingAttentionExplorer:
     def redraw(self) -> None:
         """Measure the current settings on the cluster and draw them; or say why they cannot run."""
         settings = (self.seq_len.value, self.ranks.value, self.sharding.value, self.causal.value)
-        try:
+
+        def measure():
             context_timing.check_settings(*settings[:3], self.cluster.world_size)
             self.summary.value = "<p>measuring...</p>"
-            m = context_timing.measure(self.cluster, *settings, heads=self.heads, head_dim=self.head_dim)
-        except PPKitError as err:
-            self.error = str(err)
-            broken = self.cluster.state == "broken"
-            after = " The cluster is broken now: run cluster.restart(), then change a setting." if broken else ""
-            self.summary.value = f"<p style='color:#b00020'><b>Not run:</b> {escape(str(err) + after)}</p>"
-            return
-        self.error, self.measurement = None, m
-        self.figure = context_timing.plot_timeline(m)
-        self.summary.value = _summary_html(m)
-        self.output.clear_output(wait=True)
-        with self.output:
-            display(self.figure)
-        self.redraws += 1
+            return context_timing.measure(self.cluster, *settings, heads=self.heads, head_dim=self.head_dim)
+
+        measure_and_draw(self, measure, context_timing.plot_timeline, _summary_html)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

@@ -20,10 +20,9 @@ import threading
 from html import escape
 
 import ipywidgets as widgets
-from IPython.display import display
 
-from ppkit.errors import PPKitError
 from ppkit.lessons import moe_timing
+from ppkit.widgets.measured import measure_and_draw
 
 EXPERTS = (1, 2, 3, 4, 6, 8, 12, 16)
 CSS = "ppkit-moe"
@@ -87,23 +86,13 @@ class MoEExplorer:
 
     def _measure_and_draw(self) -> None:
         chosen = self.settings()
-        try:
+
+        def measure():
             moe_timing.check_settings(self.cluster.world_size, **chosen)
             self.summary.value = "<p>measuring...</p>"
-            m = moe_timing.measure(self.cluster, **chosen)
-        except PPKitError as err:
-            self.error = str(err)
-            broken = self.cluster.state == "broken"
-            after = " The cluster is broken now: run cluster.restart(), then change a setting." if broken else ""
-            self.summary.value = f"<p style='color:#b00020'><b>Not run:</b> {escape(str(err) + after)}</p>"
-            return
-        self.error, self.measurement = None, m
-        self.figure = moe_timing.plot(m)
-        self.summary.value = _summary_html(m)
-        self.output.clear_output(wait=True)
-        with self.output:
-            display(self.figure)
-        self.redraws += 1
+            return moe_timing.measure(self.cluster, **chosen)
+
+        measure_and_draw(self, measure, moe_timing.plot, _summary_html)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
