@@ -67,8 +67,14 @@ def repeated_rendezvous(rendezvous: dict) -> tuple[list[int], tuple, int] | None
     return sorted(counts), where, max(counts.values())
 
 
-def reinit_note(rendezvous: dict) -> str:
-    """Why a job on persistent workers may hang: a process group re-created on the same port."""
+PERSISTENT_WORKERS_ADVICE = (
+    "Run such code with ppkit.spawn(fn, args=(world_size,), nprocs=world_size), which starts fresh processes "
+    "for every call as mp.spawn does, or use a new MASTER_PORT for every run "
+    "(ppkit.lessons.data_parallel.free_port()).")
+
+
+def reinit_note(rendezvous: dict, advice: str = PERSISTENT_WORKERS_ADVICE) -> str:
+    """Why a job may hang: a process group re-created on the same port in the same process."""
     found = repeated_rendezvous(rendezvous)
     if found is None:
         return ""
@@ -76,10 +82,7 @@ def reinit_note(rendezvous: dict) -> str:
     return (f"Rank(s) {ranks} created a process group on port {port} ({scheme}://{host}:{port}) "
             f"{times} times in the same process: a group re-created on the same port in processes "
             "that keep running can hang in its first collective or fail to connect, because it can "
-            "meet the previous group's store (PyTorch issue 74666). Run such code with "
-            "ppkit.spawn(fn, args=(world_size,), nprocs=world_size), which starts fresh processes "
-            "for every call as mp.spawn does, or use a new MASTER_PORT for every run "
-            "(ppkit.lessons.data_parallel.free_port()). ")
+            f"meet the previous group's store (PyTorch issue 74666). {advice} ")
 
 
 def format_stacks(stacks: dict[int, str]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 
-from ppkit.cluster.diagnostics import describe_status, format_stacks, repeated_rendezvous
+from ppkit.cluster.diagnostics import describe_status, format_stacks, reinit_note
 from ppkit.errors import (
     ConfigError,
     JobInterrupted,
@@ -61,14 +61,8 @@ def _who(rank: int, pids: dict[int, int], nprocs: int) -> str:
 
 
 def _reinit(rendezvous: dict) -> str:
-    found = repeated_rendezvous(rendezvous)
-    if found is None:
-        return ""
-    ranks, (scheme, host, port), times = found
-    return (f" Rank(s) {ranks} created a process group on port {port} ({scheme}://{host}:{port}) {times} "
-            "times in one process: a group re-created on the same port in the same process can hang "
-            "or fail to connect (PyTorch issue 74666). Call init_process_group once per process, or "
-            "give the second group another port.")
+    note = reinit_note(rendezvous, "Call init_process_group once per process, or give the second group another port.")
+    return f" {note.rstrip()}" if note else ""
 
 
 def raised(exc: RemoteError, pids: dict[int, int], nprocs: int) -> BaseException:
