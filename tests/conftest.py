@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 
 import pytest
 import slurm_session
+from faultlog import FaultLog
 from leftovers import ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
 from slurm_testbed import SlurmMissing, SlurmTestbedError
 
@@ -15,6 +17,26 @@ import ppkit
 # Checks run by tests and by nbval's kernels (which inherit this environment when `pytest tests notebooks`
 # collects this file first) go to a scratch file, not the learner's ~/.ppkit/progress.json.
 os.environ.setdefault("PPKIT_PROGRESS", os.path.join(tempfile.gettempdir(), f"ppkit-test-progress-{os.getpid()}.json"))
+
+
+def pytest_configure(config):
+    if os.environ.get("PPKIT_FAULT_LOG"):  # a crash log that survives the process (tests/faultlog.py)
+        config.pluginmanager.register(FaultLog(os.environ["PPKIT_FAULT_LOG"]), "ppkit-faultlog")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_module_garbage():
+    """Free what each test module left in reference cycles at the end of that module.
+
+    Closed clusters with their threads, sockets and Popen objects, exceptions whose tracebacks hold
+    frames: left alone, they are freed by the next full collection, inside whichever later test
+    allocates enough to start one. A crash in a finalizer then shows an unrelated test's stack, as
+    issue 23's "Fatal Python error: Aborted" did (garbage collection inside the matplotlib tests of
+    test_widgets_sharding.py, right after test_spawn_launcher.py). Collected here, after the
+    module's own fixtures are gone, the stack names the module that made the garbage.
+    """
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True, scope="session")
