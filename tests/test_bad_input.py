@@ -17,10 +17,11 @@ from torch.distributed import rpc
 
 import ppkit
 from ppkit import cli
-from ppkit.cluster import launch, session
+from ppkit.cluster import session
+from ppkit.cluster import worker_setup as launch
 from ppkit.cluster.launchers import local as local_launcher
-from ppkit.pipeline import PipelineModel
-from ppkit.pipeline.config import PipelineConfig
+from ppkit.pipeline.rpc import PipelineModel
+from ppkit.pipeline.rpc.config import PipelineConfig
 from ppkit.transport import channel
 
 REPO = Path(__file__).resolve().parents[1]

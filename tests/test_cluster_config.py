@@ -8,7 +8,7 @@ import pytest
 from leftovers import wait_gone
 
 import ppkit
-from ppkit.cluster import launch
+from ppkit.cluster import worker_setup as launch
 from ppkit.cluster.launchers import local as local_launcher
 
 

@@ -2,7 +2,7 @@
 in two-machine mode, nor notebook 03's tcp:// and env:// examples, nor the torchrun example.
 
 torch's TCPStore server listens on every interface whatever host it is given; ppkit hands it a
-socket bound to the right address instead (ppkit/cluster/launch.py ``tcp_store``).
+socket bound to the right address instead (ppkit/cluster/worker_setup.py ``tcp_store``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from leftovers import SLURM_DAEMONS
 
 import ppkit
 from ppkit.lessons import data_parallel as dp
-from ppkit.lessons import launchers
+from ppkit.lessons import rank_variables as launchers
 
 pytestmark = pytest.mark.timeout(300)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

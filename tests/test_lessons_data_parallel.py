@@ -8,7 +8,7 @@ import torch
 import ppkit
 from ppkit.errors import ConfigError
 from ppkit.lessons import data_parallel as dp
-from ppkit.lessons import launchers
+from ppkit.lessons import rank_variables as launchers
 
 
 @pytest.mark.parametrize("world", ["cluster2", "cluster4"])
@@ -82,7 +82,7 @@ def test_init_demo_refuses_a_rank_already_in_a_group(cluster2):
 
 
 def test_slurm_env_feeds_read_launch_env():
-    from ppkit.cluster.env import read_launch_env
+    from ppkit.cluster.tools.env import read_launch_env
 
     envs = [read_launch_env(launchers.slurm_env(p, 4, 2, "node[07-08]")) for p in range(4)]
     assert [(e.rank, e.local_rank, e.master_addr) for e in envs] == [

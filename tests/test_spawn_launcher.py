@@ -22,10 +22,10 @@ from test_cluster_lifecycle import REPO, Kernel
 
 import ppkit
 from ppkit import compat
-from ppkit.cluster import spawning
+from ppkit.cluster import start_methods as spawning
 from ppkit.cluster.launchers import spawn as spawn_launcher
 from ppkit.cluster.launchers.spawn import SpawnLauncher
-from ppkit.cluster.spawning import resolve_start_method
+from ppkit.cluster.start_methods import resolve_start_method
 
 GONE_WITHIN_S = 5.0
 
