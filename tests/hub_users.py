@@ -159,6 +159,7 @@ def missing_tools() -> list[str]:
     """What the accounts need that this machine lacks (root, useradd/userdel/runuser, setfacl from acl)."""
     missing = [] if os.geteuid() == 0 else ["root (to make Unix users)"]
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    missing += [tool for tool in ("useradd", "userdel", "runuser", "setfacl", "getfacl") if shutil.which(tool, path=path) is None]
+    tools = ("useradd", "userdel", "runuser", "setfacl", "getfacl")
+    missing += [tool for tool in tools if shutil.which(tool, path=path) is None]
     return missing
 
