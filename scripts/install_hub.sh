@@ -7,8 +7,10 @@
 # Already there: says which version. Missing and root with apt-get: installs node and npm from Debian if they are
 # missing (apt-get update first, retried, waiting for a held dpkg lock), then `npm install -g
 # configurable-http-proxy`. Missing otherwise: says how to install it; that is an error under CI=true, where the
-# hub test must run, and a note elsewhere, where it is skipped. useradd (the test makes two learner accounts) comes
-# with Debian's passwd package, which every Debian system has.
+# hub test must run, and a note elsewhere, where it is skipped. The test makes two learner accounts (useradd, in
+# Debian's passwd package, which every Debian system has) and lets them through folders closed to other users on
+# the way to the Python it runs (a pyenv under /root) with one ACL entry each: setfacl, from Debian's acl package,
+# installed here too.
 set -uo pipefail
 
 in_ci() { case "${CI:-}" in 1 | true | TRUE | True | yes) return 0 ;; *) return 1 ;; esac; }
@@ -42,6 +44,17 @@ not_here() {
     echo "$msg; until then the hub test is skipped"
     exit 0
 }
+
+if ! command -v setfacl >/dev/null; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        not_here "setfacl is missing: install it with \`sudo apt-get install acl\`"
+    fi
+    echo "installing Debian's acl (setfacl) for the hub test (apt-get)"
+    apt_retry update -qq && apt_retry install -y -qq acl || {
+        echo "could not install acl with apt-get; the hub test needs setfacl" >&2
+        exit 1
+    }
+fi
 
 if ! command -v configurable-http-proxy >/dev/null; then
     if [ "$(id -u)" != 0 ]; then
