@@ -143,7 +143,7 @@ class HubTestbed:
         found = find_components()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            closed = unreadable_folders(Path(sys.executable), REPO)
+            closed = unreadable_folders(Path(sys.executable), Path(sys.prefix), REPO)
             for name in self.names:
                 self.learners.append(Learner.create(name))
                 self.opened[name] = closed

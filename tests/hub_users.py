@@ -45,8 +45,9 @@ def _run(cmd: list[str]) -> None:
 def unreadable_folders(*paths: Path) -> list[str]:
     """The folders on the way to `paths` that other users cannot enter (mode lacks o+x), each once."""
     found: list[str] = []
-    for path in paths:
-        for folder in [*reversed(path.resolve().parents), path.resolve()]:
+    # both the path as named and where its links lead: a venv's bin/python links to a Python elsewhere
+    for path in [q for p in paths for q in (Path(os.path.abspath(p)), p.resolve())]:
+        for folder in [*reversed(path.parents), path]:
             if folder.is_dir() and not folder.stat().st_mode & 0o001 and str(folder) not in found:
                 found.append(str(folder))
     return found

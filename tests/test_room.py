@@ -44,7 +44,7 @@ def test_preflight_json_is_one_object_with_every_check():
 @pytest.mark.parametrize("text, says", [
     ("ppkit preflight: 10/10 ok", "not JSON"),
     ('{"checks": []}', "not a ppkit preflight report"),
-    ('{"ppkit_preflight": 1, "user": "ana"}', "without 'host'"),
+    ('{"ppkit_preflight": 1, "user": "ana"}', "without 'checks'"),
 ])
 def test_a_report_that_is_not_one_says_what_was_wrong(text, says):
     with pytest.raises(ValueError, match=says):
