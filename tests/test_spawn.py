@@ -18,7 +18,8 @@ import torch.distributed as dist
 from leftovers import ppkit_children, wait_gone
 
 import ppkit
-from ppkit.cluster import spawn_call, spawn_errors
+from ppkit.cluster.spawn import call as spawn_call
+from ppkit.cluster.spawn import errors as spawn_errors
 from ppkit.lessons.data_parallel import free_port
 
 
