@@ -3,9 +3,10 @@
 The hub (tests/hub_testbed.py) runs each learner's JupyterLab as that learner's own Unix user. Both learners
 log in, open the course's point-to-point notebook and the notebook-06 pipeline and run them all at once, four
 kernels and their workers sharing this machine; every cell must run, and the cells whose output nbval checks
-must show the same output as the committed notebook. Then the instructor's `ppkit room` collects the room's
-preflight; one learner logs out (the hub stops that server), the other's server is stopped by the instructor
-through the hub's REST API (what the admin page's Stop button calls); after each, nothing may run as that user.
+must show the same output as the committed notebook. Before they log in, the instructor's `ppkit room --start`
+starts their servers and collects each one's preflight. At the end one learner logs out (the hub stops that
+server) and the other's server is stopped by the instructor through the hub's REST API (what the admin page's
+Stop button calls); after each, nothing may run as that user.
 """
 
 from __future__ import annotations
@@ -128,12 +129,11 @@ def wait_nothing_runs_as(learner, timeout: float = 60) -> None:
     assert not left, f"processes still running as {learner.name} after its server stopped: {left}"
 
 
-def room(hub: HubTestbed, *users: str) -> dict[str, dict]:
-    """`ppkit room --json` as the instructor runs it, against this hub (every learner, or `users`): {learner: row}."""
+def room(hub: HubTestbed, *options: str) -> dict[str, dict]:
+    """`ppkit room --json` as the instructor runs it against this hub, with `options`: {learner: row}."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    only = ["--users", *users] if users else []
     done = subprocess.run([sys.executable, "-m", "ppkit", "room", "--hub-url", hub.url, "--token", hub.token,
-                           "--json", *only], capture_output=True, text=True, env=env, timeout=400)
+                           "--json", *options], capture_output=True, text=True, env=env, timeout=400)
     assert done.returncode in (0, 1), f"ppkit room exited {done.returncode}: {done.stderr[-2000:]}"
     return {row["user"]: row for row in json.loads(done.stdout)}
 
@@ -142,6 +142,17 @@ def test_two_learners_run_the_course_at_once(hub, browser, notebook_class):
     first, second = (learner.name for learner in hub.learners)
     contexts, opened = [], []
     try:
+        # Before the learners arrive, the instructor starts their servers and checks the room.
+        started = time.monotonic()
+        rows = room(hub, "--start")
+        print(f"ppkit room --start, two learners: {time.monotonic() - started:.0f} s; "
+              f"{ {name: (row['state'], row['why']) for name, row in rows.items()} }")
+        assert set(rows) == {first, second}
+        for name in (first, second):
+            assert rows[name]["state"] in ("ready", "warnings"), rows[name]
+            assert rows[name]["report"]["user"] == name  # the preflight ran as that learner, in their server
+            assert hub.server_running(name)
+
         started = time.monotonic()
         for name in (first, second):
             ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
@@ -162,15 +173,6 @@ def test_two_learners_run_the_course_at_once(hub, browser, notebook_class):
         for nb in opened:
             assert_course_results(nb)
 
-        started = time.monotonic()
-        rows = room(hub)
-        print(f"ppkit room, two learners: {time.monotonic() - started:.0f} s; "
-              f"{ {name: (row['state'], row['why']) for name, row in rows.items()} }")
-        assert set(rows) == {first, second}
-        for name in (first, second):
-            assert rows[name]["state"] in ("ready", "warnings"), rows[name]
-            assert rows[name]["report"]["user"] == name  # the preflight ran as that learner
-
         # The first learner logs out (File > Log Out): the hub stops the server (shutdown_on_logout).
         page = opened[0].page
         page.locator(".lm-MenuBar-item", has_text=re.compile("^File$")).click()
@@ -179,7 +181,7 @@ def test_two_learners_run_the_course_at_once(hub, browser, notebook_class):
         hub.wait_server(first, running=False)
         wait_nothing_runs_as(hub.learner(first))
 
-        rows = room(hub, first)  # only the one who left: the other's preflight ran above
+        rows = room(hub, "--users", first)  # only the one who left: no preflight runs for a missing server
         assert rows[first]["state"] == "no server" and not rows[first]["ready"], rows[first]
 
         # The instructor stops the second learner's server: DELETE /hub/api/users/NAME/server.
