@@ -2,7 +2,7 @@
 
     with HubTestbed(tmp_path, learners=2) as hub:     # two Unix users, hub + proxy on 127.0.0.1
         hub.url                                       # http://127.0.0.1:PORT  (the proxy: what a learner opens)
-        hub.learners[0].name, hub.password            # log in with these (DummyAuthenticator)
+        hub.learners[0].name, hub.password            # log in with these (SharedPasswordAuthenticator)
         hub.api("GET", "/users")                      # hub REST API with the instructor's token
         hub.stop_server(name)                         # DELETE /users/NAME/server, waits until it is gone
 
@@ -81,8 +81,8 @@ c.ConfigurableHTTPProxy.command = [{proxy!r}]
 c.ConfigurableHTTPProxy.api_url = {proxy_api!r}
 c.ConfigurableHTTPProxy.pid_file = {proxy_pid_file!r}
 c.ConfigurableHTTPProxy.auth_token = {proxy_token!r}
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = {password!r}
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = {password!r}
 c.Authenticator.allowed_users = set({learners!r})
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [{singleuser!r}]
@@ -105,7 +105,7 @@ class HubTestbed:
         self.root = Path(root)
         self.tag = secrets.token_hex(3)
         self.names = [f"ppkhub{self.tag}{chr(ord('a') + i)}" for i in range(learners)]
-        self.password = secrets.token_urlsafe(12)
+        self.password = secrets.token_urlsafe(12)  # the learners' shared password (16 characters)
         self.token = secrets.token_hex(24)  # the instructor's (a hub service's) API token
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
