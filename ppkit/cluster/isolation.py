@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import pwd
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -124,3 +125,32 @@ def refused(reason: str) -> str:
             f"{reason}. Unprivileged user namespaces must be allowed (sysctl user.max_user_namespaces > 0; on "
             "Ubuntu also kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for this "
             "Python). Or use isolation='auto', which falls back to the machine's loopback and says so.")
+
+
+def cluster_words(found: Isolation) -> tuple[str, str, str]:
+    """(status, words, fix) for ``ppkit preflight``'s cluster check: is a learner's cluster isolated?"""
+    if found.private:
+        return "ok", "workers in a private network (other users cannot reach them)", ""
+    shared = shared_machine()
+    words = f"workers not isolated ({found.reason})"
+    if not shared:
+        return "ok", words, ""
+    return "warn", f"{words}; this machine is shared ({shared}), so other users can connect to them", (
+        "ask the administrator to allow unprivileged user namespaces (docs/isolation.md)")
+
+
+def rpc_words(pids) -> tuple[str, str, str]:
+    """(status, words, fix) for the RPC world check: its listeners that answer anyone, measured."""
+    from ppkit.cluster.exposure import OPEN, listeners, try_all
+    from ppkit.transport import procs
+
+    with procs.muted_stderr():  # TensorPipe logs each probe it sees closing
+        opened = sum(f.verdict == OPEN for f in try_all(listeners(pids)))
+        time.sleep(0.2)
+    words = f"{opened} of its listeners accept connections without authentication"
+    shared = shared_machine()
+    if not shared:
+        return "ok", words, ""
+    return "warn", (f"{words}, and this machine is shared ({shared}): the kernel is RPC rank 0, so an RPC world "
+                    "cannot be isolated; any user here can reach it while it runs (notebooks 04-06)"), (
+        "on a shared machine, run the RPC notebooks only where you trust the other users (docs/isolation.md)")

@@ -103,7 +103,7 @@ def _trial() -> str | None:
             os.close(read)
             _steps()
         except OSError as exc:
-            os.write(write, str(exc).encode(errors="replace")[:500])
+            os.write(write, (exc.strerror or str(exc)).encode(errors="replace")[:500])
             code = 1
         finally:
             os._exit(code)
