@@ -215,7 +215,7 @@ class Preflight:
         if len(set(answers)) != 2 or os.getpid() in answers:
             return Check("rpc world", "FAIL", f"worker1 and worker2 answered from pids {answers}",
                          fix="report this with the output of `ppkit doctor`")
-        status, words, fix = isolation.rpc_words([os.getpid(), *answers])  # measured: the fallback
+        status, words, fix = isolation.rpc_words([os.getpid(), *answers], world.cluster.address)  # the fallback
         return Check("rpc world", status, f"master + worker1 + worker2; rpc_sync reached both; {words}", fix)
 
     def pipeline(self) -> Check:

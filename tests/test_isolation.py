@@ -61,9 +61,11 @@ def measure(learners, mode: str, **env: str):
     proc = run_as(a, [sys.executable, LEARNER, mode], env=env, stdin=subprocess.PIPE,
                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        line = proc.stdout.readline()
-        said = json.loads(line) if line.startswith("{") else None
-        assert said is not None, line + proc.stdout.read()
+        before = []  # what it printed before its JSON line (warnings)
+        while not (line := proc.stdout.readline()).startswith("{") and line:
+            before.append(line)
+        assert line, "".join(before)
+        said = {**json.loads(line), "printed": "".join(before)}
         pids = [p.pid for p in processes_of(a)]
         private = netns_of(pids) - netns_of([os.getpid()])
         found = exposure(pids, b.uid, b.gid)
@@ -109,6 +111,8 @@ def test_with_isolation_off_the_probe_finds_the_open_listeners(learners):
 def test_an_rpc_world_cannot_be_isolated_and_says_so(learners):
     said, found, private = measure(learners, "rpc")
     assert said["isolation"] == f"none: {isolation.RPC_REASON}"
+    assert isolation.shared_machine()  # two users made by the test, besides any others
+    assert "an RPC world cannot be kept from the other users" in said["printed"], said["printed"]
     assert not private
     assert counts(found)[OPEN] >= 3, table(found)  # TensorPipe on the kernel and each worker
 

@@ -13,8 +13,10 @@ to one as this process is and sorts what happens into three verdicts:
 - ``unreachable``: the connection cannot be made (refused, a 0700 folder, a network namespace this
   process cannot enter), or is closed at once without a word.
 
-Nothing is sent: a probe connects, waits for the first bytes, and closes. ``ppkit preflight`` uses
-it on its own RPC world; tests/exposure.py runs it as another Unix user (issue 24).
+Nothing is sent: a probe connects, waits for the first bytes, and closes. Still, a probe is a
+connection: TensorPipe's short-lived listeners take the first one that comes, so probing a running RPC
+world can break it (``ppkit preflight`` only counts its listeners). tests/exposure.py runs the probe as
+another Unix user (issue 24).
 """
 
 from __future__ import annotations
@@ -125,14 +127,14 @@ def _first_bytes(sock: socket.socket) -> bytes | None:
 
 
 def _classify(sock: socket.socket) -> tuple[str, str]:
-    first = _first_bytes(sock)
-    if first is None:
+    opening = _first_bytes(sock)
+    if opening is None:
         return OPEN, f"accepted, and waited {WAIT_S:g} s for the client's words without any challenge"
-    if first[4:15] == b"#CHALLENGE#":
+    if opening[4:15] == b"#CHALLENGE#":
         return CHALLENGE, "accepted, then sent ppkit's key challenge first"
-    if first == b"":
+    if opening == b"":
         return UNREACHABLE, "accepted, then closed at once without a word"
-    return OPEN, f"accepted and spoke first without a challenge: {first[:20]!r}"
+    return OPEN, f"accepted and spoke first without a challenge: {opening[:20]!r}"
 
 
 def _enter_netns(endpoint: Endpoint) -> str | None:
@@ -177,13 +179,3 @@ def try_endpoint(endpoint: Endpoint) -> Finding:
 def counts(findings) -> dict[str, int]:
     return {verdict: sum(f.verdict == verdict for f in findings) for verdict in VERDICTS}
 
-
-def try_all(endpoints) -> list[Finding]:
-    """``try_endpoint`` on each, at once (each may wait WAIT_S for a first word), in order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    endpoints = list(endpoints)
-    if not endpoints:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(endpoints))) as pool:
-        return list(pool.map(try_endpoint, endpoints))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import pwd
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ from ppkit.transport.zygote import ISOLATION_ENV
 MODES = ("auto", "netns", "off")
 RPC_REASON = ("the notebook kernel is RPC rank 0 ('master'), so its workers share its network: any user "
               "of this machine can reach the RPC world's listeners")
-_warned = False
+_warned = _warned_rpc = False  # each warning once per process
 
 
 @dataclass(frozen=True)
@@ -139,18 +138,30 @@ def cluster_words(found: Isolation) -> tuple[str, str, str]:
         "ask the administrator to allow unprivileged user namespaces (docs/isolation.md)")
 
 
-def rpc_words(pids) -> tuple[str, str, str]:
-    """(status, words, fix) for the RPC world check: its listeners that answer anyone, measured."""
-    from ppkit.cluster.exposure import OPEN, listeners, try_all
-    from ppkit.transport import procs
+def rpc_words(pids, channel: tuple[str, int]) -> tuple[str, str, str]:
+    """(status, words, fix) for the RPC world check: its processes' listening sockets besides ppkit's
+    ``channel``, counted from /proc. Only counted: TensorPipe's short-lived listeners take the first
+    connection that comes, so a probe would steal a connection the world itself expects."""
+    from ppkit.cluster.exposure import listeners
 
-    with procs.muted_stderr():  # TensorPipe logs each probe it sees closing
-        opened = sum(f.verdict == OPEN for f in try_all(listeners(pids)))
-        time.sleep(0.2)
-    words = f"{opened} of its listeners accept connections without authentication"
+    found = [e for e in listeners(pids) if e.kind == "tcp" and (e.address, e.port) != tuple(channel)]
+    words = f"{len(found)} listening sockets of torch's on the machine's loopback, none with authentication"
     shared = shared_machine()
     if not shared:
         return "ok", words, ""
     return "warn", (f"{words}, and this machine is shared ({shared}): the kernel is RPC rank 0, so an RPC world "
                     "cannot be isolated; any user here can reach it while it runs (notebooks 04-06)"), (
         "on a shared machine, run the RPC notebooks only where you trust the other users (docs/isolation.md)")
+
+
+def rpc_isolation() -> Isolation:
+    """An RPC world's isolation: none (the kernel is rank 0); on a shared machine, a warning once."""
+    global _warned_rpc
+    shared = shared_machine()
+    if shared and not _warned_rpc:
+        _warned_rpc = True
+        warnings.warn(
+            f"this machine is shared ({shared}), and an RPC world cannot be kept from the other users: "
+            f"{RPC_REASON} while it runs. Close it (world.close()) when you are done; see docs/isolation.md.",
+            stacklevel=3)
+    return Isolation(False, RPC_REASON)
