@@ -55,6 +55,26 @@ def probe(endpoints, uid: int, gid: int) -> list[Finding]:
     return findings
 
 
+def cluster_pids(kernel_pid: int) -> list[int]:
+    """The processes ppkit started under a notebook kernel (fork servers, workers), for ``exposure``.
+
+    Not the kernel itself: in a real Jupyter kernel its ZMQ ports, like the Jupyter server's HTTP port,
+    accept a connection and wait for the client's words (their authentication is inside the protocol:
+    signed messages, a token), which this probe counts as open. The kernel's ppkit listeners are its
+    control channel (key challenge) and, in an RPC world, TensorPipe's; pass its pid too to see them.
+    """
+    import psutil
+
+    found = []
+    for child in psutil.Process(kernel_pid).children(recursive=True):
+        try:
+            if "ppkit" in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 def exposure(pids, uid: int, gid: int) -> list[Finding]:
     """``probe(listeners(pids), uid, gid)``: what user ``uid`` can reach of these processes."""
     return probe(listeners(pids), uid, gid)

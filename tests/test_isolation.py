@@ -14,15 +14,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from exposure import CHALLENGE, OPEN, counts, exposure, table
+from exposure import CHALLENGE, OPEN, cluster_pids, counts, exposure, table
 from slurm_session import in_ci
 from unix_users import finish, processes_of, run_as, unavailable_reason, unix_user
 
 import ppkit
 from ppkit.cluster import isolation
+from ppkit.errors import LaunchError
 
 pytestmark = pytest.mark.timeout(300)
 LEARNER = str(Path(__file__).with_name("learner.py"))
@@ -67,6 +69,7 @@ def measure(learners, mode: str, **env: str):
         assert line, "".join(before)
         said = {**json.loads(line), "printed": "".join(before)}
         pids = [p.pid for p in processes_of(a)]
+        said["cluster_pids"] = cluster_pids(said["pid"])
         private = netns_of(pids) - netns_of([os.getpid()])
         found = exposure(pids, b.uid, b.gid)
         proc.stdin.write("\n")
@@ -86,6 +89,7 @@ def test_a_cluster_exposes_nothing_unauthenticated_to_another_user(learners):
     assert said["ready"] == [3.0, 3.0]
     assert said["isolation"] == "private network"
     assert len(private) == 1  # the fork server and both workers share one private network
+    assert len(said["cluster_pids"]) == 3 and netns_of(said["cluster_pids"]) == private
     assert counts(found)[OPEN] == 0, table(found)
     assert counts(found)[CHALLENGE] == 1, table(found)  # the kernel's control channel on 127.0.0.1
     assert len(found) >= 4, table(found)  # channel, its Unix socket, each worker's gloo listener
@@ -160,3 +164,16 @@ def test_bad_isolation_values_are_config_errors(monkeypatch):
     with pytest.warns(UserWarning, match="PPKIT_ISOLATION=sometimes is not one of"):
         assert isolation.resolve("auto", "local")[0] in ("netns", "off")
 
+
+
+def test_a_folder_too_deep_for_a_unix_socket_falls_back_or_fails_clearly(tmp_path, monkeypatch, no_leftovers):
+    deep = tmp_path / ("d" * 110)  # a Unix socket's address holds at most 107 bytes of path
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    monkeypatch.delenv("PPKIT_ISOLATION", raising=False)
+    with ppkit.Cluster(2, "gloo") as cluster:
+        assert cluster.run(lambda rank, world_size: rank) == [0, 1]
+        assert str(cluster.isolation).startswith(f"none: no Unix socket for the workers at {deep}"), cluster.isolation
+    with pytest.raises(LaunchError, match="isolation='netns' asks for the workers in a private network"):
+        ppkit.Cluster(2, "gloo", isolation="netns")
+    assert not list(deep.iterdir())  # the failed start removed its folder

@@ -6,9 +6,10 @@ learner's ranks on 127.0.0.1 (and RPC unpickles what it receives). A process tha
 ``enter()`` gets a loopback of its own, which no other user can enter (joining a namespace needs
 capabilities in the user namespace that owns it: only this user's processes inside it have them),
 and everything it forks shares it. It keeps its uid, gid and files: the new user namespace maps
-this user to itself, nothing else; its other groups are dropped, as an unprivileged user namespace
-requires. Processes outside (the notebook kernel) are reached through a Unix socket instead, in a
-folder only this user can open.
+this user (and its primary group) to itself, nothing else; other groups still count for file access
+but cannot be changed there (setgroups is denied, as an unprivileged user namespace requires).
+Processes outside (the notebook kernel) are reached through a Unix socket instead, in a folder only
+this user can open. The mount namespace serves one purpose: a view of /etc/hosts (``_loopback_names``).
 
 Linux only, unprivileged where the kernel allows it (user.max_user_namespaces > 0); Ubuntu's
 AppArmor (kernel.apparmor_restrict_unprivileged_userns) may allow the namespace but withhold the
@@ -133,19 +134,3 @@ def enter() -> str | None:
         raise RuntimeError(f"a private network was allowed a moment ago and now is not: {exc}") from exc
     return None
 
-
-def available() -> str | None:
-    """Whether ``enter()`` would work here, tried in a fresh process: None if yes, else why not."""
-    import subprocess
-
-    code = "from ppkit.transport import private_net as p; import sys; r = p.enter(); print(r or ''); sys.exit(bool(r))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              filter(None, [_package_root(), os.environ.get("PYTHONPATH")]))})
-    if done.returncode == 0:
-        return None
-    return (done.stdout.strip() or done.stderr.strip().splitlines()[-1:] or ["(no output)"])[0]
-
-
-def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

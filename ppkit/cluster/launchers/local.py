@@ -16,6 +16,7 @@ from pathlib import Path
 from ppkit.cluster import isolation
 from ppkit.cluster.inbox import FORK_SERVER, Closed, Item, LaunchFailed
 from ppkit.cluster.launchers.base import Launcher, Process, child_env, start_module
+from ppkit.errors import LaunchError
 from ppkit.transport import channel, procs
 from ppkit.transport.messages import ForkServerHello, Kill, Shutdown, Spawn
 
@@ -39,9 +40,14 @@ class ForkServerLauncher(Launcher):
 
     def bind(self, address, on_connect=None) -> None:
         super().bind(address, on_connect)
-        if self._mode == "netns":  # reachable from a private network: a file, not an address
-            self._unix_server = channel.ChannelServer("", 0, self.key, on_connect,
-                                                      unix_path=str(self.tmpdir / "control.sock"))
+        if self._mode != "netns":
+            return
+        path = self.tmpdir / "control.sock"  # reachable from a private network: a file, not an address
+        try:
+            self._unix_server = channel.ChannelServer("", 0, self.key, on_connect, unix_path=str(path))
+        except OSError as exc:  # e.g. a TMPDIR so long that the path does not fit a Unix socket's address
+            self._off_reason = f"no Unix socket for the workers at {path} ({exc})"
+            self._mode = "netns" if self._required else "off"  # required: prepare() says why it cannot start
 
     @property
     def fork_server_address(self):
@@ -61,6 +67,8 @@ class ForkServerLauncher(Launcher):
 
     def prepare(self) -> None:
         """Start the fork server now, so that its ``import torch`` overlaps with the kernel's."""
+        if self._mode == "netns" and self._unix_server is None:
+            raise LaunchError(isolation.refused(self._off_reason))
         if self.local_ranks and (self.process is None or self.process.poll() is not None):
             if self._conn is not None:  # the last one died: start afresh
                 self._conn.close()
