@@ -29,7 +29,7 @@ def run_tutorial(args) -> tuple[float, dict[int, float]]:
     command = [sys.executable, str(HERE / "tutorial_pipeline.py"), "--batch-size", str(args.batch_size),
                "--image-size", str(args.image_size), "--num-batches", str(args.num_batches),
                "--port", str(args.port), "--microbatch-sizes", *map(str, args.microbatch_sizes)]
-    # ppkit's workers wait passively in OpenMP (ppkit/cluster/launch.py); give the tutorial's
+    # ppkit's workers wait passively in OpenMP (ppkit/cluster/worker_setup.py); give the tutorial's
     # processes the same setting, so the comparison is about the design, not a spin-wait.
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     start = time.time()
@@ -44,8 +44,8 @@ def run_tutorial(args) -> tuple[float, dict[int, float]]:
 
 def run_ppkit(args):
     import ppkit
-    from ppkit.pipeline.config import PipelineConfig
-    from ppkit.pipeline.sweep import run_sweep
+    from ppkit.pipeline.rpc.config import PipelineConfig
+    from ppkit.pipeline.rpc.sweep import run_sweep
 
     config = PipelineConfig(batch_size=args.batch_size, image_size=args.image_size,
                             num_batches=args.num_batches, microbatch_sizes=tuple(args.microbatch_sizes),

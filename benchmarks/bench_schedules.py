@@ -34,7 +34,7 @@ def looped_table(cluster, batch: int, image: int, microbatches: int, args) -> No
     """All six schedules on one size: the table, the ratios to 1F1B within rounds, the cost of the split."""
     import statistics
 
-    from ppkit.pipelining import compare, looped_report, stage, verify
+    from ppkit.pipeline.schedules import compare, looped_report, stage, verify
 
     x, y = stage.make_batch(batch, image)
     runs = compare.compare_looped(cluster, x, y, microbatches, steps=args.steps, rounds=args.rounds, timeout=600)
@@ -69,8 +69,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import ppkit
-    from ppkit.pipeline import PipelineModel
-    from ppkit.pipelining import compare, report, stage, verify
+    from ppkit.pipeline.rpc import PipelineModel
+    from ppkit.pipeline.schedules import compare, report, stage, verify
 
     print(f"{os.cpu_count()} CPUs, one thread per stage, cut after {args.cut}, {args.rounds} rounds x "
           f"{args.steps} timed steps per schedule, torch {__import__('torch').__version__}, load average "

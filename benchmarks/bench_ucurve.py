@@ -28,9 +28,9 @@ WITHIN_BOUND = 0.85
 
 
 def measure(config, counts, rounds, say):
-    from ppkit.pipeline.resources import describe
-    from ppkit.pipeline.sweep import build_model
-    from ppkit.pipeline.ucurve import measure_ucurve
+    from ppkit.pipeline.rpc.resources import describe
+    from ppkit.pipeline.rpc.sweep import build_model
+    from ppkit.pipeline.rpc.ucurve import measure_ucurve
 
     model, optimizer = build_model(config)
     try:
@@ -64,9 +64,9 @@ def main() -> int:
 
     import ppkit
     from ppkit.models.resnet import DEFAULT_CUT
-    from ppkit.pipeline.balance import format_candidates, measure_cuts, pick
-    from ppkit.pipeline.config import PipelineConfig
-    from ppkit.pipeline.ucurve import default_counts, sizes_for_counts
+    from ppkit.pipeline.rpc.balance import format_candidates, measure_cuts, pick
+    from ppkit.pipeline.rpc.config import PipelineConfig
+    from ppkit.pipeline.rpc.ucurve import default_counts, sizes_for_counts
 
     counts = args.num_microbatches or list(default_counts(args.batch_size))
     sizes = tuple(size for _, size in sizes_for_counts(args.batch_size, counts))

@@ -8,10 +8,10 @@
 """
 
 from ppkit.cluster.controller import Cluster
-from ppkit.cluster.env import read_launch_env
-from ppkit.cluster.rpc_world import RpcWorld, by_value, start_rpc
+from ppkit.cluster.rpc.world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
-from ppkit.cluster.spawn_call import SpawnContext, spawn
+from ppkit.cluster.spawn.call import SpawnContext, spawn
+from ppkit.cluster.tools.env import read_launch_env
 from ppkit.errors import (
     AuthenticationError,
     ClusterStateError,

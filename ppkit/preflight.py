@@ -203,7 +203,7 @@ class Preflight:
     def rpc_world(self) -> Check:
         from torch.distributed import rpc
 
-        from ppkit.cluster.rpc_world import RpcWorld
+        from ppkit.cluster.rpc.world import RpcWorld
 
         world = RpcWorld(2, rpc_timeout=RUN_TIMEOUT_S, start_timeout=START_TIMEOUT_S)
         try:
@@ -221,8 +221,8 @@ class Preflight:
     def pipeline(self) -> Check:
         import torch
 
-        from ppkit.pipeline.model import PipelineModel
-        from ppkit.pipeline.verify import compare, tolerance
+        from ppkit.pipeline.rpc.model import PipelineModel
+        from ppkit.pipeline.rpc.verify import compare, tolerance
 
         world = getattr(self, "_world", None)
         try:

@@ -29,7 +29,7 @@ def _rpc_capacity():
     """Start this test process's first RPC world with as many workers as any test uses.
 
     torch keeps the first RPC world's worker table for RRefs for the whole process, so a later,
-    larger world is refused (see ppkit.cluster.rpc_world); tests run in one process, in any order.
+    larger world is refused (see ppkit.cluster.rpc.world); tests run in one process, in any order.
     """
     with ppkit.start_rpc(2):
         pass

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import ppkit
+from ppkit.cluster.spawn import call as spawn_call
 
 
 def _all_reduce(rank, world_size):
@@ -62,7 +63,7 @@ def main(mode: str) -> None:
             if context.join(timeout=0.05):
                 raise RuntimeError("the spawned processes ended before they were ready")
         ready = [float((home / f"ready-{r}").read_text()) for r in range(2)]
-        isolation = ppkit.cluster.spawn_call._kept[(2, "auto")].isolation
+        isolation = spawn_call._kept[(2, "auto")].isolation
     else:
         raise SystemExit(f"unknown mode {mode!r}: cluster, rpc or spawn")
     print(json.dumps({"ready": ready, "isolation": str(isolation), "pid": os.getpid()}), flush=True)
@@ -74,7 +75,7 @@ def main(mode: str) -> None:
     else:
         (home / "go").write_text("")
         context.join(60)
-        ppkit.cluster.spawn_call.close()
+        spawn_call.close()
 
 
 if __name__ == "__main__":

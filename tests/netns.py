@@ -1,4 +1,4 @@
-"""The ``two_hosts`` fixture: two network namespaces as two machines (see ppkit/cluster/netns.py).
+"""The ``two_hosts`` fixture: two network namespaces as two machines (see ppkit/cluster/tools/netns.py).
 
 Import it into a test module (``from netns import two_hosts``). Tests that use it skip, with the
 reason, where namespaces cannot be made (not Linux, not root, no ``ip``). The namespaces are
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ppkit.cluster import netns
+from ppkit.cluster.tools import netns
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable

@@ -29,7 +29,7 @@ def test_a_torch_without_an_rpc_internal_is_refused_before_any_process_starts(mo
     message = str(info.value)
     assert "torch.distributed.rpc._init_counter" in message
     assert "wait forever" in message and "pip install" in message
-    assert ppkit.cluster.rpc_world.active() is None or not ppkit.cluster.rpc_world.active().alive
+    assert ppkit.cluster.rpc.world.active() is None or not ppkit.cluster.rpc.world.active().alive
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -37,10 +37,10 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_importing_ppkit_pipelining_without_torch_pipelining_says_which_torch_has_it():
-    done = _run(BLOCK_PIPELINING + "import ppkit.pipelining.sweep")
+    done = _run(BLOCK_PIPELINING + "import ppkit.pipeline.schedules.sweep")
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("ppkit.errors.ClusterStateError: ppkit.pipelining (GPipe and 1F1B")
+    assert last.startswith("ppkit.errors.ClusterStateError: ppkit.pipeline.schedules (GPipe and 1F1B")
     assert "appeared in torch 2.4" in last and "--schedule rpc" in last
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from leftovers import ppkit_children, wait_gone
 
-from ppkit.cluster import spawn_call
+from ppkit.cluster.spawn import call as spawn_call
 from ppkit.lessons import ddp_tutorial
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ import pytest
 from netns import PY, Lines, host_env
 
 from ppkit.cli import main as cli_main
-from ppkit.cluster import doctor
 from ppkit.cluster.admission import handle_probe
+from ppkit.cluster.tools import doctor
 from ppkit.transport import channel, worker
 from ppkit.transport.messages import Probe, ProbeReply
 

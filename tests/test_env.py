@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ppkit.cluster.env import DEFAULT_MASTER_PORT, expand_nodelist, read_launch_env
+from ppkit.cluster.tools.env import DEFAULT_MASTER_PORT, expand_nodelist, read_launch_env
 from ppkit.errors import ConfigError
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.5",
@@ -121,7 +121,7 @@ def test_inconsistent_slurm_values():
 def test_module_prints_one_json_line(monkeypatch, capsys):
     import json
 
-    from ppkit.cluster import env as env_module
+    from ppkit.cluster.tools import env as env_module
 
     for name, value in TORCHRUN.items():
         monkeypatch.setenv(name, value)
@@ -131,7 +131,7 @@ def test_module_prints_one_json_line(monkeypatch, capsys):
 
 
 def test_module_reports_missing_variables(monkeypatch, capsys):
-    from ppkit.cluster import env as env_module
+    from ppkit.cluster.tools import env as env_module
 
     for name in list(TORCHRUN) + list(SLURM) + ["SLURM_JOB_NODELIST"]:
         monkeypatch.delenv(name, raising=False)

@@ -34,7 +34,7 @@ def imports_of(name: str) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + [base]).strip(".")
-            # `from ppkit.cluster import launch` names the module ppkit.cluster.launch
+            # `from ppkit.cluster import worker_setup` names the module ppkit.cluster.worker_setup
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         else:
             continue
@@ -49,7 +49,7 @@ def test_the_import_graph_is_read_from_the_code():
     # a guard for the tests below: if parsing found no edges they would pass for nothing
     assert "ppkit.transport.channel" in GRAPH["ppkit.transport.worker"]
     assert "ppkit.cluster.controller" in GRAPH["ppkit.cluster.session"]
-    assert "ppkit.cluster.launch" in GRAPH["ppkit.cluster.controller"]
+    assert "ppkit.cluster.worker_setup" in GRAPH["ppkit.cluster.controller"]
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("ppkit.transport")))

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from ppkit.errors import ExerciseFailed
-from ppkit.lessons import attention_exercises as ex
-from ppkit.lessons import solutions
+from ppkit.exercises import check_attention as ex
+from ppkit.exercises import solutions
 from ppkit.lessons.ring_attention import merge
 
 

@@ -10,8 +10,9 @@ import torch
 import torch.distributed as dist
 
 from ppkit.errors import ConfigError, ExerciseFailed
-from ppkit.lessons import data_parallel, exercises
-from ppkit.lessons.solutions import ring_all_reduce  # the one the notebook's learners are shown
+from ppkit.exercises import check_basics
+from ppkit.exercises.solutions import ring_all_reduce  # the one the notebook's learners are shown
+from ppkit.lessons import data_parallel
 
 # the workers cannot import this test module: ship its functions by value, as a notebook's are
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -91,14 +92,14 @@ def bucketed_sum(model):
 # -- ring all_reduce --------------------------------------------------------------------------
 
 def test_ring_all_reduce_passes_for_world_sizes_2_to_6(no_leftovers, capsys):
-    report = exercises.check_ring_all_reduce(ring_all_reduce)
+    report = check_basics.check_ring_all_reduce(ring_all_reduce)
     assert report.passed and len(report.cases) == 5
     assert "ring all_reduce: passed all 5 cases" in capsys.readouterr().out
 
 
 def test_ring_all_reduce_rejects_builtin_collectives(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        exercises.check_ring_all_reduce(uses_all_reduce, world_sizes=(2,), sizes=(3,))
+        check_basics.check_ring_all_reduce(uses_all_reduce, world_sizes=(2,), sizes=(3,))
     assert info.value.failures == [
         ("world_size 2: rank 0 raised ExerciseFailed: dist.all_reduce was called, but ring all_reduce "
          "must be built from send/recv (or isend/irecv) only. (rank(s) [1] raised the same)")]
@@ -106,11 +107,11 @@ def test_ring_all_reduce_rejects_builtin_collectives(no_leftovers):
 
 def test_ring_all_reduce_names_rank_index_and_values(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        exercises.check_ring_all_reduce(forgets_own_values, world_sizes=(3,), sizes=(7,))
+        check_basics.check_ring_all_reduce(forgets_own_values, world_sizes=(3,), sizes=(7,))
     failures = info.value.failures
     assert len(failures) == 3  # one per rank
-    want = sum(exercises._reduce_input(r, 7, 0) for r in range(3))
-    got = want - exercises._reduce_input(2, 7, 0)
+    want = sum(check_basics._reduce_input(r, 7, 0) for r in range(3))
+    got = want - check_basics._reduce_input(2, 7, 0)
     i = int((got != want).nonzero()[0])
     assert failures[2].startswith(
         f"world_size 3, 7 element(s): rank 2 is wrong at {int((got != want).sum())} of 7 position(s); "
@@ -122,12 +123,12 @@ def test_ring_all_reduce_names_rank_index_and_values(no_leftovers):
 # -- ring shift -------------------------------------------------------------------------------
 
 def test_ring_shift_passes(no_leftovers):
-    assert exercises.check_ring_shift(ring_shift, world_sizes=(2, 3, 5)).passed
+    assert check_basics.check_ring_shift(ring_shift, world_sizes=(2, 3, 5)).passed
 
 
 def test_ring_shift_wrong_beyond_two_ranks(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        exercises.check_ring_shift(swaps_with_partner, world_sizes=(2, 3), sizes=(1,))
+        check_basics.check_ring_shift(swaps_with_partner, world_sizes=(2, 3), sizes=(1,))
     assert info.value.failures == [
         ("world_size 3, 1 element(s): rank 0 is wrong at 1 of 1 position(s); first at index 0: expected "
          "200, got 100 (it should hold rank 2's tensor)"),
@@ -138,7 +139,7 @@ def test_ring_shift_wrong_beyond_two_ranks(no_leftovers):
 
 def test_ring_shift_deadlock_is_explained(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        exercises.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3)
+        check_basics.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3)
     (failure,) = info.value.failures
     assert failure.startswith("world_size 2: did not finish within 3 s (rank 0 is blocked in dist.send, "
                               "called from everyone_sends_first() line")
@@ -147,7 +148,7 @@ def test_ring_shift_deadlock_is_explained(no_leftovers):
 
 def test_ring_shift_reports_an_exception_and_goes_on(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        exercises.check_ring_shift(raises_on_rank_1, world_sizes=(2, 3), sizes=(1,), timeout=10)
+        check_basics.check_ring_shift(raises_on_rank_1, world_sizes=(2, 3), sizes=(1,), timeout=10)
     first, second = info.value.failures
     assert first.startswith("world_size 2: rank 1 raised ValueError: oops on rank 1")
     assert second.startswith("world_size 3: rank 1 raised ValueError: oops on rank 1")
@@ -158,10 +159,10 @@ def test_checker_runs_on_a_given_cluster_and_leaves_it_usable(no_leftovers):
 
     with ppkit.Cluster(3, "gloo", process_group=False) as bare:
         with pytest.raises(ExerciseFailed, match="did not finish within 3 s"):
-            exercises.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3,
+            check_basics.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3,
                                        cluster=bare)
         assert bare.state == "ready"
-        assert exercises.check_ring_shift(ring_shift, world_sizes=(2, 3), cluster=bare).passed
+        assert check_basics.check_ring_shift(ring_shift, world_sizes=(2, 3), cluster=bare).passed
         assert bare.state == "ready"
 
 
@@ -171,23 +172,23 @@ def test_checker_refuses_an_unsuitable_cluster(no_leftovers):
     # this cluster has a process group, and too few ranks
     with ppkit.Cluster(2, "gloo") as with_group, pytest.raises(
             ConfigError, match="at least 3 ranks started without a process group"):
-        exercises.check_ring_shift(ring_shift, world_sizes=(2, 3), cluster=with_group)
+        check_basics.check_ring_shift(ring_shift, world_sizes=(2, 3), cluster=with_group)
 
 
 def test_checker_refuses_a_non_function():
     with pytest.raises(ConfigError, match="pass your function itself"):
-        exercises.check_ring_shift(42)
+        check_basics.check_ring_shift(42)
 
 
 # -- bucketed averaging -----------------------------------------------------------------------
 
 def test_bucketed_average_passes(no_leftovers):
-    assert exercises.check_bucketed_average(bucketed_average).passed
+    assert check_basics.check_bucketed_average(bucketed_average).passed
 
 
 def test_bucketed_average_finds_missing_division(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        exercises.check_bucketed_average(bucketed_sum, world_sizes=(3,))
+        check_basics.check_bucketed_average(bucketed_sum, world_sizes=(3,))
     failures = info.value.failures
     assert len(failures) == 3 * 4  # 3 ranks x 4 parameters
     assert failures[0].startswith("world_size 3: rank 0, gradient of '0.weight' differs from the "
@@ -197,7 +198,7 @@ def test_bucketed_average_finds_missing_division(no_leftovers):
 
 def test_bucketed_average_wants_a_single_all_reduce(no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        exercises.check_bucketed_average(data_parallel.average_gradients, world_sizes=(2,))
+        check_basics.check_bucketed_average(data_parallel.average_gradients, world_sizes=(2,))
     assert info.value.failures == [
         f"world_size 2: rank {r} called dist.all_reduce 4 times (on [64, 16, 48, 3] elements); the "
         "exercise asks for one call on one flat tensor that holds every gradient (torch.cat of the "

@@ -12,8 +12,9 @@ import torch.distributed as dist
 
 import ppkit
 from ppkit.errors import ExerciseFailed
-from ppkit.lessons import expert_parallel, solutions
-from ppkit.lessons import moe_exercises as ex
+from ppkit.exercises import check_moe as ex
+from ppkit.exercises import solutions
+from ppkit.lessons import expert_parallel
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ppkit.errors import ConfigError, ExerciseFailed
-from ppkit.lessons import pipeline_exercises as px
+from ppkit.exercises import check_pipeline as px
 
 # -- lesson 5 ----------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 import ppkit
 from ppkit.errors import ExerciseFailed
-from ppkit.lessons import sharding_exercises as ex
-from ppkit.lessons import solutions as sharding_solutions
+from ppkit.exercises import check_sharding as ex
+from ppkit.exercises import solutions as sharding_solutions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

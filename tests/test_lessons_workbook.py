@@ -18,7 +18,7 @@ import torch.distributed as dist
 import ppkit
 from ppkit.cli import main as cli
 from ppkit.errors import ConfigError, ExerciseFailed
-from ppkit.lessons import catalog, launch_exercises, solutions, workbook
+from ppkit.exercises import catalog, check_launch, solutions, workbook
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
 
@@ -154,15 +154,15 @@ def test_my_share_names_missing_and_doubled_items():
         return list(range(rank * (num_items // world_size), (rank + 1) * (num_items // world_size)))
 
     with pytest.raises(ExerciseFailed) as info:
-        launch_exercises.check_my_share(overlaps, world_sizes=(2,), num_items=(4,))
+        check_launch.check_my_share(overlaps, world_sizes=(2,), num_items=(4,))
     assert info.value.failures == ["world_size 2, 4 items: item 2 is handled by ranks [0, 1] (1 item(s) twice); "
                                    "each item must belong to exactly one rank"]
     with pytest.raises(ExerciseFailed) as info:
-        launch_exercises.check_my_share(forgets_the_rest, world_sizes=(4,), num_items=(13,))
+        check_launch.check_my_share(forgets_the_rest, world_sizes=(4,), num_items=(13,))
     assert info.value.failures == ["world_size 4, 13 items: no rank handles item(s) [12]"]
     with pytest.raises(ExerciseFailed, match=r"rank 0: expected a list of item numbers such as \[0, 1, 2\], "
                                              r"got int 3"):
-        launch_exercises.check_my_share(lambda rank, world_size, num_items: 3, world_sizes=(1,), num_items=(3,))
+        check_launch.check_my_share(lambda rank, world_size, num_items: 3, world_sizes=(1,), num_items=(3,))
 
 
 def test_slurm_names_the_wrong_variable():
@@ -171,13 +171,13 @@ def test_slurm_names_the_wrong_variable():
         return {**right, "MASTER_ADDR": env["SLURM_NODELIST"].split(",")[0], "MASTER_PORT": 29500}
 
     with pytest.raises(ExerciseFailed) as info:
-        launch_exercises.check_slurm_to_torchrun(first_bracket_wrong, cases=launch_exercises.SLURM_CASES[:2])
+        check_launch.check_slurm_to_torchrun(first_bracket_wrong, cases=check_launch.SLURM_CASES[:2])
     assert info.value.failures == [
         "SLURM_PROCID=1, SLURM_NTASKS=2, SLURM_LOCALID=0, SLURM_NODELIST=node[07-08], MASTER_PORT=29500: "
         "expected MASTER_ADDR='node07', got 'node[07-08]' (the first host of SLURM_NODELIST, with its "
         "brackets expanded)"]
     with pytest.raises(ExerciseFailed, match="expected a dict such as"):
-        launch_exercises.check_slurm_to_torchrun(lambda env: "RANK=0", cases=launch_exercises.SLURM_CASES[:1])
+        check_launch.check_slurm_to_torchrun(lambda env: "RANK=0", cases=check_launch.SLURM_CASES[:1])
 
 
 # -- hints and solutions -----------------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_unreadable_record_is_said_and_ignored(record, capsys):
 
 def test_cli_verify_runs_checkers_on_solutions(monkeypatch, capsys):
     broken = catalog.Exercise("pipeline_time", "06_pipeline", catalog.get("pipeline_time").signature,
-                              lambda fn: launch_exercises.check_my_share(fn), solutions.pipeline_time, ("a", "b"))
+                              lambda fn: check_launch.check_my_share(fn), solutions.pipeline_time, ("a", "b"))
     monkeypatch.setattr(catalog, "BY_NAME", {**catalog.BY_NAME, "pipeline_time": broken})
     monkeypatch.setattr(catalog, "EXERCISES", (catalog.get("my_share"), broken))
     assert cli(["exercises", "--verify"]) == 1

@@ -13,7 +13,7 @@ from ppkit.cli import main as cli_main
 from ppkit.errors import ConfigError
 from ppkit.models.resnet import CUT_POINTS
 from ppkit.pipeline.bubble import bubble_fraction, closed_form, predict
-from ppkit.pipeline.config import (
+from ppkit.pipeline.rpc.config import (
     PipelineConfig,
     Placement,
     check_placement,

@@ -14,7 +14,7 @@ from torch import nn
 
 import ppkit
 from ppkit.errors import StageError
-from ppkit.pipeline import PipelineModel
+from ppkit.pipeline.rpc import PipelineModel
 
 
 class FailsOnThirdCall(nn.Module):

@@ -12,7 +12,7 @@ from torch import nn
 import ppkit
 from ppkit.errors import ConfigError
 from ppkit.models.resnet import CUT_POINTS, resnet50, split_resnet50
-from ppkit.pipeline import PipelineModel, PipelineOptimizer
+from ppkit.pipeline.rpc import PipelineModel, PipelineOptimizer
 
 ATOL = 1e-4  # eval mode: micro-batches change only the order of float sums (measured < 6e-5)
 

@@ -10,9 +10,9 @@ from torch import nn
 import ppkit
 from ppkit.models.resnet import resnet50, split_resnet50
 from ppkit.pipeline.bubble import closed_form, predict_from_timeline
-from ppkit.pipeline.config import PipelineConfig
-from ppkit.pipeline.no_overlap import overlap_bound, solo_seconds_per_image, train_no_overlap
-from ppkit.pipeline.sweep import RunResult, build_model, train_batches
+from ppkit.pipeline.rpc.config import PipelineConfig
+from ppkit.pipeline.rpc.no_overlap import overlap_bound, solo_seconds_per_image, train_no_overlap
+from ppkit.pipeline.rpc.sweep import RunResult, build_model, train_batches
 from ppkit.pipeline.timeline import Event, Timeline
 
 CONFIG = PipelineConfig(batch_size=6, image_size=40, num_batches=1, microbatch_sizes=(2,),

@@ -12,10 +12,10 @@ import torch
 import torch.distributed.rpc as rpc
 
 import ppkit
-from ppkit.pipeline import resources
-from ppkit.pipeline.config import PipelineConfig, parse_placement
-from ppkit.pipeline.resources import check_stage_threads, describe, plan
-from ppkit.pipeline.sweep import build_model
+from ppkit.pipeline.rpc import resources
+from ppkit.pipeline.rpc.config import PipelineConfig, parse_placement
+from ppkit.pipeline.rpc.resources import check_stage_threads, describe, plan
+from ppkit.pipeline.rpc.sweep import build_model
 
 
 def reports(cpus, **hosts):

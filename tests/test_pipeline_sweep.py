@@ -10,8 +10,8 @@ import pytest
 
 import ppkit
 from ppkit.cli import main as cli_main
-from ppkit.pipeline.config import PipelineConfig
-from ppkit.pipeline.sweep import run_sweep
+from ppkit.pipeline.rpc.config import PipelineConfig
+from ppkit.pipeline.rpc.sweep import run_sweep
 
 matplotlib.use("Agg")
 

@@ -12,12 +12,12 @@ import pytest
 import ppkit
 from ppkit.cli import main as cli_main
 from ppkit.errors import ExerciseFailed
-from ppkit.lessons import pipeline_exercises, solutions
-from ppkit.pipeline.balance import CutCandidate, format_candidates, measure_cuts, pick
+from ppkit.exercises import check_pipeline, solutions
 from ppkit.pipeline.bubble import closed_form
-from ppkit.pipeline.config import PipelineConfig
-from ppkit.pipeline.sweep import build_model
-from ppkit.pipeline.ucurve import (
+from ppkit.pipeline.rpc.balance import CutCandidate, format_candidates, measure_cuts, pick
+from ppkit.pipeline.rpc.config import PipelineConfig
+from ppkit.pipeline.rpc.sweep import build_model
+from ppkit.pipeline.rpc.ucurve import (
     CurvePoint,
     Reference,
     UCurve,
@@ -91,18 +91,18 @@ def test_balance_picks_the_smallest_slowest_stage():
 
 
 def test_exercise_checker_accepts_the_solution_and_names_the_mistakes():
-    assert pipeline_exercises.check_best_num_microbatches(solutions.best_num_microbatches).passed
+    assert check_pipeline.check_best_num_microbatches(solutions.best_num_microbatches).passed
     with pytest.raises(ExerciseFailed, match="best without the overhead"):
-        pipeline_exercises.check_best_num_microbatches(lambda f, b, fixed, o, c: max(c))
+        check_pipeline.check_best_num_microbatches(lambda f, b, fixed, o, c: max(c))
     with pytest.raises(ExerciseFailed, match="stage times are for the whole batch"):
-        pipeline_exercises.check_best_num_microbatches(
+        check_pipeline.check_best_num_microbatches(
             lambda f, b, fixed, o, c: min(sorted(c), key=lambda m: sum(f) + sum(b) + (m - 1) * (max(f) + max(b) + o)))
     with pytest.raises(ExerciseFailed, match="NotImplementedError"):
         def stub(*args):
             raise NotImplementedError
-        pipeline_exercises.check_best_num_microbatches(stub)
+        check_pipeline.check_best_num_microbatches(stub)
     with pytest.raises(ExerciseFailed, match="whole number"):
-        pipeline_exercises.check_best_num_microbatches(lambda *args: 8.0)
+        check_pipeline.check_best_num_microbatches(lambda *args: 8.0)
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ from torch import nn
 
 import ppkit
 from ppkit.pipeline.bubble import predict
-from ppkit.pipelining import bubble_model, report, verify
-from ppkit.pipelining import compare as cmp
-from ppkit.pipelining import stage as pp
-from ppkit.pipelining.memory import ActivationMeter
+from ppkit.pipeline.schedules import bubble_model, report, verify
+from ppkit.pipeline.schedules import compare as cmp
+from ppkit.pipeline.schedules import stage as pp
+from ppkit.pipeline.schedules.memory import ActivationMeter
 
 BATCH, MICROBATCHES, IMAGE = 8, 4, 32
 RUN_TIMEOUT = 180  # the machine is shared; a pipeline error must come from p2p_timeout, well before this
@@ -40,7 +40,7 @@ def rpc_run(batch):
     """The same step through the RPC pipeline (this process is the RPC master)."""
     import torch.distributed.rpc as rpc
 
-    from ppkit.pipeline import PipelineModel
+    from ppkit.pipeline.rpc import PipelineModel
 
     with ppkit.start_rpc(num_workers=2) as world, PipelineModel("worker1:cpu,worker2:cpu") as model:
         names = ("worker1", "worker2")

@@ -7,8 +7,8 @@ import pytest
 
 import ppkit
 from ppkit.cli import main as cli_main
-from ppkit.pipeline.config import PipelineConfig
-from ppkit.pipelining import sweep
+from ppkit.pipeline.rpc.config import PipelineConfig
+from ppkit.pipeline.schedules import sweep
 
 matplotlib.use("Agg")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 import ppkit
-from ppkit.pipelining import compare as cmp
-from ppkit.pipelining import stage as pp
-from ppkit.pipelining import verify
+from ppkit.pipeline.schedules import compare as cmp
+from ppkit.pipeline.schedules import stage as pp
+from ppkit.pipeline.schedules import verify
 
 RUN_TIMEOUT = 180  # a pipeline error must come from p2p_timeout (3 s here), long before this
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import ppkit
-from ppkit.pipelining import bubble_formulas as bf
-from ppkit.pipelining import compare as cmp
-from ppkit.pipelining import looped_report, placement, torch_plans, verify
-from ppkit.pipelining import stage as pp
-from ppkit.pipelining.looped_run import merge_looped, one_stage_plan
-from ppkit.pipelining.plan import Op, idle_share, simulate, span
+from ppkit.pipeline.schedules import bubble_formulas as bf
+from ppkit.pipeline.schedules import compare as cmp
+from ppkit.pipeline.schedules import looped_report, placement, torch_plans, verify
+from ppkit.pipeline.schedules import stage as pp
+from ppkit.pipeline.schedules.looped_run import merge_looped, one_stage_plan
+from ppkit.pipeline.schedules.plan import Op, idle_share, simulate, span
 
 matplotlib.use("Agg")
 

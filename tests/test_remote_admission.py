@@ -252,7 +252,7 @@ def test_worker_cli_needs_an_address_a_name_and_a_key():
 
 
 def test_worker_cli_reads_torchrun_and_slurm_variables():
-    pytest.importorskip("ppkit.cluster.env", reason="read_launch_env comes from the lessons branch")
+    pytest.importorskip("ppkit.cluster.tools.env", reason="read_launch_env comes from the lessons branch")
     cli_worker, args = parse("--key", "ab" * 16)
     torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "10.0.0.1",
                 "MASTER_PORT": "29500"}

@@ -20,7 +20,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 import ppkit
 from ppkit.models.resnet import resnet50, split_resnet50
-from ppkit.pipeline import PipelineModel
+from ppkit.pipeline.rpc import PipelineModel
 
 x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1)).double()
 with ppkit.start_rpc(1, listen=sys.argv[1], start_timeout=120, rpc_timeout=120) as world:

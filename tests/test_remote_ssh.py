@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import ppkit
-from ppkit.cluster import ssh
+from ppkit.cluster.launchers import ssh
 from ppkit.errors import ConfigError, LaunchError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

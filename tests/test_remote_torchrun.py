@@ -9,7 +9,7 @@ import netns
 import pytest
 from netns import PY, host_env
 
-pytest.importorskip("ppkit.cluster.env", reason="read_launch_env comes from the lessons branch")
+pytest.importorskip("ppkit.cluster.tools.env", reason="read_launch_env comes from the lessons branch")
 pytestmark = pytest.mark.timeout(240)
 two_hosts = netns.two_hosts  # the fixture
 
@@ -17,7 +17,7 @@ two_hosts = netns.two_hosts  # the fixture
 def torchrun(hosts, node_rank: int) -> list[str]:
     return [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             "--node-rank", str(node_rank), "--master-addr", hosts.master.address,
-            "--master-port", "29500", "-m", "ppkit.cluster.allreduce_check"]
+            "--master-port", "29500", "-m", "ppkit.cluster.tools.allreduce_check"]
 
 
 def test_torchrun_two_nodes_all_reduce(two_hosts, no_leftovers):

@@ -16,7 +16,7 @@ import netns
 import pytest
 from netns import PY, Lines, host_env, skip_without_netns
 
-from ppkit.cluster.netns import TwoHosts
+from ppkit.cluster.tools.netns import TwoHosts
 
 two_hosts = netns.two_hosts  # the fixture
 

@@ -14,7 +14,7 @@ import torch
 from torch.distributed import rpc
 
 import ppkit
-from ppkit.cluster import rpc_pickle
+from ppkit.cluster.rpc import pickler as rpc_pickle
 
 CELL = '''
 import threading
@@ -90,7 +90,7 @@ def test_installed_only_while_a_world_runs_and_a_changed_torch_is_named(monkeypa
     assert not rpc_pickle.installed()
     with pytest.raises(ppkit.ClusterStateError, match=r"internal._pickler"):
         ppkit.start_rpc(2)  # refused before any process starts
-    assert ppkit.cluster.rpc_world.active() is None
+    assert ppkit.cluster.rpc.world.active() is None
 
 
 # -- in a world --------------------------------------------------------------------------------

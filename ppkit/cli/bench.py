@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     import ppkit
     from ppkit.bench import comm
-    from ppkit.cluster.launch import check_world_size
+    from ppkit.cluster.worker_setup import check_world_size
 
     try:
         sizes = comm.sizes(comm.parse_size(args.min_bytes), comm.parse_size(args.max_bytes), args.factor)

@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from ppkit.cluster.doctor import diagnose
+    from ppkit.cluster.tools.doctor import diagnose
 
     try:
         report = diagnose(args.master, key=args.key)

@@ -15,13 +15,13 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from ppkit.lessons import workbook
+    from ppkit.exercises import workbook
 
     if not args.verify:
         workbook.progress()
         return 0
     from ppkit.errors import PPKitError
-    from ppkit.lessons import catalog
+    from ppkit.exercises import catalog
 
     failed = []
     for exercise in catalog.EXERCISES:

@@ -35,8 +35,8 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from ppkit.cluster.allreduce_check import check, expected_sum
     from ppkit.cluster.controller import Cluster
+    from ppkit.cluster.tools.allreduce_check import check, expected_sum
 
     world_size = args.local_ranks + len(args.workers)
     try:  # the flags first: a mistake there is a usage error (status 2), not a failed run

@@ -5,7 +5,7 @@
     ppkit pipeline --batch-size 120 --image-size 128 --num-batches 3 --microbatch-sizes 1 2 4 8
     ppkit pipeline --placement master:cpu,worker1:cpu --cut layer3 --plot sweep.png --verify
 
-With the RPC schedule it measures the U-curve (ppkit/pipeline/ucurve.py): the no-overlap reference
+With the RPC schedule it measures the U-curve (ppkit/pipeline/rpc/ucurve.py): the no-overlap reference
 (one micro-batch) and every count, each also with its micro-batches one at a time (no overlap at the
 same size), in rounds, with each stage process on its own cores (``--stage-threads``), and ends with
 one line a script can read::
@@ -97,8 +97,8 @@ def config_from_args(args):
     """The checked :class:`PipelineConfig` for ``args``; ConfigError if any flag is wrong."""
     import torch
 
-    from ppkit.pipeline.config import AUTO_CUT, PipelineConfig, check_placement, parse_placement
-    from ppkit.pipeline.experiment import sizes_from_args
+    from ppkit.pipeline.rpc.config import AUTO_CUT, PipelineConfig, check_placement, parse_placement
+    from ppkit.pipeline.rpc.experiment import sizes_from_args
 
     if args.batch_size < 1:
         raise ConfigError(f"batch_size must be a whole number >= 1, got {args.batch_size!r}.")
@@ -120,14 +120,14 @@ def config_from_args(args):
         raise ConfigError("--listen and --launcher work with --schedule rpc only: the pipelining schedules run on "
                           "two local ranks.")
     if args.schedule != "rpc":
-        from ppkit.pipelining.sweep import check_config
+        from ppkit.pipeline.schedules.sweep import check_config
 
         check_config(config, args.schedule)
     # Local workers have this machine's devices: refuse cuda:3 before starting anything.
     listen = getattr(args, "listen", None)
     elsewhere = listen is not None or getattr(args, "launcher", None) == "slurm"
     if elsewhere:  # the workers are on other machines: only master's devices are known
-        from ppkit.cluster.options import check_rpc
+        from ppkit.cluster.rpc.options import check_rpc
 
         check_rpc(max(1, config.num_workers()), **world_options(args))
         if config.num_workers() == 0:
@@ -189,7 +189,7 @@ class Progress:
 
 def run(args, config, world, progress, on_result):
     """The --schedule gpipe/1f1b sweep; returns its :class:`SweepResult` (rows via ``on_result``)."""
-    from ppkit.pipelining.sweep import run_sweep as run_schedule
+    from ppkit.pipeline.schedules.sweep import run_sweep as run_schedule
 
     return run_schedule(world, config, args.schedule, progress=progress, on_result=on_result)
 
@@ -201,7 +201,7 @@ def main(args) -> int:
         print(f"ppkit pipeline: error: {exc}", file=sys.stderr)
         return 2
 
-    from ppkit.pipeline.sweep import COLUMNS, make_batch
+    from ppkit.pipeline.rpc.sweep import COLUMNS, make_batch
 
     rpc = args.schedule == "rpc"
     where = (f"placement {','.join(map(str, config.placement))}" if rpc else
@@ -230,7 +230,7 @@ def main(args) -> int:
     try:
         world = start_world(args, config)
         if rpc:
-            from ppkit.pipeline.experiment import run_ucurve
+            from ppkit.pipeline.rpc.experiment import run_ucurve
 
             result, model = run_ucurve(config, progress, say)
             config = config.replace(cut=result.cut)
@@ -242,13 +242,13 @@ def main(args) -> int:
             print(f"plots saved to {args.plot}")
         status = 0
         if args.verify and model is None:
-            from ppkit.pipelining.sweep import verify_report
+            from ppkit.pipeline.schedules.sweep import verify_report
 
             ok, text = verify_report(world, config, args.schedule)
             print(text)
             status = 0 if ok else 1
         elif args.verify:
-            from ppkit.pipeline.verify import compare, tolerance
+            from ppkit.pipeline.rpc.verify import compare, tolerance
 
             batches = [make_batch(config, i)[0] for i in range(config.num_batches)]
             worst, largest = compare(model, batches, config.microbatch_sizes)
@@ -279,7 +279,7 @@ def _save_plot(result, path: str) -> None:
 
     matplotlib.use("Agg")
     from ppkit.pipeline.plots import sweep_figure, ucurve_figure
-    from ppkit.pipeline.ucurve import UCurve
+    from ppkit.pipeline.rpc.ucurve import UCurve
 
     figure = ucurve_figure(result) if isinstance(result, UCurve) else sweep_figure(result, run_index=None)
     figure.savefig(path, dpi=110)

@@ -3,7 +3,7 @@
     PPKIT_KEY=<key the master printed> ppkit worker --connect 10.0.0.1:29600 --name worker1
 
 Under torchrun or SLURM (``srun``), ``--name`` defaults to ``worker<RANK>`` and ``--connect`` to
-``MASTER_ADDR:29600`` (``--port``), read with ``ppkit.cluster.env.read_launch_env``.
+``MASTER_ADDR:29600`` (``--port``), read with ``ppkit.cluster.tools.env.read_launch_env``.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _launch_env(environ):
     """torchrun's or SLURM's view of this process, or None when no launcher started it."""
     if not any(k in environ for k in ("RANK", "SLURM_PROCID")):
         return None
-    from ppkit.cluster.env import read_launch_env
+    from ppkit.cluster.tools.env import read_launch_env
 
     return read_launch_env(environ)
 

@@ -17,7 +17,7 @@ import time
 import weakref
 
 from ppkit.checks import positive
-from ppkit.cluster import diagnostics, launch, launchers
+from ppkit.cluster import diagnostics, launchers, worker_setup
 from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.budget import read_budget
 from ppkit.cluster.inbox import Closed, Inbox, Item
@@ -96,7 +96,7 @@ class Cluster:
         try:
             if self.backend == "auto":
                 self._launcher.prepare()
-                self.backend = launch.resolve_backend("auto", self.world_size)
+                self.backend = worker_setup.resolve_backend("auto", self.world_size)
             self._start_workers()
         except BaseException:
             self.close()
@@ -129,7 +129,7 @@ class Cluster:
                 conn.send(Reject(f"this cluster has ranks 0..{self.world_size - 1}, not {rank!r}"))
                 conn.close()
                 return
-            config = launch.worker_config(rank, self.world_size, self.backend, self.process_group, self._env,
+            config = worker_setup.worker_config(rank, self.world_size, self.backend, self.process_group, self._env,
                                           self.start_timeout, self._threads)
             conn.send(Init(self._launcher.init_config(rank, config, generation)))
             self._conns[rank] = conn

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ppkit.checks import check_env, check_labels, positive
-from ppkit.cluster import launch, spawning
+from ppkit.cluster import start_methods, worker_setup
 from ppkit.cluster.admission import master_interface, parse_key, parse_listen, remote_names
 from ppkit.cluster.isolation import check_isolation
 from ppkit.cluster.slurm.options import SlurmOptions, check_slurm_options
@@ -71,23 +71,23 @@ def _launcher_name(launcher, start_method, listen) -> str:
             f"unknown launcher {launcher!r}; the choices are {', '.join(map(repr, LAUNCHERS))}: 'local' "
             "forks workers on this machine, 'spawn' starts fresh interpreters here, 'remote' waits for "
             "workers on other machines (with listen=), 'slurm' runs them as tasks of a SLURM job.")
-    method = spawning.check_start_method(start_method)
+    method = start_methods.check_start_method(start_method)
     if launcher is None:
         if listen is not None:
             launcher = "remote"
         else:
-            launcher = "spawn" if spawning.resolve_start_method(method) == "spawn" else "local"
+            launcher = "spawn" if start_methods.resolve_start_method(method) == "spawn" else "local"
     if launcher == "spawn" and method == "forkserver" or launcher == "local" and method == "spawn":
         raise ConfigError(f"launcher={launcher!r} and start_method={method!r} contradict each other; "
                           "pass only launcher= ('local' forks from a fork server, 'spawn' starts fresh "
                           "interpreters).")
     # remote: the master's own ranks come from a fork server here; slurm forks on the nodes only
-    if launcher == "remote" and spawning.resolve_start_method(method) == "spawn" or launcher == "slurm" \
+    if launcher == "remote" and start_methods.resolve_start_method(method) == "spawn" or launcher == "slurm" \
             and method == "spawn":
         raise ConfigError(
             f"a cluster across machines (launcher={launcher!r}) forks its workers on every machine, so it "
             "needs start_method='forkserver' (Linux); the spawn start method serves this machine only. "
-            f"Pass start_method='forkserver' or unset {spawning.START_METHOD_ENV}.")
+            f"Pass start_method='forkserver' or unset {start_methods.START_METHOD_ENV}.")
     if launcher == "remote" and listen is None:
         raise ConfigError("launcher='remote' waits for workers on other machines, which need to know where: "
                           "pass listen='ADDR:PORT' too (e.g. listen='10.0.0.1:29600').")
@@ -130,12 +130,12 @@ def cluster_spec(world_size, backend: str = "auto", *, timeout: float = DEFAULT_
                  partition: str | None = None, time: str | None = None, sbatch_args=(),
                  isolation: str = "auto") -> ClusterSpec:
     """Check every option of a cluster and return them as a ``ClusterSpec`` (``ConfigError`` otherwise)."""
-    world_size = launch.check_world_size(world_size)
+    world_size = worker_setup.check_world_size(world_size)
     name = _launcher_name(launcher, start_method, listen)
-    if not isinstance(backend, str) or backend not in launch.BACKENDS:
-        launch.resolve_backend(backend, world_size)  # raises its own message
+    if not isinstance(backend, str) or backend not in worker_setup.BACKENDS:
+        worker_setup.resolve_backend(backend, world_size)  # raises its own message
     if backend == "nccl" and name in ("local", "spawn"):
-        launch.resolve_backend(backend, world_size)  # counts this machine's GPUs
+        worker_setup.resolve_backend(backend, world_size)  # counts this machine's GPUs
     timeout = positive(timeout, "timeout")
     start_timeout = positive(start_timeout, "start_timeout")
     if not isinstance(process_group, bool):

@@ -1,33 +1,23 @@
-"""The code that notebooks 01-03 teach with; tested in tests/test_lessons_*.py.
+"""The code that the notebooks teach with; tested in tests/test_lessons_*.py. The exercises' checkers
+are in ppkit/exercises/.
 
     seed001        the source article's functions, unchanged, to run with cluster.run
     p2p            lesson 1: a recv without a send, and a measured timeline of waiting
     collectives    lesson 2: every collective run for real, modelled in plain Python, drawn
     data_parallel  lesson 3: gradients by hand == DDP == one process; init methods; samplers
     ddp_tutorial   lesson 3: the DDP tutorial's code, unchanged but for devices, run with ppkit.spawn
-    launchers      lesson 3: what torchrun and SLURM tell each process
-    exercises      the checkers of the exercises in notebooks 01-03 (they run on real ranks)
-    pipeline_exercises  the same for notebooks 05, 06 and 08 (shapes, step time, activations)
-    launch_exercises    the same for notebooks 00 and 07 (each rank's share, SLURM's variables)
-    check_report   what every checker returns (CheckReport) or raises (ExerciseFailed)
-    subworld       runs a learner's function on ranks 0..k-1 of a cluster, in a fresh process group
-    catalog        every exercise registered in one place: checker, solution, hints
-    solutions      one solution per exercise, out of the learner's notebook
-    workbook       the learner's side: check(name, fn), hint(name), solution(name), progress()
+    rank_variables lesson 3: what torchrun and SLURM tell each process
     timeline       spans, "who waited for whom", Gantt charts
     zero           lesson 9: ZeRO-1, -2, -3 by hand from reduce_scatter and all_gather; the ZeRO formulas
     fsdp2          lesson 9: the same with torch's fully_shard on a CPU mesh; what needs CUDA
     tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version
     sharding_plots   lessons 9-10: memory and traffic per rank, formula and measured
-    sharding_exercises  the checkers of notebooks 09 and 10 (registered in catalog)
     ring_attention   lesson 11: block attention, the log-sum-exp merge, ring attention forward and backward
     context_parallel lesson 11: contiguous and zig-zag layouts, the ring vs full attention, torch's version
     context_timing   lesson 11: the ring measured per rank (compute, waits, imbalance), its pictures
-    attention_exercises  the checker of notebook 11 (the log-sum-exp merge)
     moe              lesson 12: a mixture-of-experts layer in one process (router, capacity, aux loss)
     expert_parallel  lesson 12: the experts over the ranks, all_to_all dispatch and combine, vs one process
     moe_timing       lesson 12: tokens per expert and rank, drops, bytes and step time measured, pictures
-    moe_exercises    the checker of notebook 12 (the dispatch's split sizes)
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from ppkit.cluster import launch
+from ppkit.cluster import worker_setup
 from ppkit.errors import ConfigError
 from ppkit.transport import ifaces
 
@@ -196,7 +196,7 @@ def loopback_store(init_method: str, world_size: int, timeout_s: float):
         return None
     if not ifaces.is_loopback(host) or sys.platform == "win32":  # no listen socket to hand over there
         return None
-    return launch.tcp_store(host, world_size, timeout_s, port=port, multi_tenant=True)
+    return worker_setup.tcp_store(host, world_size, timeout_s, port=port, multi_tenant=True)
 
 
 # -- samplers and DataParallel ------------------------------------------------------------------

@@ -1,17 +1,10 @@
-"""Pipeline parallelism over torch.distributed.rpc: ResNet50 in two shards, fed micro-batches.
+"""Pipeline parallelism, two ways, and what both share.
 
-    from ppkit.pipeline import PipelineModel, PipelineOptimizer, PipelineConfig, run_sweep
+    rpc/        the RPC pipeline (notebooks 05-07): ResNet50 in two shards on two workers, micro-batches
+                through RRefs, distributed autograd; its config, sweep, U-curve, balance and resources
+    schedules/  the same split as stages of ``torch.distributed.pipelining`` (notebook 08): GPipe, 1F1B
+                and the schedules past them, measured beside the RPC pipeline
+    timeline    spans of work per stage, as both record them
+    bubble      the bubble formulas and their prediction from measured stage times
+    plots       Gantt charts of a timeline
 """
-
-from ppkit.pipeline.config import PipelineConfig, Placement, num_microbatches, parse_placement
-from ppkit.pipeline.model import PipelineModel
-from ppkit.pipeline.optimizer import PipelineOptimizer
-
-__all__ = [
-    "PipelineConfig",
-    "PipelineModel",
-    "PipelineOptimizer",
-    "Placement",
-    "num_microbatches",
-    "parse_placement",
-]

@@ -21,9 +21,9 @@ import ipywidgets as w
 
 from ppkit.errors import ConfigError, PPKitError
 from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT
-from ppkit.pipeline.config import AUTO_CUT, PipelineConfig, Placement, num_microbatches
-from ppkit.pipeline.resources import describe
-from ppkit.pipeline.sweep import COLUMNS, build_model, format_rows, train_batches
+from ppkit.pipeline.rpc.config import AUTO_CUT, PipelineConfig, Placement, num_microbatches
+from ppkit.pipeline.rpc.resources import describe
+from ppkit.pipeline.rpc.sweep import COLUMNS, build_model, format_rows, train_batches
 from ppkit.widgets.pipeline_ucurve import UCurveControls, html_table, png, timeline_figure
 
 IMAGE_SIZES = (32, 48, 64, 96, 128)
@@ -43,7 +43,7 @@ def _device_counts(names) -> dict[str, int]:
     """CUDA devices on every process of the RPC world (asked once, when the widget is made)."""
     import torch.distributed.rpc as rpc
 
-    from ppkit.pipeline import stages
+    from ppkit.pipeline.rpc import stages
 
     futures = {name: rpc.rpc_async(name, stages.probe, args=([],), timeout=30) for name in names}
     counts = {}

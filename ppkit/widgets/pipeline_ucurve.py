@@ -1,8 +1,8 @@
 """The pipeline widget's U-curve button and its "cut after: auto" choice (a mixin of PipelineWidget).
 
 ``ucurve()`` measures 1, 2, 4, ... micro-batches against the no-overlap reference
-(``ppkit.pipeline.ucurve``); ``_resolve_cut`` times every cut when the cut is "auto"
-(``ppkit.pipeline.balance``). Both draw into the widget's own table, plots and status line.
+(``ppkit.pipeline.rpc.ucurve``); ``_resolve_cut`` times every cut when the cut is "auto"
+(``ppkit.pipeline.rpc.balance``). Both draw into the widget's own table, plots and status line.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import html
 import io
 
 from ppkit.models.resnet import CUT_POINTS
-from ppkit.pipeline import ucurve
-from ppkit.pipeline.config import AUTO_CUT, PipelineConfig
+from ppkit.pipeline.rpc import ucurve
+from ppkit.pipeline.rpc.config import AUTO_CUT, PipelineConfig
 
 _CELL = 'style="padding:2px 12px;text-align:right"'
 
@@ -61,7 +61,7 @@ class UCurveControls:
             return config
         key = (config.placement, config.batch_size, config.image_size, config.stage_threads)
         if self._auto_cut is None or self._auto_cut[0] != key:
-            from ppkit.pipeline.balance import format_candidates, measure_cuts, pick
+            from ppkit.pipeline.rpc.balance import format_candidates, measure_cuts, pick
 
             self._ensure_world()
             self.close_model()

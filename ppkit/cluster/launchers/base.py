@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppkit.cluster import launch
+from ppkit.cluster import worker_setup
 from ppkit.cluster.inbox import Inbox, Item, LaunchFailed
 from ppkit.cluster.isolation import Isolation
 from ppkit.cluster.spec import ClusterSpec
@@ -67,7 +67,7 @@ class Launcher:
 
     def local_env(self) -> dict[str, str]:
         """Environment that puts a process of this machine on the cluster's network."""
-        return launch.local_env()
+        return worker_setup.local_env()
 
     def init_config(self, rank: int, config: dict, generation: int) -> dict:
         return {**config, "store": ("file", str(self.tmpdir / f"store-{generation}"))}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from ppkit.cluster import diagnostics, launch
+from ppkit.cluster import diagnostics, worker_setup
 from ppkit.cluster.admission import (
     interface_problem,
     join_command,
@@ -89,8 +89,8 @@ class RemoteLauncher(ForkServerLauncher):
 
     def rendezvous_url(self, name: str = "") -> str:
         """A ``tcp://`` init_method for rank 0 (this process): a store it holds on the listen address
-        (launch.tcp_store; not a port picked by bind-then-close, which another could take meanwhile)."""
-        self._rpc_store = launch.tcp_store(self.host, 1, self._start_timeout, multi_tenant=True)
+        (worker_setup.tcp_store; not a port picked by bind-then-close, which another could take meanwhile)."""
+        self._rpc_store = worker_setup.tcp_store(self.host, 1, self._start_timeout, multi_tenant=True)
         return f"tcp://{self.host}:{self._rpc_store.port}"
 
     def rank_label(self, rank: int, info: dict) -> str:
@@ -202,7 +202,7 @@ class RemoteLauncher(ForkServerLauncher):
 
     def _new_store(self) -> None:
         self._store = None  # the old one stops serving (it owns and closes its socket)
-        self._store = launch.tcp_store(self.host, self.world_size, self._start_timeout)
+        self._store = worker_setup.tcp_store(self.host, self.world_size, self._start_timeout)
         self._store_port = self._store.port
 
     def describe_missing(self, ready: set[int]) -> str:
@@ -258,13 +258,13 @@ class RemoteLauncher(ForkServerLauncher):
             f"{self.host}:{self.port}` on each machine shows which one that is.")
 
     def _ssh_tail(self, names) -> str:
-        from ppkit.cluster import ssh
+        from ppkit.cluster.launchers import ssh
 
         tails = [ssh.log_tail(self._ssh_procs[n]) for n in names if n in self._ssh_procs]
         return "".join(f"\nssh said:\n{t}" for t in tails if t)
 
     def _start_ssh(self, missing: list[str]) -> None:
-        from ppkit.cluster import ssh
+        from ppkit.cluster.launchers import ssh
 
         for name in missing:
             proc = self._ssh_procs.get(name)
@@ -285,7 +285,7 @@ class RemoteLauncher(ForkServerLauncher):
         return super().processes() + agents
 
     def close(self) -> None:
-        from ppkit.cluster import ssh
+        from ppkit.cluster.launchers import ssh
 
         super().close()
         with self._lock:

@@ -1,0 +1,201 @@
+"""``ppkit.spawn``: ``torch.multiprocessing.spawn`` that runs functions defined in notebook cells.
+
+Tutorials end with ``mp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True)``. In a
+notebook mp.spawn cannot find a cell's function (its processes import ``__main__``, which is not
+the notebook), and persistent workers cannot re-create the tutorial's process group on its fixed
+port (PyTorch issue 74666). So ``spawn`` keeps a hidden ``Cluster(nprocs, process_group=False)``
+per process count whose workers are started anew for every call and stopped when it ends: between
+calls only its fork server stays, and a call costs a few forks rather than an ``import torch`` per
+process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import os
+import threading
+from collections import OrderedDict
+
+from ppkit.checks import positive
+from ppkit.cluster.controller import DEFAULT_TIMEOUT_S, Cluster
+from ppkit.cluster.rpc import pickler as rpc_pickle
+from ppkit.cluster.spawn import explain
+from ppkit.errors import ClusterStateError, ConfigError, JobInterrupted, WorkerError
+from ppkit.transport.zygote import PRELOAD_ENV
+
+PRELOAD = ("torch._dynamo",)  # DDP, FSDP and DTensor import it on first use: 1-2 s in each new process
+START_METHODS = {"auto": "auto", "forkserver": "forkserver", "fork": "forkserver", "spawn": "spawn"}
+KEEP = 2  # hidden clusters (fork servers) kept between calls, the most recently used ones
+_kept: OrderedDict[tuple, Cluster] = OrderedDict()  # (nprocs, start method) -> its hidden cluster
+_environ: dict[tuple, dict] = {}  # the kernel's os.environ when that cluster's processes began
+_running: set[tuple] = set()  # clusters running a join=False call
+
+
+def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False, start_method: str = "auto",
+          *, timeout: float = DEFAULT_TIMEOUT_S):
+    """Run ``fn(i, *args)`` in ``nprocs`` new processes, ``i`` = 0 .. nprocs-1, as mp.spawn does.
+
+    >>> ppkit.spawn(demo_basic, args=(world_size,), nprocs=world_size)   # the DDP tutorial's run_demo
+
+    ``fn`` may be defined in a notebook cell. Each call gets fresh processes (forked from a fork
+    server that imported torch once; ``start_method="spawn"``: fresh interpreters), prints what
+    each writes as ``[rank i] ...``, and stops them all when it returns. A failure in any process
+    raises ``ProcessRaisedError`` or ``ProcessExitedError`` with its traceback and stops the others;
+    after ``timeout`` seconds ``JobTimeoutError`` says where each waited. ``join=False`` returns a
+    ``SpawnContext`` at once. ``daemon`` is accepted and ignored: the processes never outlive the
+    kernel. Returns None, as mp.spawn does (return values are dropped; use ``cluster.run`` for them).
+    """
+    args = _check(fn, args, nprocs, start_method)
+    timeout = positive(timeout, "timeout")
+    key = (nprocs, START_METHODS[start_method])
+    if key in _running:
+        raise ClusterStateError(
+            f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running. Call its join() first "
+            "(context = ppkit.spawn(..., join=False); context.join()).")
+    call = _Call(_fresh_cluster(key), fn, args, timeout, _environ[key])
+    if join:
+        call.run()
+        return None
+    return SpawnContext(call, key)
+
+
+class SpawnContext:
+    """What ``ppkit.spawn(..., join=False)`` returns: the processes run while the cell goes on.
+
+    ``join(timeout=None)`` is mp's ``ProcessContext.join``: True once every process has finished,
+    False if ``timeout`` seconds pass first, and the call's error if one failed. ``pids()`` lists
+    the processes' ids. Kernel > Interrupt during ``join()`` stops them.
+    """
+
+    def __init__(self, call: _Call, key: tuple):
+        self._call = call
+        self._key = key
+        self._error: BaseException | None = None
+        # an Event, not Thread.join: a Ctrl-C that interrupts Thread.join marks a running thread
+        # as stopped (CPython 3.11, bpo-45274's fix)
+        self._done = threading.Event()
+        _running.add(key)
+        self._thread = threading.Thread(target=self._run, name="ppkit-spawn", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._call.run()
+        except BaseException as exc:  # noqa: BLE001 - join() raises it in the caller's thread
+            self._error = exc
+        finally:
+            _running.discard(self._key)
+            self._done.set()
+
+    def pids(self) -> list[int]:
+        return [self._call.pids[rank] for rank in sorted(self._call.pids)]
+
+    def join(self, timeout: float | None = None, grace_period: float | None = None) -> bool:
+        """``grace_period`` is accepted for mp's signature: after one process fails, the others
+        get a few seconds to finish anyway, then every one is stopped."""
+        try:
+            self._done.wait(timeout)
+        except KeyboardInterrupt:
+            if not self._done.is_set():  # the running call cancels, says where each was, stops all
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread.ident),
+                                                           ctypes.py_object(KeyboardInterrupt))
+            self._done.wait()
+        if not self._done.is_set():
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+
+class _Call:
+    """One call: ``fn(i, *args)`` on each fresh process, then every process stopped."""
+
+    def __init__(self, cluster: Cluster, fn, args: tuple, timeout: float, environ: dict):
+        self.cluster, self.fn, self.args, self.timeout = cluster, fn, args, timeout
+        self.pids = {rank: worker.get("pid") for rank, worker in cluster.workers.items()}
+        changed = {k: v for k, v in os.environ.items() if environ.get(k) != v}
+        self.environ = (changed, [k for k in environ if k not in os.environ])
+
+    def run(self) -> None:
+        try:
+            self.cluster.run(_call_rank, self.fn, self.args, self.environ, timeout=self.timeout)
+        except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
+            raise explain.cannot_send(self.fn, self.args, exc) from None
+        except (WorkerError, JobInterrupted) as exc:
+            raise explain.translate(exc, self.pids, self.cluster.world_size, self.timeout) from None
+        finally:
+            self.cluster.stop_workers("ppkit.spawn stops its processes when a call ends.")
+
+
+def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> None:
+    """What each process runs: mp.spawn's ``fn(i, *args)``, in the kernel's environment as it is
+    now (mp.spawn's processes inherit it), its return value dropped as mp.spawn drops it."""
+    changed, removed = environ
+    os.environ.update(changed)
+    for name in removed:
+        os.environ.pop(name, None)
+    try:  # RPC sends a cell's functions and classes by value, as ppkit's RPC world does
+        rpc_pickle.install()
+    except (ImportError, ClusterStateError):  # a torch without RPC (Windows) or without its internals
+        pass
+    try:
+        fn(rank, *args)
+    except SystemExit as exc:  # sys.exit(0) ends a process of mp.spawn successfully
+        if exc.code not in (None, 0):
+            raise
+
+
+def _fresh_cluster(key: tuple) -> Cluster:
+    """The hidden cluster for ``key``, with processes started for this call."""
+    cluster = _kept.pop(key, None)
+    if cluster is not None and cluster.state != "closed":
+        _kept[key] = cluster
+        cluster.restart()
+        return cluster
+    for old in [k for k in _kept if k not in _running][:max(0, len(_kept) - KEEP + 1)]:
+        _kept.pop(old).close()
+    _environ[key] = dict(os.environ)
+    os.environ[PRELOAD_ENV] = ",".join(PRELOAD)  # read by the fork server when it starts
+    try:
+        cluster = Cluster(key[0], "gloo", process_group=False, start_method=key[1])
+    finally:
+        os.environ.pop(PRELOAD_ENV, None)
+    _kept[key] = cluster
+    return cluster
+
+
+def close() -> None:
+    """Stop the fork servers that ppkit.spawn keeps between calls (the kernel's exit does too)."""
+    while _kept:
+        _kept.popitem()[1].close()
+
+
+def _check(fn, args, nprocs, start_method) -> tuple:
+    if not callable(fn):
+        raise ConfigError(
+            f"ppkit.spawn needs the function each process runs, fn(i, *args), got {type(fn).__name__} "
+            f"{fn!r:.60}. Pass the function itself: ppkit.spawn(demo_basic, args=(world_size,), "
+            "nprocs=world_size), not demo_basic(...).")
+    if not isinstance(args, (tuple, list)):
+        raise ConfigError(
+            f"args must be a tuple of the arguments after i, got {type(args).__name__} {args!r:.60}. "
+            "Write args=(world_size,): with the comma; (world_size) is just a number.")
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ConfigError(f"nprocs must be a whole number of processes, at least 1, got {nprocs!r}: "
+                          "ppkit.spawn(fn, args=(world_size,), nprocs=world_size).")
+    if start_method not in START_METHODS:
+        raise ConfigError(
+            f"unknown start_method {start_method!r}; the choices are {', '.join(map(repr, START_METHODS))}. "
+            "'auto' (the default) and 'fork'/'forkserver' fork each process from ppkit's fork server; "
+            "'spawn' starts each as a fresh interpreter (as mp.spawn's default does, seconds per process).")
+    try:
+        inspect.signature(fn).bind(0, *args)
+    except TypeError as exc:
+        name = getattr(fn, "__name__", "fn")
+        raise ConfigError(
+            f"{name} cannot be called as {name}(i, *args) with args={tuple(args)!r}: {exc}. mp.spawn and "
+            f"ppkit.spawn pass the process index first: def {name}(rank, ...).") from None
+    except ValueError:  # a builtin without a signature to read: the call decides
+        pass
+    return tuple(args)

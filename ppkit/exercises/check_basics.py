@@ -1,0 +1,213 @@
+"""Exercises that ppkit checks: your function runs on real ranks, for several world sizes.
+
+    check_ring_shift(fn)          lesson 1: pass a tensor to the right neighbour around a ring
+    check_ring_all_reduce(fn)     lesson 2: all_reduce built from send/recv only
+    check_bucketed_average(fn)    lesson 3: average every gradient with a single all_reduce
+
+Each checker starts its own ranks (``max(world_sizes)`` of them, no process group; or pass
+``cluster=`` one started with ``process_group=False``), and for each world size k makes a fresh
+process group of ranks 0..k-1 and runs your function there (``ppkit.exercises.subworld``). It returns
+a ``CheckReport`` when everything is right and raises ``ExerciseFailed`` otherwise, naming the
+world size, tensor size, rank and values that were wrong.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from ppkit.checks import check_callable
+from ppkit.cluster.controller import Cluster
+from ppkit.errors import ExerciseFailed
+from ppkit.exercises.report import CheckReport, raise_or_report
+from ppkit.exercises.subworld import SubworldRunner
+from ppkit.lessons import data_parallel
+
+WORLD_SIZES = (2, 3, 4, 5, 6)
+TENSOR_SIZES = (1, 7, 1000)
+COLLECTIVES = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+               "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
+               "all_to_all", "all_to_all_single", "gather", "scatter")
+
+
+@contextmanager
+def _collectives_forbidden(exercise: str):
+    """Make torch.distributed's collectives raise while the learner's function runs."""
+    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def forbid(name):
+        def refuse(*args, **kwargs):
+            raise ExerciseFailed(f"dist.{name} was called, but {exercise} must be built from "
+                                 "send/recv (or isend/irecv) only.")
+        return refuse
+
+    for name in saved:
+        setattr(dist, name, forbid(name))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+def _compare(label: str, rank: int, got, want: torch.Tensor, own: torch.Tensor | None = None) -> str | None:
+    """None if ``got`` equals ``want``, else one precise sentence."""
+    if not isinstance(got, torch.Tensor):
+        return f"{label}: rank {rank} returned {type(got).__name__}, not a tensor"
+    if got.shape != want.shape:
+        return f"{label}: rank {rank} returned shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    wrong = (~torch.isclose(got.double(), want.double(), rtol=1e-5, atol=1e-5)).nonzero().flatten()
+    if not len(wrong):
+        return None
+    i = int(wrong[0])
+    text = (f"{label}: rank {rank} is wrong at {len(wrong)} of {want.numel()} position(s); first at "
+            f"index {i}: expected {want[i].item():g}, got {got[i].item():g}")
+    if own is not None and torch.equal(got, own):
+        text += " (the tensor is unchanged: did the function return the tensor it worked on?)"
+    elif own is not None and torch.allclose(got.double() + own.double(), want.double()):
+        text += " (exactly this rank's own values are missing from the sum)"
+    return text
+
+
+# -- lesson 1: ring shift ---------------------------------------------------------------------
+
+def _ring_input(rank: int, numel: int) -> torch.Tensor:
+    return torch.arange(numel, dtype=torch.float32) + 100 * rank
+
+
+def _ring_shift_job(rank, k, fn, sizes):
+    out = []
+    for numel in sizes:
+        got = fn(rank, k, _ring_input(rank, numel))
+        out.append(got.detach().clone() if isinstance(got, torch.Tensor) else got)
+    return out
+
+
+def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: float = 15,
+                     cluster: Cluster | None = None) -> CheckReport:
+    """Check ``fn(rank, world_size, tensor) -> tensor``: every rank sends ``tensor`` to rank + 1 and
+    returns what rank - 1 sent it (the ring wraps around)."""
+    check_callable(fn, "fn(rank, world_size, tensor)")
+    report = CheckReport("ring shift")
+    runner = SubworldRunner(world_sizes, timeout, cluster)
+    try:
+        for k in world_sizes:
+            report.cases.append(f"world_size {k} x sizes {list(sizes)}")
+            results, problem = runner.run(k, _ring_shift_job, fn, tuple(sizes))
+            if problem:
+                report.failures.append(f"world_size {k}: {problem}")
+                continue
+            for rank in range(k):
+                for numel, got in zip(sizes, results[rank]):
+                    want = _ring_input((rank - 1) % k, numel)
+                    label = f"world_size {k}, {numel} element(s)"
+                    problem = _compare(label, rank, got, want, own=_ring_input(rank, numel))
+                    if problem:
+                        report.failures.append(problem + f" (it should hold rank {(rank - 1) % k}'s tensor)")
+    finally:
+        runner.close()
+    return raise_or_report(report)
+
+
+# -- lesson 2: ring all_reduce ------------------------------------------------------------------
+
+def _reduce_input(rank: int, numel: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    return torch.randint(-50, 50, (numel,), generator=g).float()  # integers: every sum order is exact
+
+
+def _ring_all_reduce_job(rank, k, fn, sizes):
+    out = []
+    for seed, numel in enumerate(sizes):
+        want = _reduce_input(rank, numel, seed)
+        dist.all_reduce(want)  # the reference, before the collectives are switched off
+        tensor = _reduce_input(rank, numel, seed)
+        with _collectives_forbidden("ring all_reduce"):
+            got = fn(rank, k, tensor)
+        got = tensor if got is None else got
+        out.append((got.detach().clone() if isinstance(got, torch.Tensor) else got, want))
+    return out
+
+
+def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: float = 15,
+                          cluster: Cluster | None = None) -> CheckReport:
+    """Check ``fn(rank, world_size, tensor)``: afterwards (returned, or in ``tensor`` if it returns
+    None) every rank holds the element-wise sum over all ranks, as ``dist.all_reduce`` gives, using
+    only send/recv/isend/irecv."""
+    check_callable(fn, "fn(rank, world_size, tensor)")
+    report = CheckReport("ring all_reduce")
+    runner = SubworldRunner(world_sizes, timeout, cluster)
+    try:
+        for k in world_sizes:
+            report.cases.append(f"world_size {k} x sizes {list(sizes)}")
+            results, problem = runner.run(k, _ring_all_reduce_job, fn, tuple(sizes))
+            if problem:
+                report.failures.append(f"world_size {k}: {problem}")
+                continue
+            for rank in range(k):
+                for seed, (numel, (got, want)) in enumerate(zip(sizes, results[rank])):
+                    problem = _compare(f"world_size {k}, {numel} element(s)", rank, got, want,
+                                       own=_reduce_input(rank, numel, seed))
+                    if problem:
+                        report.failures.append(problem)
+    finally:
+        runner.close()
+    return raise_or_report(report)
+
+
+# -- lesson 3: one all_reduce for all gradients -------------------------------------------------
+
+def _bucket_job(rank, k, fn, batch_size):
+    model = data_parallel.local_backward(rank, k, batch_size)
+    calls = []
+    real = dist.all_reduce
+
+    def counting(tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        return real(tensor, *args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        fn(model)
+    finally:
+        dist.all_reduce = real
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    return {"grads": grads, "all_reduce_calls": calls}
+
+
+def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, timeout: float = 30,
+                           cluster: Cluster | None = None) -> CheckReport:
+    """Check ``fn(model)``: after it, every gradient equals the whole batch's gradient (the average
+    of the ranks' gradients), and it used exactly one ``dist.all_reduce`` for all of them."""
+    check_callable(fn, "fn(model)")
+    want = data_parallel.whole_batch_gradients(batch_size)
+    report = CheckReport("bucketed gradient averaging")
+    runner = SubworldRunner(world_sizes, timeout, cluster)
+    try:
+        for k in world_sizes:
+            report.cases.append(f"world_size {k}, batch {batch_size}")
+            results, problem = runner.run(k, _bucket_job, fn, batch_size)
+            if problem:
+                report.failures.append(f"world_size {k}: {problem}")
+                continue
+            for rank, result in enumerate(results):
+                calls = result["all_reduce_calls"]
+                if len(calls) != 1:
+                    report.failures.append(
+                        f"world_size {k}: rank {rank} called dist.all_reduce {len(calls)} times (on "
+                        f"{calls} elements); the exercise asks for one call on one flat tensor that "
+                        "holds every gradient (torch.cat of the flattened grads)")
+                for name, g in result["grads"].items():
+                    if torch.allclose(g, want[name], rtol=1e-4, atol=1e-6):
+                        continue
+                    diff = float((g - want[name]).abs().max())
+                    text = (f"world_size {k}: rank {rank}, gradient of {name!r} differs from the "
+                            f"whole-batch gradient by up to {diff:.3g}")
+                    if torch.allclose(g, want[name] * k, rtol=1e-4, atol=1e-6):
+                        text += f" (it is {k} times too large: summed but not divided by world_size)"
+                    report.failures.append(text)
+    finally:
+        runner.close()
+    return raise_or_report(report)

@@ -1,0 +1,163 @@
+"""The learner's side of the exercises: check an answer, ask for a hint, see a solution, see progress.
+
+    from ppkit.exercises import workbook
+    workbook.check("ring_shift", ring_shift)   # the checker's verdict: passed, or which case is wrong
+    workbook.hint("ring_shift")                # the next hint, one per call
+    workbook.solution("ring_shift")            # one solution, printed (after the hints, if you like)
+    workbook.progress()                        # every exercise and how it went on this machine
+
+The exercises themselves (checker, solution, hints) are registered in ``ppkit.exercises.catalog``.
+Each check is recorded in ``~/.ppkit/progress.json`` (``PPKIT_PROGRESS`` names another file), which
+``ppkit exercises`` shows too.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import sys
+import textwrap
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from ppkit.checks import check_callable
+from ppkit.errors import ExerciseFailed
+from ppkit.exercises import catalog, solutions
+
+PROGRESS_ENV = "PPKIT_PROGRESS"
+PASSED, FAILED, NOT_WRITTEN, NOT_TRIED = "passed", "failed", "not written yet", "not tried"
+
+_hints_given: dict[str, int] = {}
+
+
+def check(name: str, fn, **options):
+    """Run exercise ``name``'s checker on ``fn`` and record the outcome.
+
+    A stub (only ``raise NotImplementedError``) gets a one-line reminder and returns None, so a
+    notebook as shipped runs from top to bottom. A wrong answer raises ``ExerciseFailed`` with the
+    checker's explanation; a right one prints the checker's summary and returns its report.
+    ``options`` go to the checker (e.g. ``cluster=`` or ``timeout=``).
+    """
+    exercise = catalog.get(name)
+    check_callable(fn, exercise.signature)
+    if is_stub(fn):
+        return _not_written(name)
+    try:
+        report = exercise.checker(fn, **options)
+    except NotImplementedError:
+        return _not_written(name)
+    except ExerciseFailed as err:
+        if "NotImplementedError" in str(err):  # raised on a rank, still unwritten there
+            return _not_written(name)
+        _record(name, FAILED)
+        raise
+    _record(name, PASSED)
+    return report
+
+
+def _not_written(name: str) -> None:
+    print(f"{name}: not written yet: replace the NotImplementedError in {name} (the cell above) with "
+          f"your code, then run both cells again. workbook.hint({name!r}) gives a hint.")
+    _record(name, NOT_WRITTEN)
+
+
+def is_stub(fn) -> bool:
+    """True when ``fn``'s body is only a docstring and ``raise NotImplementedError``."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):  # no source to read (a builtin, a lambda in a string)
+        return False
+    func = tree.body[0] if tree.body else None
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    body = func.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]  # the docstring
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
+def hint(name: str) -> None:
+    """Print the next hint for exercise ``name``; after the last one, say where the solution is."""
+    hints = catalog.get(name).hints
+    given = _hints_given.get(name, 0)
+    if given >= len(hints):
+        print(f"{name}: that was the last hint. workbook.solution({name!r}) shows one solution.")
+        return
+    _hints_given[name] = given + 1
+    print(f"{name}, hint {given + 1} of {len(hints)}: {hints[given]}")
+
+
+def solution_source(name: str) -> str:
+    """The source of the registered solution: exactly what goes into the exercise cell."""
+    return inspect.getsource(catalog.get(name).solution)
+
+
+def solution(name: str) -> None:
+    """Print one solution of exercise ``name`` and how to load it into a cell."""
+    print(f"# One solution for {name} (notebook {catalog.get(name).notebook}). To put it in a cell:\n"
+          f"# %load -s {name} {inspect.getfile(solutions)}\n")
+    print(solution_source(name))
+
+
+def verify_solution(name: str, **options):
+    """Run the checker on the registered solution, outside any notebook (for tests and instructors)."""
+    exercise = catalog.get(name)
+    with exercise.context() if exercise.context else nullcontext({}) as provided:
+        return exercise.checker(exercise.solution, **{**provided, **options})
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+def progress_path() -> Path:
+    return Path(os.environ.get(PROGRESS_ENV) or Path.home() / ".ppkit" / "progress.json")
+
+
+def _read_progress() -> dict:
+    try:
+        return json.loads(progress_path().read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        print(f"(could not read the exercise record {progress_path()}: {err}; showing none)", file=sys.stderr)
+        return {}
+
+
+def _record(name: str, status: str) -> None:
+    record = _read_progress()
+    record[name] = {"status": status, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    path = progress_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        tmp.replace(path)  # atomic: two kernels checking at once never leave half a file
+    except OSError as err:
+        print(f"(not recorded in {path}: {err}; set {PROGRESS_ENV} to a writable file)", file=sys.stderr)
+
+
+def progress_rows() -> list[dict]:
+    """One row per exercise, in course order: name, notebook, status, when (empty if never checked)."""
+    record = _read_progress()
+    return [{"name": e.name, "notebook": e.notebook,
+             "status": record.get(e.name, {}).get("status", NOT_TRIED),
+             "when": record.get(e.name, {}).get("when", "")} for e in catalog.EXERCISES]
+
+
+def format_progress(rows: list[dict]) -> str:
+    done = sum(r["status"] == PASSED for r in rows)
+    width = max(len(r["name"]) for r in rows)
+    nb_width = max(len(r["notebook"]) for r in rows)
+    lines = [f"{r['notebook']:<{nb_width}}  {r['name']:<{width}}  {r['status']:<15}  {r['when']}".rstrip()
+             for r in rows]
+    return "\n".join([*lines, f"{done} of {len(rows)} exercises passed on this machine ({progress_path()})"])
+
+
+def progress() -> None:
+    """Print every exercise, its notebook, and how its last check went on this machine."""
+    print(format_progress(progress_rows()))
