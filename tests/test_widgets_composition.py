@@ -1,0 +1,39 @@
+"""The mesh explorer measures the mesh its controls say, redraws for a budget without running, and refuses a
+mesh the world or the model cannot take without running anything or breaking the cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+import ppkit
+from ppkit.errors import ConfigError
+from ppkit.widgets import MeshExplorer
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def cluster8():
+    with ppkit.Cluster(8, "gloo", timeout=300) as cluster:
+        yield cluster
+
+
+def test_explorer_measures_refuses_and_keeps_the_cluster(cluster8):
+    ex = MeshExplorer(cluster8, mesh=(2, 2, 2), budget=40_000)
+    assert ex.redraws == 1 and ex.error is None and ex.measurement.mesh == (2, 2, 2)
+    assert "2x2x2 (dp shards: FSDP2)" in ex.summary.value and "equal" in ex.summary.value
+    assert "NOT equal" not in ex.summary.value and "fits in 40,000" in ex.summary.value
+    ex.budget.value = 30_000  # a redraw from the measurement already made
+    assert ex.redraws == 2 and "does not fit" in ex.summary.value
+    ex.dims["tp"].value = 4  # 2x2x4: 16 ranks
+    assert ex.error.startswith("mesh 2x2x4 has 16 ranks, but the world has 8")
+    assert "Not run" in ex.summary.value and "1x2x4, 1x4x2, 2x1x4, 2x2x2, 2x4x1, 4x1x2, 4x2x1" in ex.summary.value
+    assert ex.measurement.mesh == (2, 2, 2) and ex.redraws == 2 and cluster8.state == "ready"
+    ex.dims["dp"].value = 1  # 1x2x4: runs on the same cluster
+    assert ex.error is None and ex.measurement.mesh == (1, 2, 4) and ex.redraws == 3
+    assert "1x2x4" in ex.summary.value and "not measured yet" in ex.summary.value
+
+
+def test_a_bad_starting_mesh_is_refused_before_drawing(cluster8):
+    with pytest.raises(ConfigError, match="mesh 4x4x4 has 64 ranks"):
+        MeshExplorer(cluster8, mesh=(4, 4, 4))
