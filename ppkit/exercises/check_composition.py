@@ -7,7 +7,8 @@ step of that mesh on the cluster and returns the model state (bytes) of its busi
 the mesh that fits the budget with the most data parallelism, and among those the least tensor
 parallelism; None when none fits. The checker measures the answer itself, so a mesh picked by the
 formula alone (which leaves out what tensor parallelism does not split) is caught when it does not fit.
-Measurements are cached: each mesh runs once per check.
+Measurements are kept for the life of the kernel (the model, its seed and the batch are fixed, so a mesh's
+memory is too): each mesh runs once, however many checks.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ SHARD_DP = False  # whole replicas over dp: the meshes differ most in memory
 # 60,000: the formula (16 P / (pp x tp) = 56,832 for every dp=2 mesh) says dp=2 fits; measured, none does
 BUDGETS = (("a generous budget", 10 ** 9), ("70,000 bytes", 70_000), ("60,000 bytes", 60_000),
            ("30,000 bytes", 30_000))
+
+
+_MEASURED: dict = {}  # mesh -> bytes of the busiest rank
 
 
 def best_mesh(meshes, budget, memory_of):
@@ -47,7 +51,7 @@ def _problem(label, got, want, budget, meshes, memory_of) -> str | None:
         return (f"{label}: returned None, but {_name(want)} fits: its busiest rank measured "
                 f"{memory_of(want):,} bytes <= {budget:,}")
     used = memory_of(got)
-    formula = mc.memory_formula(got, comp.Size(), SHARD_DP)
+    formula = mc.memory_formula(got, comp.SIZE, SHARD_DP)
     if used > budget:
         why = (f" (the formula says {formula:,.0f}, but it leaves out the norms and biases that tensor "
                "parallelism keeps whole on every rank)" if formula <= budget else "")
@@ -69,13 +73,12 @@ def check_choose_mesh(fn, cluster=None) -> CheckReport | None:
                           f"pass one started with ppkit.start({WORLD_SIZE}), or none and the check starts its own.")
     own = cluster is None
     cluster = ppkit.start(WORLD_SIZE, backend="gloo") if own else cluster
-    measured: dict = {}
 
     def memory_of(mesh):
         mesh = comp.check_mesh(WORLD_SIZE, tuple(mesh))
-        if mesh not in measured:
-            measured[mesh] = max(mc.measure(cluster, mesh, SHARD_DP).memory())
-        return measured[mesh]
+        if mesh not in _MEASURED:
+            _MEASURED[mesh] = max(mc.measure(cluster, mesh, SHARD_DP).memory())
+        return _MEASURED[mesh]
 
     report = CheckReport("choose a mesh")
     meshes = comp.shapes(WORLD_SIZE)

@@ -45,6 +45,9 @@ class Size:
         return self.vocab * d + self.layers * block + 2 * d + d * self.vocab + self.vocab
 
 
+SIZE = Size()  # the lesson's model
+
+
 class Block(nn.Module):
     def __init__(self, size: Size):
         super().__init__()
@@ -67,7 +70,7 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """The whole model, or (after ``keep_stage``) one pipeline stage of it."""
 
-    def __init__(self, size: Size = Size(), seed: int = 0):
+    def __init__(self, size: Size = SIZE, seed: int = 0):
         super().__init__()
         torch.manual_seed(seed)
         self.embed = nn.Embedding(size.vocab, size.d_model)
@@ -105,7 +108,7 @@ def loss_fn(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def shapes(world_size: int, size: Size = Size()) -> list[tuple[int, int, int]]:
+def shapes(world_size: int, size: Size = SIZE) -> list[tuple[int, int, int]]:
     """Every (dp, pp, tp) with dp x pp x tp = world_size that the model and batch can take."""
     return [(dp, pp, world_size // (dp * pp)) for dp in range(1, world_size + 1) for pp in range(1, world_size + 1)
             if world_size % (dp * pp) == 0 and _problem(world_size, (dp, pp, world_size // (dp * pp)), size) is None]
@@ -131,7 +134,7 @@ def _problem(world_size: int, mesh, size: Size) -> str | None:
     return None
 
 
-def check_mesh(world_size: int, mesh, size: Size = Size()) -> tuple[int, int, int]:
+def check_mesh(world_size: int, mesh, size: Size = SIZE) -> tuple[int, int, int]:
     """``mesh`` as a (dp, pp, tp) tuple, or a ConfigError saying what is wrong and which meshes would work."""
     mesh = tuple(mesh) if isinstance(mesh, (tuple, list)) else (mesh,)
     problem = _problem(world_size, mesh, size)
@@ -154,7 +157,7 @@ def device_mesh(mesh):
 _MESHES: dict = {}
 
 
-def build_stage(mesh3d, size: Size = Size(), seed: int = 0, shard_dp: bool = True) -> Transformer:
+def build_stage(mesh3d, size: Size = SIZE, seed: int = 0, shard_dp: bool = True) -> Transformer:
     """This rank's stage: tensor parallel over "tp", then FSDP2 over "dp" (a degree of 1 is left out; with
     ``shard_dp=False`` each dp rank keeps a whole replica, and ``train_step`` all_reduces the gradients)."""
     from torch.distributed.fsdp import fully_shard
@@ -181,7 +184,7 @@ def my_batch(mesh3d, size: Size):
     return x[mine], y[mine]
 
 
-def train_step(mesh3d, stage: Transformer, size: Size = Size(), shard_dp: bool = True):
+def train_step(mesh3d, stage: Transformer, size: Size = SIZE, shard_dp: bool = True):
     """Forward and backward of this rank's share, then Adam; returns (loss, optimizer). The loss is the
     last stage's mean over its micro-batches (None on other stages)."""
     loss = _forward_backward(mesh3d, stage, size)
@@ -208,10 +211,9 @@ def _forward_backward(mesh3d, stage: Transformer, size: Size) -> float | None:
     mb = x.shape[0] // size.microbatches
     hidden = torch.empty(mb, size.seq, size.d_model, requires_grad=True)
     # the shapes given up front (requires_grad: a gradient comes back): no shape-finding messages
-    pipe = PipelineStage(stage, s, pp, torch.device("cpu"),
-                         input_args=x[:mb] if s == 0 else hidden,
-                         output_args=torch.empty(mb, size.seq, size.vocab, requires_grad=True) if s == pp - 1 else hidden,
-                         group=mesh3d["pp"].get_group())
+    logits = torch.empty(mb, size.seq, size.vocab, requires_grad=True)
+    pipe = PipelineStage(stage, s, pp, torch.device("cpu"), input_args=x[:mb] if s == 0 else hidden,
+                         output_args=logits if s == pp - 1 else hidden, group=mesh3d["pp"].get_group())
     schedule = ScheduleGPipe(pipe, n_microbatches=size.microbatches, loss_fn=loss_fn)
     losses: list[torch.Tensor] = []
     if s == 0:
@@ -223,7 +225,7 @@ def _forward_backward(mesh3d, stage: Transformer, size: Size) -> float | None:
     return torch.stack(losses).mean().item() if losses else None
 
 
-def reference_step(size: Size = Size(), seed: int = 0) -> tuple[float, Transformer]:
+def reference_step(size: Size = SIZE, seed: int = 0) -> tuple[float, Transformer]:
     """One process, the whole batch: the loss and the model holding its gradients."""
     model = Transformer(size, seed)
     x, y = batch(size)

@@ -140,7 +140,7 @@ def _error(got: dict, want: dict) -> float:
     return max(float((got[k] - want[k]).abs().max()) for k in got) / scale
 
 
-def compare(rank, world_size, mesh=(2, 2, 2), size: comp.Size = comp.Size(), seed: int = 0,
+def compare(rank, world_size, mesh=(2, 2, 2), size: comp.Size = comp.SIZE, seed: int = 0,
             shard_dp: bool = True) -> RankResult:
     """One training step on ``mesh`` (dp, pp, tp) against ``reference_step`` (see the module docstring)."""
     mesh = comp.check_mesh(world_size, mesh, size)

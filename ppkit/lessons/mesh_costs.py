@@ -59,14 +59,14 @@ class Measurement:
         return max(self.memory()) <= budget
 
 
-def measure(cluster, mesh, shard_dp: bool = True, size: comp.Size = comp.Size(), timeout: float = 300) -> Measurement:
+def measure(cluster, mesh, shard_dp: bool = True, size: comp.Size = comp.SIZE, timeout: float = 300) -> Measurement:
     """One step of ``mesh`` on ``cluster`` (refused here, before anything runs, if it cannot be)."""
     mesh = comp.check_mesh(cluster.world_size, mesh, size)
     ranks = cluster.run(cm.compare, mesh=mesh, size=size, shard_dp=shard_dp, timeout=timeout)
     return Measurement(mesh, shard_dp, size, tuple(ranks), comp.reference_step(size)[0])
 
 
-def memory_formula(mesh, size: comp.Size = comp.Size(), shard_dp: bool = True) -> float:
+def memory_formula(mesh, size: comp.Size = comp.SIZE, shard_dp: bool = True) -> float:
     dp, pp, tp = mesh
     return BYTES_PER_PARAM * size.params() / (pp * tp * (dp if shard_dp else 1))
 
@@ -75,7 +75,7 @@ def _ring(n: int) -> float:
     return (n - 1) / n
 
 
-def comm_formula(mesh, size: comp.Size = comp.Size(), shard_dp: bool = True) -> dict[str, float]:
+def comm_formula(mesh, size: comp.Size = comp.SIZE, shard_dp: bool = True) -> dict[str, float]:
     """Bytes each rank sends per step over each dimension, the most any rank sends.
 
     dp: a rank's replica slice holds P = params / (tp x pp); ZeRO-3 gathers it in forward and again in
@@ -92,7 +92,7 @@ def comm_formula(mesh, size: comp.Size = comp.Size(), shard_dp: bool = True) -> 
             "tp": 4 * m * size.layers // pp * 2 * _ring(tp) * activation}
 
 
-def budget_table(world_size: int, budget: float, size: comp.Size = comp.Size(), shard_dp: bool = True):
+def budget_table(world_size: int, budget: float, size: comp.Size = comp.SIZE, shard_dp: bool = True):
     """(mesh, memory per rank by the formula, fits) for every mesh the world and model can take."""
     return [(mesh, memory_formula(mesh, size, shard_dp), memory_formula(mesh, size, shard_dp) <= budget)
             for mesh in comp.shapes(world_size, size)]

@@ -6,4 +6,5 @@ from ppkit.widgets.context_parallel import RingAttentionExplorer
 from ppkit.widgets.expert_parallel import MoEExplorer
 from ppkit.widgets.sharding import TensorParallelExplorer, ZeroExplorer
 
-__all__ = ["CollectivesExplorer", "MeshExplorer", "MoEExplorer", "RingAttentionExplorer", "TensorParallelExplorer", "ZeroExplorer"]
+__all__ = ["CollectivesExplorer", "MeshExplorer", "MoEExplorer", "RingAttentionExplorer", "TensorParallelExplorer",
+           "ZeroExplorer"]

@@ -32,7 +32,7 @@ class MeshExplorer:
 
     def __init__(self, cluster, mesh=(2, 2, 2), shard_dp: bool = True, budget: int = 40_000, known=()):
         """``known``: measurements made already (``mesh_costs.measure``), reused rather than run again."""
-        self.cluster, self.size = cluster, comp.Size()
+        self.cluster, self.size = cluster, comp.SIZE
         comp.check_mesh(cluster.world_size, mesh, self.size)  # refuse before drawing anything
         self.dims = {d: widgets.Dropdown(options=DEGREES if n in DEGREES else tuple(sorted({*DEGREES, n})), value=n,
                                          description=d) for d, n in zip(comp.DIMS, mesh)}
