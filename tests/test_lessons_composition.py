@@ -58,6 +58,18 @@ def _without_dp_average(rank, world_size):
     return cm._error(grads, {n: p.grad for n, p in ref.named_parameters() if n in grads})
 
 
+def test_a_mesh_on_the_first_ranks_of_the_cluster(cluster8):
+    m = mc.measure(cluster8, (1, 2, 2), world_size=4)
+    assert m.equal and [r.rank for r in m.ranks] == [0, 1, 2, 3]
+    assert [r.coords for r in m.ranks] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+    for bad in (0, 9, 2.0):
+        with pytest.raises(ConfigError, match=rf"world size {bad!r}: .* this cluster, which has 8; pick a whole "
+                                              r"number from 1 to 8"):
+            mc.measure(cluster8, (1, 2, 2), world_size=bad)
+    with pytest.raises(ConfigError, match=r"Meshes \(dp x pp x tp\) that work for 3 ranks: none\."):
+        mc.measure(cluster8, (1, 1, 3), world_size=3)
+
+
 def test_a_step_that_skips_the_dp_average_is_caught(cluster8):
     assert min(cluster8.run(_without_dp_average)) > 1e-2
 

@@ -32,6 +32,12 @@ def test_explorer_measures_refuses_and_keeps_the_cluster(cluster8):
     ex.dims["dp"].value = 1  # 1x2x4: runs on the same cluster
     assert ex.error is None and ex.measurement.mesh == (1, 2, 4) and ex.redraws == 3
     assert "1x2x4" in ex.summary.value and "not measured yet" in ex.summary.value
+    ex.world.value = 4  # 1x2x4 on a world of 4: refused
+    assert ex.error.startswith("mesh 1x2x4 has 8 ranks, but the world has 4")
+    assert "that work for 4 ranks: 1x1x4, 1x2x2, 1x4x1, 2x1x2, 2x2x1" in ex.error
+    ex.dims["tp"].value = 2  # 1x2x2: ranks 0-3 run it, 4-7 wait
+    assert ex.error is None and ex.measurement.mesh == (1, 2, 2) and len(ex.measurement.ranks) == 4
+    assert "on 4 ranks" in ex.summary.value and ex.measurement.equal and cluster8.state == "ready"
 
 
 def test_a_bad_starting_mesh_is_refused_before_drawing(cluster8):

@@ -3,6 +3,7 @@
     Size           the tiny transformer's sizes and the batch (a frozen dataclass)
     Transformer    embedding, pre-norm blocks (causal attention by heads, an MLP), final norm, head
     check_mesh     refuses a mesh the world or the model cannot take, saying which value and what would work
+    device_mesh    the mesh, over all ranks or the first few of them
     build_stage    this rank's pipeline stage: its blocks, each tensor-parallel over "tp" (DTensor
                    ``parallelize_module``), then sharded over "dp" with FSDP2 ``fully_shard``
     train_step     one step on the mesh (torch.distributed.pipelining's GPipe over "pp"), then Adam
@@ -134,6 +135,15 @@ def _problem(world_size: int, mesh, size: Size) -> str | None:
     return None
 
 
+def check_world(world_size, available: int) -> int:
+    """``world_size`` when the cluster's ``available`` ranks can hold it; a ConfigError saying what can."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= available:
+        raise ConfigError(f"world size {world_size!r}: the mesh runs on ranks 0 .. world size - 1 of this cluster, "
+                          f"which has {available}; pick a whole number from 1 to {available} (or start a bigger "
+                          "cluster).")
+    return world_size
+
+
 def check_mesh(world_size: int, mesh, size: Size = SIZE) -> tuple[int, int, int]:
     """``mesh`` as a (dp, pp, tp) tuple, or a ConfigError saying what is wrong and which meshes would work."""
     mesh = tuple(mesh) if isinstance(mesh, (tuple, list)) else (mesh,)
@@ -145,12 +155,13 @@ def check_mesh(world_size: int, mesh, size: Size = SIZE) -> tuple[int, int, int]
 
 
 def device_mesh(mesh):
-    """The 3-D mesh over the default process group (made once per shape in each worker: making one
-    creates a process group per row of each dimension, which takes every rank)."""
-    from torch.distributed.device_mesh import init_device_mesh
+    """The 3-D mesh of ranks 0 .. dp x pp x tp - 1, as ``init_device_mesh`` lays them out, the last dimension
+    fastest. Every rank of the world must call it (making a process group takes them all), also those
+    left out (their ``get_coordinate()`` is None); made once per shape in each worker."""
+    from torch.distributed.device_mesh import DeviceMesh
 
     if mesh not in _MESHES:
-        _MESHES[mesh] = init_device_mesh("cpu", mesh, mesh_dim_names=DIMS)
+        _MESHES[mesh] = DeviceMesh("cpu", torch.arange(mesh[0] * mesh[1] * mesh[2]).view(mesh), mesh_dim_names=DIMS)
     return _MESHES[mesh]
 
 

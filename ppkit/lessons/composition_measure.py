@@ -141,10 +141,14 @@ def _error(got: dict, want: dict) -> float:
 
 
 def compare(rank, world_size, mesh=(2, 2, 2), size: comp.Size = comp.SIZE, seed: int = 0,
-            shard_dp: bool = True) -> RankResult:
-    """One training step on ``mesh`` (dp, pp, tp) against ``reference_step`` (see the module docstring)."""
-    mesh = comp.check_mesh(world_size, mesh, size)
+            shard_dp: bool = True, ranks: int | None = None) -> RankResult | None:
+    """One training step on ``mesh`` (dp, pp, tp) against ``reference_step`` (see the module docstring), on
+    ranks 0 .. ``ranks`` - 1 (default: all); the ranks left out return None."""
+    ranks = world_size if ranks is None else comp.check_world(ranks, world_size)
+    mesh = comp.check_mesh(ranks, mesh, size)
     mesh3d = comp.device_mesh(mesh)
+    if rank >= ranks:
+        return None
     stage = comp.build_stage(mesh3d, size, seed, shard_dp)
     log = CommLog(mesh3d)
     start = time.perf_counter()

@@ -59,11 +59,14 @@ class Measurement:
         return max(self.memory()) <= budget
 
 
-def measure(cluster, mesh, shard_dp: bool = True, size: comp.Size = comp.SIZE, timeout: float = 300) -> Measurement:
-    """One step of ``mesh`` on ``cluster`` (refused here, before anything runs, if it cannot be)."""
-    mesh = comp.check_mesh(cluster.world_size, mesh, size)
-    ranks = cluster.run(cm.compare, mesh=mesh, size=size, shard_dp=shard_dp, timeout=timeout)
-    return Measurement(mesh, shard_dp, size, tuple(ranks), comp.reference_step(size)[0])
+def measure(cluster, mesh, shard_dp: bool = True, size: comp.Size = comp.SIZE, world_size: int | None = None,
+            timeout: float = 300) -> Measurement:
+    """One step of ``mesh`` on ranks 0 .. ``world_size`` - 1 of ``cluster`` (default: all of them); refused
+    here, before anything runs, if it cannot be."""
+    world_size = comp.check_world(cluster.world_size if world_size is None else world_size, cluster.world_size)
+    mesh = comp.check_mesh(world_size, mesh, size)
+    ranks = cluster.run(cm.compare, mesh=mesh, size=size, shard_dp=shard_dp, ranks=world_size, timeout=timeout)
+    return Measurement(mesh, shard_dp, size, tuple(r for r in ranks if r is not None), comp.reference_step(size)[0])
 
 
 def memory_formula(mesh, size: comp.Size = comp.SIZE, shard_dp: bool = True) -> float:
