@@ -41,5 +41,8 @@ def test_explorer_measures_refuses_and_keeps_the_cluster(cluster8):
 
 
 def test_a_bad_starting_mesh_is_refused_before_drawing(cluster8):
-    with pytest.raises(ConfigError, match="mesh 4x4x4 has 64 ranks"):
+    with pytest.raises(ConfigError, match="world size 64: .* which has 8; pick a whole number from 1 to 8"):
         MeshExplorer(cluster8, mesh=(4, 4, 4))
+    with pytest.raises(ConfigError, match="tp=8 cannot split 4 heads .* that work for 8 ranks: 1x2x4"):
+        MeshExplorer(cluster8, mesh=(1, 1, 8))
+    assert cluster8.state == "ready"

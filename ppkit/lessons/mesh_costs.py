@@ -120,7 +120,9 @@ def plot(m: Measurement, budget: float | None = None):
     left.set_xlabel("rank, and its (dp.pp.tp) coordinates")
     left.set_ylabel("bytes after the step")
     left.set_title(f"model state per rank, mesh {m.title()}")
-    left.legend(fontsize=8, loc="lower right")
+    top = max([*bottom, memory_formula(m.mesh, m.size, m.shard_dp)] + ([budget] if budget is not None else []))
+    left.set_ylim(0, top * 1.4)  # room for the legend above the bars
+    left.legend(fontsize=8, loc="upper left", ncol=3)
     formula = comm_formula(m.mesh, m.size, m.shard_dp)
     xs = range(len(comp.DIMS))
     right.bar([x - 0.2 for x in xs], [m.sent(d) for d in comp.DIMS], width=0.4, label="measured (busiest rank)")
