@@ -393,7 +393,7 @@ def test_mesh_explorer(lab, open_notebook):
         explorer.locator(".ppkit-mesh-dp select").select_option("1")
 
     # tp=4 first: 2x2x4 is refused on the way, then dp=1 makes it 1x2x4
-    _explore(nb, "ppkit-mesh", change, "1x2x4 (dp shards: FSDP2): loss")
+    _explore(nb, "ppkit-mesh", change, "1x2x4 (dp shards: FSDP2) on 8 ranks: loss")
     page = nb.page
     explorer = page.locator(".ppkit-mesh").first
     summary = explorer.locator(".ppkit-mesh-summary")
@@ -406,7 +406,7 @@ def test_mesh_explorer(lab, open_notebook):
     explorer.locator(".ppkit-mesh-dp select").select_option("1")
     explorer.locator(".ppkit-mesh-pp select").select_option("4")
     explorer.locator(".ppkit-mesh-tp select").select_option("2")
-    page.wait_for_function("el => el.innerText.includes('1x4x2 (dp shards: FSDP2): loss')",
+    page.wait_for_function("el => el.innerText.includes('1x4x2 (dp shards: FSDP2) on 8 ranks: loss')",
                            arg=summary.element_handle(), timeout=300_000)
     nb.wait_kernel_idle()
     nb.screenshot("after-refusal", explorer)
