@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from unix_users import processes_of
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -120,14 +121,7 @@ class Learner:
             raise LearnerError(f"user {self.name} imports ppkit from {done.stdout.strip()}, not from {REPO}")
 
     def processes(self) -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter(["uids"]):
-            try:
-                if proc.info["uids"] and proc.info["uids"].real == self.uid:
-                    found.append(proc)
-            except psutil.Error:
-                continue
-        return found
+        return processes_of(self)  # tests/unix_users.py: by real or effective uid
 
     def describe_processes(self) -> list[str]:
         described = []
