@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import weakref
+from dataclasses import asdict
 
 from ppkit.checks import positive
 from ppkit.cluster import diagnostics, launchers, worker_setup
@@ -123,7 +124,7 @@ class Cluster:
             conn.close()
             return
         if isinstance(first, Hello):
-            generation, rank = self._generation, first.info.get("rank")
+            generation, rank = self._generation, first.info.rank
             if not isinstance(rank, int) or not 0 <= rank < self.world_size:
                 conn.send(Reject(f"this cluster has ranks 0..{self.world_size - 1}, not {rank!r}"))
                 conn.close()
@@ -191,7 +192,7 @@ class Cluster:
         while len(ready) < self.world_size:
             item = self._next(deadline, ready)
             if isinstance(item.msg, Ready):
-                self.workers[item.source] = item.msg.info
+                self.workers[item.source] = asdict(item.msg.info)  # a dict: what users index
                 ready.add(item.source)
             elif isinstance(item.msg, JoinFailed):
                 self._printer.flush()
@@ -279,8 +280,7 @@ class Cluster:
 
     def processes(self) -> list[Process]:
         """Its launcher's processes (fork server, agents, a SLURM job) and one worker per rank."""
-        workers = [Process("worker", w.get("pid"), rank, w.get("host", "here"))
-                   for rank, w in sorted(self.workers.items())]
+        workers = [Process("worker", w["pid"], rank, w["host"]) for rank, w in sorted(self.workers.items())]
         return self._launcher.processes() + workers
 
     # -- display ------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def check_my_share(fn, world_sizes=SHARE_WORLD_SIZES, num_items=SHARE_NUM_ITEMS)
     check_callable(fn, "fn(rank, world_size, num_items)")
     report = CheckReport("my share")
     for world_size in world_sizes:
-        report.cases.append(f"world_size {world_size} x items {list(num_items)}")
+        report.case(f"world_size {world_size} x items {list(num_items)}")
         for n in num_items:
             shares = {}
             for rank in range(world_size):
@@ -75,11 +75,11 @@ def check_my_share(fn, world_sizes=SHARE_WORLD_SIZES, num_items=SHARE_NUM_ITEMS)
                     problem = (f"{label}: expected a list of item numbers such as [0, 1, 2], got "
                                f"{type(got).__name__} {got!r:.60}")
                 if problem:
-                    report.failures.append(problem)
+                    report.fail(problem)
                     break
                 shares[rank] = [_as_item(i) for i in got]
             else:
-                report.failures.extend(_share_problems(world_size, n, shares))
+                report.fail(*_share_problems(world_size, n, shares))
     return raise_or_report(report)
 
 
@@ -104,22 +104,22 @@ def check_slurm_to_torchrun(fn, cases=SLURM_CASES) -> CheckReport:
     report = CheckReport("SLURM to torchrun")
     for env in cases:
         label = ", ".join(f"{k}={v}" for k, v in env.items())
-        report.cases.append(env["SLURM_NODELIST"])
+        report.case(env["SLURM_NODELIST"])
         got, problem = _call(fn, label, dict(env))
         if problem:
-            report.failures.append(problem)
+            report.fail(problem)
             continue
         want = read_launch_env(env).as_torchrun_env()
         if not isinstance(got, dict):
-            report.failures.append(f"{label}: expected a dict such as {want}, got {type(got).__name__} "
+            report.fail(f"{label}: expected a dict such as {want}, got {type(got).__name__} "
                                    f"{got!r:.60}")
             continue
         for name in TORCHRUN_VARS:
             if name not in got:
-                report.failures.append(f"{label}: {name} is missing (expected {name}={want[name]!r})")
+                report.fail(f"{label}: {name} is missing (expected {name}={want[name]!r})")
             elif str(got[name]) != want[name]:
                 hint = {"MASTER_ADDR": " (the first host of SLURM_NODELIST, with its brackets expanded)",
                         "MASTER_PORT": " (SLURM chooses no port: MASTER_PORT if set, else torch's 29500)"}
-                report.failures.append(f"{label}: expected {name}={want[name]!r}, got {got[name]!r}"
+                report.fail(f"{label}: expected {name}={want[name]!r}, got {got[name]!r}"
                                        + hint.get(name, ""))
     return raise_or_report(report)

@@ -9,6 +9,7 @@ import threading
 
 from ppkit.cluster.inbox import Item, LaunchFailed
 from ppkit.cluster.launchers.base import Launcher, Process, child_env, start_module
+from ppkit.transport import procs
 from ppkit.transport.messages import Exited, Spawned
 
 SPAWNER = "spawner"  # the source of SpawnLauncher's Spawned/Exited items
@@ -69,16 +70,7 @@ class SpawnLauncher(Launcher):
         self._stop(self.local_pids(workers), grace)
 
     def _stop(self, pids: list[int], grace: float = 0.5) -> None:
-        doomed = [self.popens.pop(pid) for pid in pids if pid in self.popens]
-        for process in doomed:
-            if process.poll() is None:
-                process.terminate()
-        for process in doomed:
-            try:
-                process.wait(grace)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        procs.stop_processes([self.popens.pop(pid) for pid in pids if pid in self.popens], grace)
 
     def processes(self) -> list[Process]:
         return [Process("worker", pid) for pid, p in self.popens.items() if p.poll() is None]
