@@ -26,22 +26,6 @@ from ppkit.pipeline.rpc.config import num_microbatches
 from ppkit.pipeline.rpc.ucurve import best_count, step_model
 from ppkit.pipeline.schedules.bubble_model import schedule_orders
 
-
-def _answer(report: CheckReport, label: str, fn, args: tuple, convert, what: str):
-    """What every checker below does first in a case: call ``fn(*args)`` here and ``convert`` its answer.
-    None after reporting why there is no answer to compare: it raised, or it is not ``what`` at all
-    (``convert`` gave None)."""
-    try:
-        got = fn(*args)
-    except Exception as exc:  # the learner's bug is a finding, not a crash of the checker
-        report.fail(f"{label}: your function raised {type(exc).__name__}: {exc}")
-        return None
-    value = convert(got)
-    if value is None:
-        report.fail(f"{label}: expected {what}, got {type(got).__name__} {got!r:.60}")
-    return value
-
-
 # -- lesson 5: the activation at the cut -------------------------------------------------------
 
 ACTIVATION_BATCHES = (1, 3)
@@ -105,7 +89,7 @@ def check_activation_shape(fn, batch_sizes=ACTIVATION_BATCHES, image_sizes=IMAGE
             for image_size in image_sizes:
                 label = f"cut after {cut!r}, batch {batch_size}, {image_size}x{image_size} images"
                 want = activation_shape_of(cut, batch_size, image_size)
-                got = _answer(report, label, fn, (cut, batch_size, image_size), _as_tuple, f"a shape such as {want}")
+                got = report.answer(label, fn, (cut, batch_size, image_size), _as_tuple, f"a shape such as {want}")
                 if got is not None and got != want:
                     report.fail(f"{label}: expected {want}, got {got}" + _shape_hint(got, want, image_size))
     return raise_or_report(report)
@@ -171,8 +155,8 @@ def check_pipeline_time(fn, cases=PIPELINE_CASES) -> CheckReport:
                  f"micro-batch size {microbatch_size} ({m} micro-batches)")
         report.case(f"{len(forward_times)} stages, batch {batch_size} / size {microbatch_size}")
         want = _gpipe_total(forward_times, backward_times, m)
-        seconds = _answer(report, label, fn, (list(forward_times), list(backward_times), batch_size, microbatch_size),
-                          _as_seconds, f"a number of seconds ({want:g})")
+        args = (list(forward_times), list(backward_times), batch_size, microbatch_size)
+        seconds = report.answer(label, fn, args, _as_seconds, f"a number of seconds ({want:g})")
         if seconds is not None and not math.isclose(seconds, want, rel_tol=1e-9, abs_tol=1e-12):
             report.fail(f"{label}: expected {want:g} s, got {seconds:g} s" + _time_hint(
                 seconds, forward_times, backward_times, batch_size, microbatch_size))
@@ -221,8 +205,8 @@ def check_microbatches_held(fn, schedules=HELD_SCHEDULES, shapes=HELD_SHAPES) ->
             report.case(f"{schedule} {num_stages}x{m}")
             label = f"{schedule}, {num_stages} stages, {m} micro-batches"
             want = microbatches_held_of(schedule, num_stages, m)
-            got = _answer(report, label, fn, (schedule, num_stages, m), _as_list,
-                          f"one number per stage such as {want}")
+            got = report.answer(label, fn, (schedule, num_stages, m), _as_list,
+                                f"one number per stage such as {want}")
             if got is not None and got != want:
                 report.fail(f"{label}: expected {want}, got {got}" + _held_hint(got, want, schedule, num_stages, m))
     return raise_or_report(report)
@@ -273,8 +257,8 @@ def check_best_num_microbatches(fn, cases=BEST_COUNT_CASES) -> CheckReport:
         report.case(f"{len(forward)} stages, overhead {overhead * 1e3:g} ms")
         want = best_count(forward, backward, fixed, overhead, candidates)
         case = (forward, backward, fixed, overhead)
-        got = _answer(report, label, fn, (list(forward), list(backward), fixed, overhead, list(candidates)),
-                      _as_count, f"a whole number of micro-batches ({want})")
+        got = report.answer(label, fn, (list(forward), list(backward), fixed, overhead, list(candidates)),
+                            _as_count, f"a whole number of micro-batches ({want})")
         if got is not None and got != want:
             report.fail(f"{label}: expected {want} ({step_model(*case, want):.3f} s per step), got {got}"
                         + (f" ({step_model(*case, got):.3f} s)" if got >= 1 else "")

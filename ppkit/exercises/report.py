@@ -32,6 +32,19 @@ class CheckReport(Checklist):
         for problem in problems:
             self.add(case, "FAIL", problem)
 
+    def answer(self, label: str, fn, args: tuple, convert, what: str):
+        """Call the learner's ``fn(*args)`` here and ``convert`` its answer; None after reporting why
+        there is none to compare: it raised, or it is not ``what`` at all (``convert`` gave None)."""
+        try:
+            got = fn(*args)
+        except Exception as exc:  # the learner's bug is a finding, not a crash of the checker
+            self.fail(f"{label}: your function raised {type(exc).__name__}: {exc}")
+            return None
+        value = convert(got)
+        if value is None:
+            self.fail(f"{label}: expected {what}, got {type(got).__name__} {got!r:.60}")
+        return value
+
     @property
     def cases(self) -> list[str]:
         return [c.name for c in self.checks if c.status == "info"]
