@@ -10,7 +10,7 @@ import threading
 from ppkit.cluster.inbox import Item, LaunchFailed
 from ppkit.cluster.launchers.base import Launcher, Process, child_env, start_module
 from ppkit.transport import procs
-from ppkit.transport.messages import Exited, Spawned
+from ppkit.transport.messages import Exited, JoinConfig, Spawned
 
 SPAWNER = "spawner"  # the source of SpawnLauncher's Spawned/Exited items
 WORKER_MODULE = "ppkit.transport.fresh"
@@ -35,7 +35,7 @@ class SpawnLauncher(Launcher):
         super().begin()
         self._unconnected = {}
 
-    def init_config(self, rank: int, config: dict, generation: int) -> dict:
+    def init_config(self, rank: int, config: JoinConfig, generation: int) -> JoinConfig:
         self._unconnected.pop(rank, None)  # called when the rank's Hello arrives
         return super().init_config(rank, config, generation)
 
