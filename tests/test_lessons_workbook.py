@@ -1,7 +1,7 @@
 """The learner's side of the exercises: stubs, checks, hints, solutions, progress, and bad input.
 
-Every registered checker runs here against its registered solution; tests/test_notebook_solutions.py
-runs the notebooks with those solutions in their exercise cells.
+Every registered checker runs here against its registered solution; nbval runs the notebooks with those
+solutions in their exercise cells (tests/solved_notebooks.py).
 """
 
 from __future__ import annotations
