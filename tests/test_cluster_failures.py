@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from leftovers import wait_gone
+from leftovers import pid_of, wait_gone
 
 import ppkit
 from ppkit.cluster.inbox import FORK_SERVER, Item
@@ -258,17 +258,17 @@ def test_remote_tracebacks_and_stacks_show_the_lines_of_notebook_cells(fresh):
 
 
 def test_a_killed_fork_server_takes_its_workers_along_and_restart_brings_it_back(fresh):
-    zygote = fresh._launcher.fork_server_pid
+    zygote = pid_of(fresh, "fork server")
     os.kill(zygote, signal.SIGKILL)
     assert wait_gone([w["pid"] for w in fresh.workers.values()], DIED_WITHIN_S) == []
     with pytest.raises(ppkit.ClusterStateError, match=f"the fork server \\(pid {zygote}\\) .* died"):
         fresh.run(lambda rank, world_size: rank)
     restart_gives_a_clean_world(fresh)
-    assert fresh._launcher.fork_server_pid != zygote
+    assert pid_of(fresh, "fork server") != zygote
 
 
 def test_a_fork_server_killed_during_a_job_is_reported_as_a_dead_rank(fresh):
-    threading.Timer(0.5, os.kill, (fresh._launcher.fork_server_pid, signal.SIGKILL)).start()
+    threading.Timer(0.5, os.kill, (pid_of(fresh, "fork server"), signal.SIGKILL)).start()
     with pytest.raises(ppkit.WorkerDiedError) as info:
         fresh.run(lambda rank, world_size: time.sleep(60))
     assert info.value.ranks in ([0], [1])

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from leftovers import pid_of
 
 import ppkit
 from ppkit.cluster.inbox import Closed, Inbox, Item
@@ -178,7 +179,7 @@ def test_the_kernel_never_signals_a_worker_pid_the_fork_server_may_have_reaped(n
         cluster.restart()
         new = {w["pid"] for w in cluster.workers.values()}
         assert cluster.run(lambda rank, world_size: rank) == [0, 1]
-        fork_server = cluster._launcher.fork_server_pid
+        fork_server = pid_of(cluster, "fork server")
     assert not set(signalled) & (old | new), signalled  # the fork server stops them, not the kernel
     assert set(signalled) <= {fork_server}
 

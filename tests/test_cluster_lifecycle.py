@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from leftovers import wait_gone
+from leftovers import pid_of, wait_gone
 
 import ppkit
 from ppkit.cluster import session
@@ -31,7 +31,7 @@ GONE_WITHIN_S = 5.0
 
 
 def all_pids(cluster) -> list[int]:
-    return [w["pid"] for w in cluster.workers.values()] + [cluster._launcher.fork_server_pid]
+    return [w["pid"] for w in cluster.workers.values()] + [pid_of(cluster, "fork server")]
 
 
 class Kernel:
@@ -123,10 +123,10 @@ def test_leaving_a_with_block_closes_even_on_error(no_leftovers):
 def test_restart_replaces_every_worker_but_keeps_the_fork_server(no_leftovers):
     with ppkit.Cluster(2, "gloo") as cluster:
         old_workers = [w["pid"] for w in cluster.workers.values()]
-        zygote = cluster._launcher.fork_server_pid
+        zygote = pid_of(cluster, "fork server")
         cluster.restart()
         assert wait_gone(old_workers, GONE_WITHIN_S) == []
-        assert cluster._launcher.fork_server_pid == zygote
+        assert pid_of(cluster, "fork server") == zygote
         assert cluster.run(lambda rank, world_size: rank) == [0, 1]
 
 
@@ -135,7 +135,7 @@ KERNEL_WITH_CLUSTER = """
     import json, sys
     import ppkit
     cluster = ppkit.start(2, "gloo")
-    print("PIDS", json.dumps([w["pid"] for w in cluster.workers.values()] + [cluster._launcher.fork_server_pid]))
+    print("PIDS", json.dumps([p.pid for p in cluster.processes()]))  # the fork server and the workers
     sys.stdin.read()  # wait until the test closes stdin (or kills us)
 """
 

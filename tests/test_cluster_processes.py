@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from leftovers import pid_of
 
 import ppkit
 from ppkit.transport import channel
@@ -30,7 +31,7 @@ class _CreatesFileWhenUnpickled:
 
 
 def ppkit_pids(cluster) -> list[int]:
-    return [os.getpid(), cluster._launcher.fork_server_pid] + [w["pid"] for w in cluster.workers.values()]
+    return [os.getpid(), pid_of(cluster, "fork server")] + [w["pid"] for w in cluster.workers.values()]
 
 
 def all_reduce_ones(rank, world_size):
