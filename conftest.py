@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # the same modules tests/conftest.py imports
+pytest.register_assert_rewrite("solved_notebooks", "leftovers")  # their asserts explain themselves as tests' do
 
 import slurm_session  # noqa: E402
 from nbval.plugin import IPyNbFile  # noqa: E402
