@@ -20,7 +20,7 @@ import pytest
 LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "09_sharded_data_parallel.ipynb",
                   "10_tensor_parallel.ipynb", "11_context_parallel.ipynb", "12_expert_parallel.ipynb"}
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # slow: make test-fast leaves it out
 
 SMOKE_CODE = """\
 import ipywidgets as widgets
