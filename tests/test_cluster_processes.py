@@ -104,6 +104,7 @@ def test_workers_talk_to_each_other_over_loopback_only(cluster2):
 
 
 # -- idle cost -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_idle_workers_cost_almost_no_cpu(cluster2):
     assert cluster2.run(all_reduce_ones) == [2.0, 2.0]
     time.sleep(0.5)  # let the job's last output settle

@@ -91,12 +91,14 @@ def bucketed_sum(model):
 
 # -- ring all_reduce --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ring_all_reduce_passes_for_world_sizes_2_to_6(bare6, no_leftovers, capsys):
     report = check_basics.check_ring_all_reduce(ring_all_reduce, cluster=bare6)
     assert report.passed and len(report.cases) == 5
     assert "ring all_reduce: passed all 5 cases" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_ring_all_reduce_rejects_builtin_collectives(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         check_basics.check_ring_all_reduce(uses_all_reduce, world_sizes=(2,), sizes=(3,), cluster=bare6)
@@ -105,6 +107,7 @@ def test_ring_all_reduce_rejects_builtin_collectives(bare6, no_leftovers):
          "must be built from send/recv (or isend/irecv) only. (rank(s) [1] raised the same)")]
 
 
+@pytest.mark.slow
 def test_ring_all_reduce_names_rank_index_and_values(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         check_basics.check_ring_all_reduce(forgets_own_values, world_sizes=(3,), sizes=(7,), cluster=bare6)
@@ -122,10 +125,12 @@ def test_ring_all_reduce_names_rank_index_and_values(bare6, no_leftovers):
 
 # -- ring shift -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ring_shift_passes(bare6, no_leftovers):
     assert check_basics.check_ring_shift(ring_shift, world_sizes=(2, 3, 5), cluster=bare6).passed
 
 
+@pytest.mark.slow
 def test_ring_shift_wrong_beyond_two_ranks(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         check_basics.check_ring_shift(swaps_with_partner, world_sizes=(2, 3), sizes=(1,), cluster=bare6)
@@ -137,6 +142,7 @@ def test_ring_shift_wrong_beyond_two_ranks(bare6, no_leftovers):
          "(it should hold rank 1's tensor)")]
 
 
+@pytest.mark.slow
 def test_ring_shift_deadlock_is_explained(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         check_basics.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3, cluster=bare6)
@@ -146,6 +152,7 @@ def test_ring_shift_deadlock_is_explained(bare6, no_leftovers):
     assert "Every rank is in dist.send and none has posted its recv" in failure
 
 
+@pytest.mark.slow
 def test_ring_shift_reports_an_exception_and_goes_on(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         check_basics.check_ring_shift(raises_on_rank_1, world_sizes=(2, 3), sizes=(1,), timeout=10, cluster=bare6)
@@ -154,6 +161,7 @@ def test_ring_shift_reports_an_exception_and_goes_on(bare6, no_leftovers):
     assert second.startswith("world_size 3: rank 1 raised ValueError: oops on rank 1")
 
 
+@pytest.mark.slow
 def test_checker_runs_on_a_given_cluster_and_leaves_it_usable(no_leftovers):
     import ppkit
 
@@ -166,6 +174,7 @@ def test_checker_runs_on_a_given_cluster_and_leaves_it_usable(no_leftovers):
         assert bare.state == "ready"
 
 
+@pytest.mark.slow
 def test_checker_refuses_an_unsuitable_cluster(no_leftovers):
     import ppkit
 
@@ -182,10 +191,12 @@ def test_checker_refuses_a_non_function():
 
 # -- bucketed averaging -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_bucketed_average_passes(bare6, no_leftovers):
     assert check_basics.check_bucketed_average(bucketed_average, cluster=bare6).passed
 
 
+@pytest.mark.slow
 def test_bucketed_average_finds_missing_division(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         check_basics.check_bucketed_average(bucketed_sum, world_sizes=(3,), cluster=bare6)
@@ -196,6 +207,7 @@ def test_bucketed_average_finds_missing_division(bare6, no_leftovers):
     assert failures[0].endswith("(it is 3 times too large: summed but not divided by world_size)")
 
 
+@pytest.mark.slow
 def test_bucketed_average_wants_a_single_all_reduce(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
         check_basics.check_bucketed_average(data_parallel.average_gradients, world_sizes=(2,), cluster=bare6)

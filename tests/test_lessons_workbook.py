@@ -42,6 +42,7 @@ def recorded(path: Path) -> dict:
 
 # -- every checker against every solution ---------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [e.name for e in catalog.EXERCISES])
 def test_checker_passes_its_solution(name, request, no_leftovers, capsys):
     # A checker that takes a cluster runs on the module's shared one (the notebooks run those that start
@@ -240,6 +241,7 @@ def everyone_sends_first(rank, world_size, tensor):
     return received
 
 
+@pytest.mark.slow
 def test_deadlocking_answer_times_out_and_leaves_the_cluster_usable(no_leftovers, record):
     with ppkit.Cluster(2, "gloo", process_group=False) as bare:
         with pytest.raises(ExerciseFailed) as info:
