@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ppkit-installed
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: lab test test-fast setup browser slurm lint bench clean
+.PHONY: lab test test-fast setup browser slurm hub lint bench clean
 
 # JupyterLab listens on localhost only; root (containers, this kit's CI machine) needs --allow-root.
 lab: $(STAMP)
@@ -15,7 +15,7 @@ lab: $(STAMP)
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 # --durations=15: CI's log names the slowest tests, so the suite's time stays visible.
-test: $(STAMP) browser slurm
+test: $(STAMP) browser slurm hub
 	$(PY) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
 
 # Everything not marked slow (pyproject.toml: markers), without the browser and SLURM tests, and notebook 00.
@@ -39,6 +39,11 @@ browser:
 # Debian's SLURM and munge for the SLURM tests (they start a test cluster of their own; no daemon is started here).
 slurm:
 	bash scripts/install_slurm.sh
+
+# JupyterHub's proxy (configurable-http-proxy, from npm; node and npm from apt when missing) and the acl tools for
+# the hub test, which makes two learner accounts and runs a hub of its own (tests/hub_testbed.py).
+hub:
+	bash scripts/install_hub.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ppkit tests benchmarks conftest.py
