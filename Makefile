@@ -1,4 +1,5 @@
-# The two commands README.md names: `make lab` (the main job) and `make test` (every test).
+# The commands README.md names: `make lab` (the main job), `make test` (every test, what CI runs) and
+# `make test-fast` (the unit tests and one notebook, for everyday work).
 # Both create .venv and install everything into it on first use.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -6,15 +7,22 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ppkit-installed
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: lab test setup browser slurm hub lint bench clean
+.PHONY: lab test test-fast setup browser slurm hub lint bench clean
 
 # JupyterLab listens on localhost only; root (containers, this kit's CI machine) needs --allow-root.
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
+# --durations=15: CI's log names the slowest tests, so the suite's time stays visible.
 test: $(STAMP) browser slurm hub
-	$(PY) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg $(PYTEST_ARGS)
+	$(PY) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
+
+# Everything not marked slow (pyproject.toml: markers), without the browser and SLURM tests, and notebook 00.
+FAST_NOTEBOOK ?= notebooks/00_start_here.ipynb
+test-fast: $(STAMP)
+	$(PY) -m pytest tests $(FAST_NOTEBOOK) --nbval-lax --sanitize-with tests/nbval_sanitize.cfg \
+	  --ignore=tests/browser -m "not slow and not slurm" --durations=10 $(PYTEST_ARGS)
 
 setup: $(STAMP)
 

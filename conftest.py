@@ -1,4 +1,8 @@
-"""Repository-wide pytest hooks: the SLURM test cluster for notebooks that nbval runs.
+"""Repository-wide pytest hooks: notebooks run by nbval with their exercises solved, and the SLURM test
+cluster for notebooks that nbval runs.
+
+nbval collects each notebook as tests/solved_notebooks.py's SolvedNotebook: one run per notebook, with
+the registered solutions in its exercise cells, nbval's output checks and a check that every exercise passed.
 
 nbval's cells get no fixtures, and their kernel starts only when a notebook's first cell runs,
 inheriting this process's environment. So once collection is done, if a collected notebook
@@ -19,11 +23,22 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # the same modules tests/conftest.py imports
+pytest.register_assert_rewrite("solved_notebooks", "leftovers")  # their asserts explain themselves as tests' do
 
 import slurm_session  # noqa: E402
+from nbval.plugin import IPyNbFile  # noqa: E402
 from slurm_testbed import SlurmMissing, SlurmTestbedError  # noqa: E402
+from solved_notebooks import SolvedNotebook  # noqa: E402
 
 _failing_cells: dict[str, str] = {}  # nodeid of a notebook's first cell -> why it fails
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    """nbval's notebooks run once, with their exercises solved (tests/solved_notebooks.py)."""
+    collected = yield
+    return [SolvedNotebook.from_parent(parent, path=file_path) if type(node) is IPyNbFile else node
+            for node in collected]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -69,24 +69,51 @@ def _rpc_capacity():
     yield
 
 
+# Clusters that module-scoped fixtures keep open across tests: no_leftovers looks past their processes.
+_shared: list[ppkit.Cluster] = []
+
+
 @pytest.fixture
 def no_leftovers():
-    """Fail the test if it leaves a ppkit worker or fork server running."""
+    """Fail the test if it leaves a ppkit worker or fork server running (a shared fixture's cluster aside)."""
     yield
-    left = wait_gone([p.pid for p in ppkit_children()], timeout=5.0)
+    kept = {p.pid for cluster in _shared for p in cluster.processes()}
+    left = wait_gone([p.pid for p in ppkit_children() if p.pid not in kept], timeout=5.0)
     assert not left, f"leftover ppkit processes: {left}"
+
+
+def _shared_cluster(*args, **kwargs):
+    with ppkit.Cluster(*args, **kwargs) as cluster:
+        _shared.append(cluster)
+        try:
+            yield cluster
+        finally:
+            _shared.remove(cluster)
 
 
 @pytest.fixture(scope="module")
 def cluster2():
-    with ppkit.Cluster(2, "gloo", timeout=30) as cluster:
-        yield cluster
+    yield from _shared_cluster(2, "gloo", timeout=30)
 
 
 @pytest.fixture(scope="module")
 def cluster4():
-    with ppkit.Cluster(4, "gloo", timeout=30) as cluster:
-        yield cluster
+    yield from _shared_cluster(4, "gloo", timeout=30)
+
+
+@pytest.fixture(scope="module")
+def _bare6_kept():
+    yield from _shared_cluster(6, "gloo", process_group=False, timeout=30)
+
+
+@pytest.fixture
+def bare6(_bare6_kept):
+    """A 6-rank cluster without a process group, for the exercise checkers (each runs its cases in sub-worlds
+    of 2..6 ranks of it): one per module instead of one per check. A checker hands it back usable (restarted
+    when a case hung or a rank died); it is restarted here too if a test left it broken."""
+    if _bare6_kept.state == "broken":
+        _bare6_kept.restart()
+    return _bare6_kept
 
 
 @pytest.fixture

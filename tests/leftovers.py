@@ -38,3 +38,17 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
         alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         time.sleep(0.05)
     return alive
+
+
+def pid_of(cluster, role: str) -> int:
+    """The pid of the cluster's one process in ``role`` ("fork server", "slurm job"), from Cluster.processes()."""
+    found = [p.pid for p in cluster.processes() if p.role == role]
+    assert len(found) == 1 and found[0] is not None, f"one {role} expected among {cluster.processes()}"
+    return found[0]
+
+
+def slurm_job_id(cluster) -> str:
+    """The id of the SLURM job that runs the cluster's ranks (Cluster.processes() names it "job <id>")."""
+    where = [p.where for p in cluster.processes() if p.role == "slurm job"]
+    assert len(where) == 1 and where[0].startswith("job "), f"one SLURM job expected among {cluster.processes()}"
+    return where[0].removeprefix("job ")

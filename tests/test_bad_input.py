@@ -122,6 +122,7 @@ SECOND_START_MISTAKES = [
 ]
 
 
+@pytest.mark.slow
 def test_a_bad_second_start_keeps_the_running_cluster(no_leftovers):
     cluster = ppkit.start(2, "gloo", timeout=30)
     before = sorted(p.pid for p in ppkit_children())
@@ -148,6 +149,7 @@ SECOND_RPC_MISTAKES = [
 ]
 
 
+@pytest.mark.slow
 def test_a_bad_second_start_rpc_keeps_the_running_world(no_leftovers):
     world = ppkit.start_rpc(2, rpc_timeout=20)
     before = sorted(p.pid for p in ppkit_children())

@@ -43,6 +43,7 @@ def test_bad_ranges_are_refused():
         comm.sizes(4096, 8192, 1)
 
 
+@pytest.mark.slow
 def test_small_run_reports_time_algbw_busbw_and_tcp(cluster2):
     if cluster2.state == "broken":
         cluster2.restart()
@@ -92,6 +93,7 @@ def test_summary_compares_p2p_with_tcp():
                                     "[repeats: p2p 0.30-1.20, tcp 0.50-2.00 GB/s]")
 
 
+@pytest.mark.slow
 def test_cli_prints_table_and_writes_json(tmp_path, capsys):
     out_file = tmp_path / "rows.json"
     code = cli_main(["bench", "-b", "4K", "-e", "16K", "-f", "4", "--ops", "p2p,all_reduce",

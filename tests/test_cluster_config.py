@@ -103,6 +103,7 @@ def test_run_with_a_bad_timeout(cluster2, timeout):
     assert cluster2.run(make_greeting) == ["hello from 0", "hello from 1"]
 
 
+@pytest.mark.slow
 def test_start_with_bad_arguments_keeps_the_running_cluster():
     cluster = ppkit.start(2, "gloo")
     pids = [w["pid"] for w in cluster.workers.values()]

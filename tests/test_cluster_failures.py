@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from leftovers import wait_gone
+from leftovers import pid_of, wait_gone
 
 import ppkit
 from ppkit.cluster.inbox import FORK_SERVER, Item
@@ -77,6 +77,7 @@ def test_exception_on_every_rank_lists_them_all(fresh):
     assert fresh.state == "ready"
 
 
+@pytest.mark.slow
 def test_exception_while_another_rank_waits_for_it_says_so_and_restart_works(fresh):
     def one_raises_one_waits(rank, world_size):
         import torch
@@ -124,6 +125,7 @@ def _null_pointer():
     (_sigsegv, "it was killed by signal SIGSEGV"),
     (_null_pointer, "it was killed by signal SIGSEGV"),
 ])
+@pytest.mark.slow
 def test_a_rank_that_dies_during_a_job_is_reported_within_5_s(fresh, die, how):
     def job(rank, world_size):
         if rank == 1:
@@ -177,6 +179,7 @@ def test_the_default_job_timeout_is_at_most_60_s():
     assert inspect.signature(ppkit.start).parameters.get("timeout") is None  # passed through **options
 
 
+@pytest.mark.slow
 def test_a_deadlock_times_out_naming_the_ranks_and_where_they_wait(fresh):
     def recv_with_no_send(rank, world_size):
         import torch
@@ -202,6 +205,7 @@ def test_a_deadlock_times_out_naming_the_ranks_and_where_they_wait(fresh):
     restart_gives_a_clean_world(fresh)
 
 
+@pytest.mark.slow
 def test_one_rank_stuck_names_only_that_rank(fresh):
     def rank0_waits(rank, world_size):
         import torch
@@ -238,6 +242,7 @@ def test_a_late_exit_report_about_a_previous_worker_does_not_mislabel_the_new_on
     restart_gives_a_clean_world(fresh)
 
 
+@pytest.mark.slow
 def test_remote_tracebacks_and_stacks_show_the_lines_of_notebook_cells(fresh):
     # IPython keeps a cell's code only in linecache (mtime None), under a file name that does not
     # exist on disk; do the same here. The workers must still show the cell's lines.
@@ -257,18 +262,20 @@ def test_remote_tracebacks_and_stacks_show_the_lines_of_notebook_cells(fresh):
     restart_gives_a_clean_world(fresh)
 
 
+@pytest.mark.slow
 def test_a_killed_fork_server_takes_its_workers_along_and_restart_brings_it_back(fresh):
-    zygote = fresh._launcher.fork_server_pid
+    zygote = pid_of(fresh, "fork server")
     os.kill(zygote, signal.SIGKILL)
     assert wait_gone([w["pid"] for w in fresh.workers.values()], DIED_WITHIN_S) == []
     with pytest.raises(ppkit.ClusterStateError, match=f"the fork server \\(pid {zygote}\\) .* died"):
         fresh.run(lambda rank, world_size: rank)
     restart_gives_a_clean_world(fresh)
-    assert fresh._launcher.fork_server_pid != zygote
+    assert pid_of(fresh, "fork server") != zygote
 
 
+@pytest.mark.slow
 def test_a_fork_server_killed_during_a_job_is_reported_as_a_dead_rank(fresh):
-    threading.Timer(0.5, os.kill, (fresh._launcher.fork_server_pid, signal.SIGKILL)).start()
+    threading.Timer(0.5, os.kill, (pid_of(fresh, "fork server"), signal.SIGKILL)).start()
     with pytest.raises(ppkit.WorkerDiedError) as info:
         fresh.run(lambda rank, world_size: time.sleep(60))
     assert info.value.ranks in ([0], [1])

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from leftovers import pid_of
 
 import ppkit
 from ppkit.cluster.inbox import Closed, Inbox, Item
@@ -51,6 +52,7 @@ def test_a_fork_server_that_dies_before_connecting_fails_the_start_at_once(no_le
 
 
 # -- a cluster started from a thread that ends (item 4) ----------------------------------------
+@pytest.mark.slow
 def test_a_cluster_started_in_a_thread_that_then_ends_keeps_working(no_leftovers):
     box = {}
     thread = threading.Thread(target=lambda: box.update(cluster=ppkit.Cluster(2, "gloo", timeout=30)))
@@ -71,6 +73,7 @@ def _length(rank, world_size, data):
     return len(data)
 
 
+@pytest.mark.slow
 def test_a_large_job_to_a_stopped_rank_ends_with_its_timeout(no_leftovers):
     with ppkit.Cluster(2, "gloo", timeout=30) as cluster:
         victim = cluster.workers[1]["pid"]
@@ -115,6 +118,7 @@ INTERRUPTED_WHILE_SENDING = """
 """
 
 
+@pytest.mark.slow
 def test_kernel_interrupt_stops_sending_a_large_job_to_a_stopped_rank(no_leftovers):
     import json
 
@@ -162,11 +166,13 @@ EARLY_CANCEL = """
 """
 
 
+@pytest.mark.slow
 def test_a_cancel_that_arrives_before_its_job_starts_is_not_lost():
     assert "REPLY Cancelled 7 RAN False" in run_script(EARLY_CANCEL)
 
 
 # -- only a parent signals its children (item 7) ------------------------------------------------
+@pytest.mark.slow
 def test_the_kernel_never_signals_a_worker_pid_the_fork_server_may_have_reaped(no_leftovers, monkeypatch):
     with ppkit.Cluster(2, "gloo", timeout=30) as cluster:
         old = {w["pid"] for w in cluster.workers.values()}
@@ -178,7 +184,7 @@ def test_the_kernel_never_signals_a_worker_pid_the_fork_server_may_have_reaped(n
         cluster.restart()
         new = {w["pid"] for w in cluster.workers.values()}
         assert cluster.run(lambda rank, world_size: rank) == [0, 1]
-        fork_server = cluster._launcher.fork_server_pid
+        fork_server = pid_of(cluster, "fork server")
     assert not set(signalled) & (old | new), signalled  # the fork server stops them, not the kernel
     assert set(signalled) <= {fork_server}
 
@@ -225,6 +231,7 @@ STOP_CHILDREN = """
 """
 
 
+@pytest.mark.slow
 def test_the_fork_server_stops_its_workers_politely_then_firmly_and_only_its_own():
     out = run_script(STOP_CHILDREN)
     assert f"ENDS [(0, {signal.SIGKILL}), (1, {signal.SIGTERM})] LEFT {{}} STRANGERS set() SIGNALS 3" in out, out
@@ -245,6 +252,7 @@ FORKED_CHILD = """
 """
 
 
+@pytest.mark.slow
 def test_a_child_forked_by_the_user_does_not_close_the_parents_cluster_at_exit(no_leftovers):
     assert "AFTER [0, 1] ready" in run_script(FORKED_CHILD)
 
@@ -281,6 +289,7 @@ def test_the_note_comes_where_the_gap_is_once_there_is_room_again():
     assert texts[0].startswith("[ppkit: 5 characters") and texts[1] == "c"
 
 
+@pytest.mark.slow
 def test_a_rank_printing_between_jobs_cannot_fill_the_kernels_memory(no_leftovers, capsys):
     def chatter(rank, world_size):
         import threading

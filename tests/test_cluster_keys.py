@@ -94,6 +94,7 @@ def test_the_full_key_is_printed_at_the_first_start_only_and_masked_after():
     assert key.hex() not in repr(launcher)
 
 
+@pytest.mark.slow
 def test_error_texts_and_reprs_never_hold_the_key(no_leftovers, capsys):
     port, key = free_port(), os.urandom(32)
     with pytest.raises(LaunchError) as info:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from leftovers import wait_gone
+from leftovers import pid_of, wait_gone
 
 import ppkit
 from ppkit.cluster import session
@@ -31,7 +31,7 @@ GONE_WITHIN_S = 5.0
 
 
 def all_pids(cluster) -> list[int]:
-    return [w["pid"] for w in cluster.workers.values()] + [cluster._launcher.fork_server_pid]
+    return [w["pid"] for w in cluster.workers.values()] + [pid_of(cluster, "fork server")]
 
 
 class Kernel:
@@ -82,6 +82,7 @@ class Kernel:
 
 
 # -- start, replace, close -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_running_the_start_cell_again_replaces_the_cluster(no_leftovers):
     first = ppkit.start(2, "gloo")
     first_pids = all_pids(first)
@@ -98,6 +99,7 @@ def test_running_the_start_cell_again_replaces_the_cluster(no_leftovers):
     assert session.active() is None
 
 
+@pytest.mark.slow
 def test_close_is_idempotent_and_a_closed_cluster_says_so(no_leftovers):
     cluster = ppkit.Cluster(2, "gloo")
     pids = all_pids(cluster)
@@ -112,6 +114,7 @@ def test_close_is_idempotent_and_a_closed_cluster_says_so(no_leftovers):
         cluster.restart()
 
 
+@pytest.mark.slow
 def test_leaving_a_with_block_closes_even_on_error(no_leftovers):
     with pytest.raises(RuntimeError, match="the cell failed"), ppkit.Cluster(2, "gloo") as cluster:
         pids = all_pids(cluster)
@@ -120,13 +123,14 @@ def test_leaving_a_with_block_closes_even_on_error(no_leftovers):
     assert wait_gone(pids, GONE_WITHIN_S) == []
 
 
+@pytest.mark.slow
 def test_restart_replaces_every_worker_but_keeps_the_fork_server(no_leftovers):
     with ppkit.Cluster(2, "gloo") as cluster:
         old_workers = [w["pid"] for w in cluster.workers.values()]
-        zygote = cluster._launcher.fork_server_pid
+        zygote = pid_of(cluster, "fork server")
         cluster.restart()
         assert wait_gone(old_workers, GONE_WITHIN_S) == []
-        assert cluster._launcher.fork_server_pid == zygote
+        assert pid_of(cluster, "fork server") == zygote
         assert cluster.run(lambda rank, world_size: rank) == [0, 1]
 
 
@@ -135,11 +139,12 @@ KERNEL_WITH_CLUSTER = """
     import json, sys
     import ppkit
     cluster = ppkit.start(2, "gloo")
-    print("PIDS", json.dumps([w["pid"] for w in cluster.workers.values()] + [cluster._launcher.fork_server_pid]))
+    print("PIDS", json.dumps([p.pid for p in cluster.processes()]))  # the fork server and the workers
     sys.stdin.read()  # wait until the test closes stdin (or kills us)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "exit without close()"])
 def test_no_worker_survives_the_kernel(no_leftovers, how):
     with Kernel(KERNEL_WITH_CLUSTER) as kernel:
@@ -154,6 +159,7 @@ def test_no_worker_survives_the_kernel(no_leftovers, how):
     assert wait_gone(pids, GONE_WITHIN_S) == [], f"ppkit processes outlived the kernel ({how})"
 
 
+@pytest.mark.slow
 def test_workers_are_in_their_own_session(no_leftovers):
     # so that Kernel > Interrupt (SIGINT to the kernel's process group) never reaches them
     with ppkit.Cluster(2, "gloo") as cluster:
@@ -191,6 +197,7 @@ KERNEL_INTERRUPTED = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job", ["python", "cxx"])
 def test_interrupt_during_run_returns_promptly_and_leaves_a_usable_cluster(no_leftovers, job):
     with Kernel(KERNEL_INTERRUPTED, job) as kernel:
@@ -234,6 +241,7 @@ SECOND_LEARNER = """
 """
 
 
+@pytest.mark.slow
 def test_two_clusters_at_once_never_clash(no_leftovers):
     def all_reduce_rank_plus_one(rank, world_size):
         import torch
@@ -265,6 +273,7 @@ def test_two_clusters_at_once_never_clash(no_leftovers):
         assert other_learner.proc.wait(timeout=30) == 0
 
 
+@pytest.mark.slow
 def test_starting_a_gloo_cluster_does_not_import_torch_in_the_kernel(no_leftovers):
     # Start-up time: the fork server imports torch for the workers; if the kernel imported it too
     # (directly, or by unpickling a torch object a worker sent), a fresh kernel would wait twice.

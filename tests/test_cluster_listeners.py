@@ -22,7 +22,7 @@ import ppkit
 from ppkit.lessons import data_parallel as dp
 from ppkit.lessons import rank_variables
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # slow: make test-fast leaves it out
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WILDCARDS = {"0.0.0.0", "::"}
 

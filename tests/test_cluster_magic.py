@@ -44,6 +44,7 @@ def test_names_a_cell_defines_stay_for_the_next_cell(shell, started, capsys):
     assert "[rank 0] remembered 0" in out and "[rank 1] remembered 10" in out
 
 
+@pytest.mark.slow
 def test_an_error_in_a_ranks_cell_names_the_rank_and_the_cell_line(shell, started):
     result = run_cell(shell, "%%ranks\nx = 1\nif rank == 1:\n    raise ValueError('only on one')\n")
     err = result.error_in_exec
@@ -54,6 +55,7 @@ def test_an_error_in_a_ranks_cell_names_the_rank_and_the_cell_line(shell, starte
     assert started.state == "ready"
 
 
+@pytest.mark.slow
 def test_ranks_timeout_option(shell, started):
     result = run_cell(shell, "%%ranks --timeout 2\nif rank == 0:\n    dist.recv(torch.zeros(1), src=1)\n")
     assert isinstance(result.error_in_exec, ppkit.JobTimeoutError)

@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from leftovers import pid_of
 
 import ppkit
 from ppkit.transport import channel, worker
@@ -30,7 +31,7 @@ class _CreatesFileWhenUnpickled:
 
 
 def ppkit_pids(cluster) -> list[int]:
-    return [os.getpid(), cluster._launcher.fork_server_pid] + [w["pid"] for w in cluster.workers.values()]
+    return [os.getpid(), pid_of(cluster, "fork server")] + [w["pid"] for w in cluster.workers.values()]
 
 
 def all_reduce_ones(rank, world_size):
@@ -103,6 +104,7 @@ def test_workers_talk_to_each_other_over_loopback_only(cluster2):
 
 
 # -- idle cost -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_idle_workers_cost_almost_no_cpu(cluster2):
     assert cluster2.run(all_reduce_ones) == [2.0, 2.0]
     time.sleep(0.5)  # let the job's last output settle

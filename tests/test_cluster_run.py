@@ -171,6 +171,7 @@ def test_seed_001_point_to_point_runs_unchanged(cluster2, seed_cell, capsys, nam
     ("test_all_gather", ["[tensor([1.]), tensor([1.]), tensor([1.]), tensor([1.])]"] * 4),
     ("test_gather", ["[tensor([1.]), tensor([1.]), tensor([1.]), tensor([1.])]", None, None, None]),
 ])
+@pytest.mark.slow
 def test_seed_001_collectives_run_unchanged(cluster4, seed_cell, capsys, name, expected):
     assert cluster4.run(seed_cell[name]) == [None] * 4
     out = lines_of(capsys.readouterr().out)

@@ -36,6 +36,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_importing_ppkit_pipelining_without_torch_pipelining_says_which_torch_has_it():
     done = _run(BLOCK_PIPELINING + "import ppkit.pipeline.schedules.sweep")
     assert done.returncode == 1
@@ -44,6 +45,7 @@ def test_importing_ppkit_pipelining_without_torch_pipelining_says_which_torch_ha
     assert "appeared in torch 2.4" in last and "--schedule rpc" in last
 
 
+@pytest.mark.slow
 def test_the_cli_schedule_gpipe_without_torch_pipelining_ends_with_one_clear_line():
     done = _run(BLOCK_PIPELINING + "from ppkit.cli import main; sys.exit(main(['pipeline', '--schedule', 'gpipe']))")
     assert done.returncode != 0

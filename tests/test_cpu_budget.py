@@ -75,6 +75,7 @@ def _threads(rank, world_size):
     return torch.get_num_threads(), torch.get_num_interop_threads()
 
 
+@pytest.mark.slow
 def test_workers_take_their_share_as_torch_threads_and_the_repr_says_where_it_came_from(monkeypatch, no_leftovers):
     monkeypatch.setenv(BUDGET_ENV, "4")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -17,6 +17,8 @@ from leftovers import ppkit_children, wait_gone
 from ppkit.cluster.spawn import call as spawn_call
 from ppkit.lessons import ddp_tutorial
 
+pytestmark = pytest.mark.slow  # slow: make test-fast leaves it out
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = 20
 PRINTS = {"demo_basic": "basic DDP demo on rank {}",

@@ -128,6 +128,7 @@ def test_cli_exit_codes(capsys):
     assert "FAIL" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_doctor_on_the_worker_host_while_the_master_waits(two_hosts, no_leftovers):
     key = os.urandom(32).hex()

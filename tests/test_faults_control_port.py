@@ -72,6 +72,7 @@ def flood(address, count: int) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_a_flood_of_silent_connections_and_a_trickler_do_not_stop_the_cluster(no_leftovers):
     with ppkit.Cluster(2, "gloo", timeout=30) as cluster:
         before = threading.active_count()

@@ -28,7 +28,7 @@ from ppkit.transport.messages import Admitted, AgentHello, AgentInfo, Spawn
 
 two_hosts = netns.two_hosts  # the fixture
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # slow: make test-fast leaves it out
 PORT = 29600
 SLACK_S = 6.0  # a loaded two-core machine (torch imports, gloo) is late by this much at most
 BOUND_S = heartbeat.SILENT_AFTER_S + SLACK_S

@@ -16,6 +16,7 @@ def all_cases():
             for numel in (1, 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["cluster2", "cluster4"])
 def test_every_collective_matches_the_model(world, request):
     cluster = request.getfixturevalue(world)
@@ -124,6 +125,7 @@ def test_barrier_nobody_leaves_before_the_last_arrives(cluster4):
     assert {w["peer"] for w in waits if w["rank"] != 3} == {3}  # everyone waits for the last rank
 
 
+@pytest.mark.slow
 def test_explorer_redraws_on_every_control():
     from ppkit.widgets import CollectivesExplorer
 

@@ -21,6 +21,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 CASES = [(s, c) for s in cp.SHARDINGS for c in (False, True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster_name", ["cluster2", "cluster4"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_ring_attention_equals_full_attention_forward_and_backward(cluster_name, dtype, request):
@@ -150,6 +151,7 @@ def test_bad_sizes_are_refused(options, says):
         cp.inputs(16, **options)
 
 
+@pytest.mark.slow
 def test_bad_settings_on_the_ranks_leave_the_cluster_usable(cluster2):
     with pytest.raises(ppkit.RemoteError, match="cannot be cut into 2 x 2 = 4 equal chunks"):
         cluster2.run(cp.compare, seq_len=30)
@@ -181,6 +183,7 @@ def test_torch_context_parallel_on_cpu_is_as_the_notebook_says(cluster2):
     assert max(cluster2.run(cp.compare, seq_len=32)[0].values()) < 1e-5  # and ppkit's ring still works
 
 
+@pytest.mark.slow
 @TORCH_214
 @pytest.mark.slow
 def test_torch_context_parallel_default_kernel_without_mask(cluster4):

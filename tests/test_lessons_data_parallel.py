@@ -11,6 +11,7 @@ from ppkit.lessons import data_parallel as dp
 from ppkit.lessons import rank_variables
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["cluster2", "cluster4"])
 def test_manual_equals_ddp_equals_whole_batch(world, request):
     cluster = request.getfixturevalue(world)
@@ -91,6 +92,7 @@ def test_slurm_env_feeds_read_launch_env():
         rank_variables.slurm_env(0, 6, 2, "node[07-08]")
 
 
+@pytest.mark.slow
 def test_torchrun_sets_what_read_launch_env_reads():
     records = rank_variables.torchrun_env(nnodes=1, nproc_per_node=2)
     assert [(r["rank"], r["local_rank"], r["world_size"], r["source"]) for r in records] == [

@@ -91,23 +91,26 @@ def bucketed_sum(model):
 
 # -- ring all_reduce --------------------------------------------------------------------------
 
-def test_ring_all_reduce_passes_for_world_sizes_2_to_6(no_leftovers, capsys):
-    report = check_basics.check_ring_all_reduce(ring_all_reduce)
+@pytest.mark.slow
+def test_ring_all_reduce_passes_for_world_sizes_2_to_6(bare6, no_leftovers, capsys):
+    report = check_basics.check_ring_all_reduce(ring_all_reduce, cluster=bare6)
     assert report.passed and len(report.cases) == 5
     assert "ring all_reduce: passed all 5 cases" in capsys.readouterr().out
 
 
-def test_ring_all_reduce_rejects_builtin_collectives(no_leftovers):
+@pytest.mark.slow
+def test_ring_all_reduce_rejects_builtin_collectives(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        check_basics.check_ring_all_reduce(uses_all_reduce, world_sizes=(2,), sizes=(3,))
+        check_basics.check_ring_all_reduce(uses_all_reduce, world_sizes=(2,), sizes=(3,), cluster=bare6)
     assert info.value.failures == [
         ("world_size 2: rank 0 raised ExerciseFailed: dist.all_reduce was called, but ring all_reduce "
          "must be built from send/recv (or isend/irecv) only. (rank(s) [1] raised the same)")]
 
 
-def test_ring_all_reduce_names_rank_index_and_values(no_leftovers):
+@pytest.mark.slow
+def test_ring_all_reduce_names_rank_index_and_values(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        check_basics.check_ring_all_reduce(forgets_own_values, world_sizes=(3,), sizes=(7,))
+        check_basics.check_ring_all_reduce(forgets_own_values, world_sizes=(3,), sizes=(7,), cluster=bare6)
     failures = info.value.failures
     assert len(failures) == 3  # one per rank
     want = sum(check_basics._reduce_input(r, 7, 0) for r in range(3))
@@ -122,13 +125,15 @@ def test_ring_all_reduce_names_rank_index_and_values(no_leftovers):
 
 # -- ring shift -------------------------------------------------------------------------------
 
-def test_ring_shift_passes(no_leftovers):
-    assert check_basics.check_ring_shift(ring_shift, world_sizes=(2, 3, 5)).passed
+@pytest.mark.slow
+def test_ring_shift_passes(bare6, no_leftovers):
+    assert check_basics.check_ring_shift(ring_shift, world_sizes=(2, 3, 5), cluster=bare6).passed
 
 
-def test_ring_shift_wrong_beyond_two_ranks(no_leftovers):
+@pytest.mark.slow
+def test_ring_shift_wrong_beyond_two_ranks(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        check_basics.check_ring_shift(swaps_with_partner, world_sizes=(2, 3), sizes=(1,))
+        check_basics.check_ring_shift(swaps_with_partner, world_sizes=(2, 3), sizes=(1,), cluster=bare6)
     assert info.value.failures == [
         ("world_size 3, 1 element(s): rank 0 is wrong at 1 of 1 position(s); first at index 0: expected "
          "200, got 100 (it should hold rank 2's tensor)"),
@@ -137,23 +142,26 @@ def test_ring_shift_wrong_beyond_two_ranks(no_leftovers):
          "(it should hold rank 1's tensor)")]
 
 
-def test_ring_shift_deadlock_is_explained(no_leftovers):
+@pytest.mark.slow
+def test_ring_shift_deadlock_is_explained(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        check_basics.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3)
+        check_basics.check_ring_shift(everyone_sends_first, world_sizes=(2,), sizes=(1,), timeout=3, cluster=bare6)
     (failure,) = info.value.failures
     assert failure.startswith("world_size 2: did not finish within 3 s (rank 0 is blocked in dist.send, "
                               "called from everyone_sends_first() line")
     assert "Every rank is in dist.send and none has posted its recv" in failure
 
 
-def test_ring_shift_reports_an_exception_and_goes_on(no_leftovers):
+@pytest.mark.slow
+def test_ring_shift_reports_an_exception_and_goes_on(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        check_basics.check_ring_shift(raises_on_rank_1, world_sizes=(2, 3), sizes=(1,), timeout=10)
+        check_basics.check_ring_shift(raises_on_rank_1, world_sizes=(2, 3), sizes=(1,), timeout=10, cluster=bare6)
     first, second = info.value.failures
     assert first.startswith("world_size 2: rank 1 raised ValueError: oops on rank 1")
     assert second.startswith("world_size 3: rank 1 raised ValueError: oops on rank 1")
 
 
+@pytest.mark.slow
 def test_checker_runs_on_a_given_cluster_and_leaves_it_usable(no_leftovers):
     import ppkit
 
@@ -166,6 +174,7 @@ def test_checker_runs_on_a_given_cluster_and_leaves_it_usable(no_leftovers):
         assert bare.state == "ready"
 
 
+@pytest.mark.slow
 def test_checker_refuses_an_unsuitable_cluster(no_leftovers):
     import ppkit
 
@@ -182,13 +191,15 @@ def test_checker_refuses_a_non_function():
 
 # -- bucketed averaging -----------------------------------------------------------------------
 
-def test_bucketed_average_passes(no_leftovers):
-    assert check_basics.check_bucketed_average(bucketed_average).passed
+@pytest.mark.slow
+def test_bucketed_average_passes(bare6, no_leftovers):
+    assert check_basics.check_bucketed_average(bucketed_average, cluster=bare6).passed
 
 
-def test_bucketed_average_finds_missing_division(no_leftovers):
+@pytest.mark.slow
+def test_bucketed_average_finds_missing_division(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        check_basics.check_bucketed_average(bucketed_sum, world_sizes=(3,))
+        check_basics.check_bucketed_average(bucketed_sum, world_sizes=(3,), cluster=bare6)
     failures = info.value.failures
     assert len(failures) == 3 * 4  # 3 ranks x 4 parameters
     assert failures[0].startswith("world_size 3: rank 0, gradient of '0.weight' differs from the "
@@ -196,9 +207,10 @@ def test_bucketed_average_finds_missing_division(no_leftovers):
     assert failures[0].endswith("(it is 3 times too large: summed but not divided by world_size)")
 
 
-def test_bucketed_average_wants_a_single_all_reduce(no_leftovers):
+@pytest.mark.slow
+def test_bucketed_average_wants_a_single_all_reduce(bare6, no_leftovers):
     with pytest.raises(ExerciseFailed) as info:
-        check_basics.check_bucketed_average(data_parallel.average_gradients, world_sizes=(2,))
+        check_basics.check_bucketed_average(data_parallel.average_gradients, world_sizes=(2,), cluster=bare6)
     assert info.value.failures == [
         f"world_size 2: rank {r} called dist.all_reduce 4 times (on [64, 16, 48, 3] elements); the "
         "exercise asks for one call on one flat tensor that holds every gradient (torch.cat of the "

@@ -29,6 +29,7 @@ TORCH_214 = pytest.mark.skipif(not torch.__version__.startswith("2.14."),
                                reason="notebook 12 describes torch 2.14's all_to_all functions")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster_name", ["cluster2", "cluster4"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_expert_parallel_equals_one_process_forward_and_backward(cluster_name, dtype, request):
@@ -66,6 +67,7 @@ def _logged_all_to_all(rank, world_size):
               (sum(output_splits) - output_splits[rank]) * row)])
 
 
+@pytest.mark.slow
 def test_uneven_all_to_all_and_its_backward_equal_torchs_on_gloo(cluster4):
     for found in cluster4.run(ep.against_torch):
         assert {name: f["equal"] for name, f in found.items()} == {
@@ -75,6 +77,7 @@ def test_uneven_all_to_all_and_its_backward_equal_torchs_on_gloo(cluster4):
         assert got == want
 
 
+@pytest.mark.slow
 @TORCH_214
 def test_torchs_first_all_to_all_is_deprecated_as_the_notebook_says(cluster2):
     found = cluster2.run(ep.against_torch)[0]

@@ -16,6 +16,7 @@ def test_seed_send_recv_runs_unchanged(cluster2, capsys, fn):
     assert "[rank 1] Rank  1  has data  tensor(1.)" in out
 
 
+@pytest.mark.slow
 def test_seed_send_recv_with_four_ranks_ranks_above_one_also_recv(cluster4):
     # the article's `else: recv(src=0)` makes ranks 2 and 3 wait for a send that never comes
     with pytest.raises(ppkit.JobTimeoutError) as info:
@@ -27,6 +28,7 @@ def test_seed_send_recv_with_four_ranks_ranks_above_one_also_recv(cluster4):
     cluster4.restart()
 
 
+@pytest.mark.slow
 def test_recv_without_send_is_caught_and_explained(cluster2):
     with pytest.raises(ppkit.JobTimeoutError) as info:
         cluster2.run(p2p.recv_without_send, timeout=2)

@@ -23,12 +23,14 @@ def activation_shape(cut, batch_size, image_size):
     return (batch_size, CHANNELS[cut], side, side)
 
 
+@pytest.mark.slow
 def test_activation_shape_accepts_the_right_answer(capsys):
     report = px.check_activation_shape(activation_shape)
     assert report.passed and len(report.cases) == 4
     assert "activation shape: passed all 4 cases" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_activation_reference_is_the_real_forward():
     first, _ = px.split_resnet50(px.resnet50(0).eval(), "layer2")
     with torch.no_grad():
@@ -36,6 +38,7 @@ def test_activation_reference_is_the_real_forward():
     assert px.activation_shape_of("layer2", 2, 97) == tuple(real) == (2, 512, 13, 13)
 
 
+@pytest.mark.slow
 def test_activation_shape_rejects_rounding_down():
     def floors(cut, batch_size, image_size):
         return (batch_size, CHANNELS[cut], image_size >> HALVINGS[cut], image_size >> HALVINGS[cut])
@@ -76,6 +79,7 @@ def test_activation_shape_rejects_wrong_channels_batch_and_types():
     assert "6 problem(s) in 4 cases" in str(err.value)
 
 
+@pytest.mark.slow
 def test_activation_shape_rejects_a_non_shape():
     with pytest.raises(ExerciseFailed, match=r"batch 1, 32x32 images: expected a shape such as "
                                              r"\(1, 64, 8, 8\), got int 4"):

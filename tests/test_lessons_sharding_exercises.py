@@ -92,6 +92,7 @@ def test_stubs_are_not_written_yet_not_failures(bare, capsys):
     (ex.check_row_parallel_forward, bias_every_rank, "world_size 3: rank 0's output holds the bias 3 times"),
     (ex.check_row_parallel_forward, no_all_reduce, "world_size 2: rank 1 returned only its own partial product"),
 ])
+@pytest.mark.slow
 def test_mistakes_name_the_rank_and_the_mistake(bare, check, fn, says):
     with pytest.raises(ExerciseFailed) as info:
         check(fn, cluster=bare)

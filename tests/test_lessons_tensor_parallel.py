@@ -16,6 +16,7 @@ EXPECTED_CALLS = {"column": [("column", "backward")], "row": [("row", "forward")
                   "attention": [("o", "forward"), ("qkv", "backward")]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster_name", ["cluster2", "cluster4"])
 def test_each_split_equals_the_unsplit_module(cluster_name, request):
     cluster = request.getfixturevalue(cluster_name)
@@ -53,6 +54,7 @@ def test_an_uneven_split_says_what_divides():
         tp.compare(0, 2, block="conv")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", ["mlp", "attention"])
 def test_dtensor_parallelize_module_equals_the_hand_version(cluster2, block):
     for r in cluster2.run(tp.dtensor_compare, block=block):

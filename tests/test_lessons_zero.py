@@ -60,6 +60,7 @@ def test_padding_and_slices():
     assert zero.unflatten(flat, t).tolist() == t.tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster_name", ["cluster2", "cluster4"])
 def test_every_stage_ends_with_ddps_weights_and_measures_what_it_holds(cluster_name, request):
     cluster = request.getfixturevalue(cluster_name)

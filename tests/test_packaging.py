@@ -103,6 +103,13 @@ def test_readme_names_the_two_commands_and_ci_runs_the_test_one():
 def test_make_test_runs_every_test_and_every_notebook():
     recipe = make_target("test")
     assert "pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg" in recipe
+    assert "--durations=15" in recipe  # CI's log names the slowest tests
+
+
+def test_make_test_fast_leaves_out_the_slow_tests_and_readme_names_it():
+    recipe = make_target("test-fast")
+    assert '-m "not slow and not slurm"' in recipe and "--ignore=tests/browser" in recipe
+    assert "make test-fast" in (REPO / "README.md").read_text()
     assert "jupyter lab --notebook-dir=notebooks" in make_target("lab")
 
 

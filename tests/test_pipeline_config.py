@@ -82,6 +82,7 @@ def test_config_accepts_and_counts_workers():
         PipelineConfig(cut=cut).check()
 
 
+@pytest.mark.slow
 def test_resnet_feature_size_matches_the_model():
     from ppkit.models.resnet import resnet50
 
@@ -200,6 +201,7 @@ def test_cli_refuses_missing_device(capsys):
     assert "asks for cuda:3" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_bad_flags_in_a_real_process():
     for flags in (["--microbatch-sizes", "0"], ["--batch-size", "many"]):
         proc = subprocess.run([sys.executable, "-m", "ppkit", "pipeline", *flags],

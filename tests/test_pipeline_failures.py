@@ -51,6 +51,7 @@ def world():
         yield world
 
 
+@pytest.mark.slow
 def test_failing_stage_raises_stage_error_and_everything_stays_usable(world):
     x = torch.randn(8, 4)
     with PipelineModel("worker1:cpu,worker2:cpu", microbatch_size=2,
@@ -104,6 +105,7 @@ def test_worker_that_cannot_import_the_shard_module_fails_fast(world, tmp_path, 
         sys.modules.pop("ppkit_test_local_shards", None)
 
 
+@pytest.mark.slow
 def test_idle_workers_with_pipeline_stages_cost_no_cpu(world):
     with PipelineModel("worker1:cpu,worker2:cpu", microbatch_size=2,
                        shards=[ppkit.by_value(first_shard), ppkit.by_value(first_shard)]) as model:
@@ -117,6 +119,7 @@ def test_idle_workers_with_pipeline_stages_cost_no_cpu(world):
     assert all(u < 0.2 for u in used), f"idle workers used {used} CPU seconds in 10 s (limit 2%)"
 
 
+@pytest.mark.slow
 def test_stage_that_never_answers_times_out_then_close_and_restart_do_not_hang(no_leftovers):
     # its own world, last in this file: start_rpc replaces (closes) the module's world
     world = ppkit.start_rpc(num_workers=2)
@@ -153,6 +156,7 @@ class BlockingShard(nn.Module):
         return self.linear(x_rref.to_here())
 
 
+@pytest.mark.slow
 def test_tutorial_design_deadlocks_where_ours_does_not(no_leftovers):
     """With 2 RPC threads per process the tutorial's blocking shards stall at 2 micro-batches in
     flight (until the RPC timeout); ppkit's non-blocking stages run 32 on the same world."""

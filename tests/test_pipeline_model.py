@@ -39,6 +39,7 @@ def images(n, side=32, seed=0):
     return torch.randn(n, 3, side, side, generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size, microbatch_size", [(8, 8), (8, 4), (8, 3), (7, 2), (5, 1)])
 def test_output_equals_local_resnet50(model, local, batch_size, microbatch_size):
     x = images(batch_size, seed=batch_size * 10 + microbatch_size)
@@ -55,6 +56,7 @@ def test_default_thread_count_is_what_the_tutorial_deadlocked_with(world):
     assert int(info["agent.thread_pool_size"]) == 16
 
 
+@pytest.mark.slow
 def test_many_microbatches_with_default_threads(world):
     """64 micro-batches of 1 image, forward and backward, with the default 16 RPC threads (the
     tutorial's shards deadlock from 16 micro-batches on)."""
@@ -85,6 +87,7 @@ def test_many_microbatches_with_default_threads(world):
     assert all(a[1] <= b[0] for a, b in zip(forwards, forwards[1:]))  # one micro-batch at a time
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", CUT_POINTS)
 def test_every_cut_point(world, cut):
     reference = resnet50(0).eval()
@@ -102,6 +105,7 @@ def test_every_cut_point(world, cut):
 
 @pytest.mark.parametrize("placement", ["master:cpu,worker1:cpu", "worker2:cpu,master:cpu",
                                        "worker1:cpu,worker1:cpu"])
+@pytest.mark.slow
 def test_shard_on_master_or_both_on_one_worker(world, local, placement):
     x = images(6, seed=2)
     with PipelineModel(placement, microbatch_size=4) as model:
@@ -110,6 +114,7 @@ def test_shard_on_master_or_both_on_one_worker(world, local, placement):
             torch.testing.assert_close(model(x), local(x), atol=ATOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_sgd_steps_equal_local_steps(world):
     """Three SGD steps, eval-mode BatchNorm, MSE loss, a batch of 5 in micro-batches of 2: two with
     the per-shard optimizer, one with DistributedOptimizer over ``parameter_rrefs()``.
@@ -156,6 +161,7 @@ def test_sgd_steps_equal_local_steps(world):
         assert 1e-4 < moved < 1.0
 
 
+@pytest.mark.slow
 def test_train_mode_with_one_microbatch_equals_local_train_mode(world):
     reference = resnet50(0).train()
     x = images(4, side=64, seed=6)

@@ -38,6 +38,7 @@ def _update(train, size: int) -> tuple[list[dict], object]:
     return [{k: a[k] - b[k] for k in b if b[k].is_floating_point()} for a, b in zip(after, before)], run
 
 
+@pytest.mark.slow
 def test_no_overlap_makes_the_pipelined_update_one_microbatch_at_a_time(world):
     pipelined, _ = _update(train_batches, 2)
     alone, run = _update(train_no_overlap, 2)

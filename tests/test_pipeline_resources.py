@@ -94,6 +94,7 @@ def _thread_affinities(pid):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
                     reason="CPU affinity needs Linux and at least 2 usable cores")
+@pytest.mark.slow
 def test_real_workers_are_pinned_and_the_master_restored(no_leftovers):
     cpus = sorted(os.sched_getaffinity(0))
     threads_before = torch.get_num_threads()

@@ -24,6 +24,7 @@ def world():
         yield world
 
 
+@pytest.mark.slow
 def test_sweep_rows_timelines_and_bubble_model(world):
     config = PipelineConfig(**SMALL, microbatch_sizes=(1, 3, 4), placement="worker1:cpu,worker2:cpu")
     progress, finished = [], []
@@ -61,6 +62,7 @@ def test_sweep_rows_timelines_and_bubble_model(world):
     assert len(figure.subfigs) == 4  # the sweep, then measured | model for each run
 
 
+@pytest.mark.slow
 def test_widget_driven_from_python(world):
     from ppkit.widgets.pipeline import PipelineWidget
 
@@ -112,6 +114,7 @@ def test_widget_driven_from_python(world):
     ui.close_model()
 
 
+@pytest.mark.slow
 def test_widget_starts_a_new_world_when_a_later_cell_closed_it(no_leftovers):
     import ppkit
     from ppkit.widgets.pipeline import PipelineWidget
@@ -128,6 +131,7 @@ def test_widget_starts_a_new_world_when_a_later_cell_closed_it(no_leftovers):
         ui.world.close()
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(world, tmp_path, capsys):
     plot = tmp_path / "sweep.png"
     status = cli_main(["pipeline", "--batch-size", "4", "--image-size", "40", "--num-batches", "1",

@@ -111,6 +111,7 @@ def world():
         yield world
 
 
+@pytest.mark.slow
 def test_measured_ucurve_and_auto_cut_on_real_workers(world):
     config = PipelineConfig(batch_size=4, image_size=40, num_batches=2, microbatch_sizes=(4,),
                             placement="worker1:cpu,worker2:cpu", cut="layer1").check()
@@ -154,6 +155,7 @@ def test_measured_ucurve_and_auto_cut_on_real_workers(world):
     assert all(len(c.stage_seconds) == 2 and min(c.stage_seconds) > 0 for c in candidates)
 
 
+@pytest.mark.slow
 def test_widget_ucurve_auto_cut_and_resources(world):
     from ppkit.widgets.pipeline import PipelineWidget
 
@@ -179,6 +181,7 @@ def test_widget_ucurve_auto_cut_and_resources(world):
     ui.close_model()
 
 
+@pytest.mark.slow
 def test_cli_prints_resources_the_ucurve_and_one_speedup_line(world, tmp_path, capsys):
     # last in this module: the command starts its own world, which closes the fixture's
     plot = tmp_path / "u.png"

@@ -30,6 +30,7 @@ def test_check_config():
         sweep.check_config(PipelineConfig(batch_size=4, image_size=40, microbatch_sizes=(2,)), "zb")
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_with_1f1b(tmp_path, capsys, no_leftovers):
     # the tutorial's training (MSE on one-hot labels, train-mode BN, SGD); --verify then checks the
     # MSE gradients against a local ResNet50

@@ -20,6 +20,7 @@ def batch():
     return pp.make_batch(8, 32)
 
 
+@pytest.mark.slow
 def test_stages_that_disagree_end_in_a_clear_error_and_restart_recovers(batch, no_leftovers):
     def _mismatched(rank, world_size, x, y):
         # stage 1 believes the batch is cut into 2 micro-batches; stage 0 cuts it into 4
@@ -37,6 +38,7 @@ def test_stages_that_disagree_end_in_a_clear_error_and_restart_recovers(batch, n
         assert run.loss == pytest.approx(verify.reference_step(*batch)["loss"], rel=verify.LOSS_RTOL)
 
 
+@pytest.mark.slow
 def test_a_failing_stage_does_not_leave_its_neighbour_hanging(batch, no_leftovers):
     def _failing_loss(rank, world_size, x, y):
         # stage 1 fails in its loss (labels out of range); stage 0 then waits for gradients

@@ -10,7 +10,7 @@ import netns
 import pytest
 from netns import PY, host_env
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # slow: make test-fast leaves it out
 two_hosts = netns.two_hosts  # the fixture
 
 FORWARD_BACKWARD = """

@@ -8,7 +8,9 @@ import shlex
 import socket
 import sys
 
+import psutil
 import pytest
+from leftovers import wait_gone
 
 import ppkit
 from ppkit.cluster.launchers import ssh
@@ -65,8 +67,10 @@ def test_cluster_starts_its_worker_over_ssh(tmp_path, no_leftovers, monkeypatch)
     with ppkit.Cluster(2, listen=f"127.0.0.1:{port}", remote={"worker1": host},
                        start_timeout=60) as cluster:
         assert cluster.run(lambda rank, world_size: os.getppid() != os.getpid()) == [True, True]
-        proc = cluster._launcher._ssh_procs["worker1"]
-    assert proc.returncode is not None  # the worker ended with the cluster
+        # the "ssh" this process started for worker1 (the fake execs the worker command in its place)
+        ssh_pids = [p.pid for p in psutil.Process().children() if "worker1" in " ".join(p.cmdline())]
+        assert len(ssh_pids) == 1, [" ".join(p.cmdline()) for p in psutil.Process().children()]
+    assert wait_gone(ssh_pids, 5.0) == []  # the worker ended with the cluster
 
 
 @pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import pytest
 from netns import PY, host_env
 
 pytest.importorskip("ppkit.cluster.tools.env", reason="read_launch_env comes from the lessons branch")
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # slow: make test-fast leaves it out
 two_hosts = netns.two_hosts  # the fixture
 
 

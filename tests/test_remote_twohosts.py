@@ -20,7 +20,7 @@ from ppkit.cluster.tools.netns import TwoHosts
 
 two_hosts = netns.two_hosts  # the fixture
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # slow: make test-fast leaves it out
 PORT = 29600
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from leftovers import ppkit_children, wait_gone
+from leftovers import ppkit_children, slurm_job_id, wait_gone
 
 import ppkit
 
@@ -59,7 +59,7 @@ def test_start_run_ranks_and_close_leave_nothing_queued(clean, capsys):
 
         ranks("", "t = torch.ones(1) * rank\ndist.all_reduce(t)\nprint('sum', int(t))")
         assert capsys.readouterr().out.count("sum 6") == 4
-        job = cluster._launcher.job_id
+        job = slurm_job_id(cluster)
         assert job in queue(clean)
     finally:
         cluster.close()
@@ -68,9 +68,9 @@ def test_start_run_ranks_and_close_leave_nothing_queued(clean, capsys):
 
 def test_restart_cancels_the_job_and_submits_another(clean):
     with ppkit.Cluster(2, launcher="slurm", nodes=2) as cluster:
-        first = cluster._launcher.job_id
+        first = slurm_job_id(cluster)
         cluster.restart()
-        second = cluster._launcher.job_id
+        second = slurm_job_id(cluster)
         assert second != first
         assert cluster.run(lambda rank, world_size: rank) == [0, 1]
         listed = queue(clean)

@@ -15,7 +15,7 @@ An exercise is a checker, a solution and a list of hints. To add one:
    ``# NBVAL_CHECK_OUTPUT``.
 
 ``tests/test_lessons_workbook.py`` then runs the checker against the solution and
-``tests/test_notebook_solutions.py`` runs the notebook with the solution in the exercise cell.
+nbval runs the notebook with the solution in the exercise cell (``tests/solved_notebooks.py``).
 """
 
 from __future__ import annotations

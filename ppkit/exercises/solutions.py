@@ -3,7 +3,7 @@
 ``workbook.solution("ring_shift")`` prints one of these; ``%load -s ring_shift <this file>`` puts it in
 a cell. Each function is exactly what goes into its notebook's exercise cell (the names it uses,
 ``torch``, ``dist``, ``math``, are the ones that notebook has imported), and
-``tests/test_notebook_solutions.py`` runs every notebook with these in place of the stubs, so a
+nbval runs every notebook with these in place of the stubs (``tests/solved_notebooks.py``), so a
 solution and its notebook cannot drift apart.
 """
 

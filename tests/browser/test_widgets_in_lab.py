@@ -1,11 +1,15 @@
 """Widgets as a learner sees them: each widget notebook opened in JupyterLab in chromium, run, and used.
 
+A notebook with a learner test below is trimmed to the cells its widget stands on (keep_only: its setup,
+the widget, what closes them); nbval runs every cell of every notebook, so the rest runs there once.
+
 nbval cannot see widgets (model ids are random and the front end is not there), so this is the only check
 that a learner gets working widgets rather than "Error displaying widget: model not found".
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 import nbformat
@@ -17,7 +21,7 @@ LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "09_sharded_data_
                   "10_tensor_parallel.ipynb", "11_context_parallel.ipynb", "12_expert_parallel.ipynb",
                   "13_composition.ipynb"}
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # slow: make test-fast leaves it out
 
 SMOKE_CODE = """\
 import ipywidgets as widgets
@@ -113,10 +117,31 @@ def test_widget_notebook_renders(widget_notebook, open_notebook):
     assert shown > 0, f"{widget_notebook} imports widgets but displayed none"
 
 
-def _open_and_run(lab, open_notebook, name: str, **run_options):
-    """Open a notebook of the course, run it and check its widgets; skip if this checkout lacks it."""
+def keep_only(notebook_dir, name: str, keep: tuple[str, ...]) -> None:
+    """Trim the lab's copy of notebook ``name`` to its first and last code cells, the code cells that match
+    one of the ``keep`` patterns (regular expressions, each must match a cell) and every markdown cell.
+
+    nbval runs every cell of every notebook already; a browser test needs only the cells its widget stands
+    on (the setup that starts the cluster, the widget, what closes them), taken from the notebook itself so
+    that the browser still runs the learner's code, under the notebook's own name.
+    """
+    path = notebook_dir / name
+    nb = json.loads(path.read_text())
+    code = {i: "".join(c["source"]) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"}
+    matched = {p: {i for i, source in code.items() if re.search(p, source, re.MULTILINE)} for p in keep}
+    missing = [p for p, cells in matched.items() if not cells]
+    assert not missing, f"{name}: no code cell matches {missing}; the browser test names cells that are gone"
+    wanted = {min(code), max(code)}.union(*matched.values())
+    nb["cells"] = [c for i, c in enumerate(nb["cells"]) if i not in code or i in wanted]
+    path.write_text(json.dumps(nb))
+
+
+def _open_and_run(lab, open_notebook, name: str, keep: tuple[str, ...], **run_options):
+    """Open a notebook of the course trimmed to the cells in ``keep`` (see keep_only), run it and check its
+    widgets; skip if this checkout lacks it."""
     if not (lab.notebook_dir / name).exists():
         pytest.skip(f"notebooks/{name} is not in this checkout")
+    keep_only(lab.notebook_dir, name, keep)
     nb = open_notebook(name)
     nb.run_all(**run_options)
     nb.assert_ran_cleanly_and_widgets_render()
@@ -150,7 +175,7 @@ def _assert_shows_image(output) -> None:
 
 def test_collectives_explorer(lab, open_notebook):
     """02_collectives: pick another collective and world size; the summary and the picture follow."""
-    nb = _open_and_run(lab, open_notebook, "02_collectives.ipynb", timeout=240)
+    nb = _open_and_run(lab, open_notebook, "02_collectives.ipynb", (r"^CollectivesExplorer\(",), timeout=240)
     page = nb.page
     explorer = page.locator(".ppkit-collectives").first
     explorer.scroll_into_view_if_needed()
@@ -210,7 +235,8 @@ def _pick_other(select, current: str, avoid: str) -> str:
 def test_pipeline_widget(lab, open_notebook):
     """06_pipeline: a new micro-batch size, a shard moved to another process, Run: table and plots follow."""
     # The last cell closes the RPC world the widget trains on: play first, as a learner would, then close.
-    nb = _open_and_run(lab, open_notebook, "06_pipeline.ipynb", timeout=360, hold_back_last=True)
+    nb = _open_and_run(lab, open_notebook, "06_pipeline.ipynb", (r"build_model\(config\)", r"PipelineWidget\("),
+                       timeout=360, hold_back_last=True)
     page = nb.page
     ui = page.locator(".ppkit-pipeline").first
     ui.scroll_into_view_if_needed()
@@ -298,7 +324,8 @@ def _explore(nb, css: str, change, expect: str) -> None:
 
 def test_zero_explorer(lab, open_notebook):
     """09_sharded_data_parallel: another stage and world size; summary and picture follow."""
-    nb = _open_and_run(lab, open_notebook, "09_sharded_data_parallel.ipynb", timeout=300)
+    nb = _open_and_run(lab, open_notebook, "09_sharded_data_parallel.ipynb",
+                       (r"^ZeroExplorer\(", r"^bare = ppkit\.Cluster\("), timeout=300)
 
     def change(page, explorer):
         explorer.locator(".ppkit-zero-stage select").select_option(label="ZeRO-3 / FSDP")
@@ -310,7 +337,8 @@ def test_zero_explorer(lab, open_notebook):
 
 def test_tensor_parallel_explorer(lab, open_notebook):
     """10_tensor_parallel: another TP degree and width; summary and picture follow."""
-    nb = _open_and_run(lab, open_notebook, "10_tensor_parallel.ipynb", timeout=300)
+    nb = _open_and_run(lab, open_notebook, "10_tensor_parallel.ipynb",
+                       (r"^TensorParallelExplorer\(", r"^bare = ppkit\.Cluster\("), timeout=300)
 
     def change(page, explorer):
         explorer.locator(".ppkit-tp-d-model select").select_option("768")
@@ -323,7 +351,8 @@ def test_context_parallel_explorer(lab, open_notebook):
     """11_context_parallel: contiguous sharding on 2 ranks runs the ring again (summary and timeline follow);
     3 ranks with 4096 tokens is refused in the summary, and 3072 tokens then runs on the same cluster."""
     # The last cell closes the cluster the explorer measures on: play first, as a learner would, then close.
-    nb = _open_and_run(lab, open_notebook, "11_context_parallel.ipynb", timeout=300, hold_back_last=True)
+    nb = _open_and_run(lab, open_notebook, "11_context_parallel.ipynb", (r"^RingAttentionExplorer\(",),
+                       timeout=300, hold_back_last=True)
 
     def change(page, explorer):
         explorer.locator(".ppkit-cp-sharding select").select_option("contiguous")
@@ -353,7 +382,8 @@ def test_expert_parallel_explorer(lab, open_notebook):
     """12_expert_parallel: router skew 2 and top-1 run the layer again (summary and pictures follow); 6 experts
     on 4 ranks is refused in the summary, and 3 ranks then runs on the same cluster."""
     # The last cell closes the cluster the explorer measures on: play first, as a learner would, then close.
-    nb = _open_and_run(lab, open_notebook, "12_expert_parallel.ipynb", timeout=300, hold_back_last=True)
+    nb = _open_and_run(lab, open_notebook, "12_expert_parallel.ipynb", (r"^MoEExplorer\(",),
+                       timeout=300, hold_back_last=True)
 
     def change(page, explorer):
         skew = explorer.locator(".ppkit-moe-skew [role=slider]")
@@ -386,7 +416,8 @@ def test_mesh_explorer(lab, open_notebook):
     """13_composition: 1x2x4 runs the step on that mesh (summary and pictures follow); 2x2x4 is refused in the
     summary, with the meshes that work, and 1x4x2 then runs on the same cluster."""
     # The last cell closes the cluster the explorer measures on: play first, as a learner would, then close.
-    nb = _open_and_run(lab, open_notebook, "13_composition.ipynb", timeout=600, hold_back_last=True)
+    nb = _open_and_run(lab, open_notebook, "13_composition.ipynb", (r"^m = mc\.measure\(", r"^MeshExplorer\("),
+                       timeout=600, hold_back_last=True)
 
     def change(page, explorer):
         explorer.locator(".ppkit-mesh-tp select").select_option("4")
