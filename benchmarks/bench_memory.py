@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,25 +40,13 @@ sys.path.insert(0, str(REPO / "tests"))  # the cgroup helper the OOM test uses
 
 from memcg import CgroupUnavailable, MemoryCgroup  # noqa: E402
 
-MIB = 2**20
+from ppkit.notebook_memory import MIB, NotebookMemory, markdown_row, markdown_table  # noqa: E402
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PRIVATE_SHM = "PPKIT_BENCH_PRIVATE_SHM"  # set in the re-executed benchmark that mounted its own /dev/shm
 # The kernel joins the cgroup named in argv[1], then becomes ipykernel (so nothing else is charged to it).
 JOIN_THEN_KERNEL = ("import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
                     "os.execv(sys.executable, [sys.executable, '-m', 'ipykernel_launcher', *sys.argv[2:]])")
-
-
-@dataclass(frozen=True)
-class Row:
-    notebook: str
-    rss_sum_mib: int
-    pss_sum_mib: int
-    largest_process_mib: int
-    processes: int  # at the RSS sum's peak
-    cgroup_peak_mib: int | None
-    shm_peak_mib: int
-    seconds: float
-    error: str = ""
 
 
 def descendants(pid: int) -> list[int]:
@@ -138,14 +126,16 @@ def kernel_spec(folder: Path, procs: Path | None) -> str:
     return "ppkit-measured"
 
 
-def measure(notebook: Path, interval: float, timeout: float, use_cgroup: bool) -> Row:
+def measure(notebook: Path, interval: float, timeout: float, use_cgroup: bool,
+            limit_mib: int | None = None) -> tuple[NotebookMemory, str]:
+    """The notebook's peaks, and "" or the error that stopped it (a cell that raised, or killed for memory)."""
     import nbformat
     from nbclient import NotebookClient
 
     group, folder = None, Path(tempfile.mkdtemp(prefix="ppkit-bench-memory-"))
     if use_cgroup:
         try:
-            group = MemoryCgroup(f"bench-{notebook.stem[:2]}")
+            group = MemoryCgroup(f"bench-{notebook.stem[:2]}", None if limit_mib is None else limit_mib * MIB)
         except CgroupUnavailable as exc:
             print(f"# no cgroup peak for {notebook.name}: {exc}", file=sys.stderr)
     try:
@@ -168,21 +158,9 @@ def measure(notebook: Path, interval: float, timeout: float, use_cgroup: bool) -
             group.close()
         shutil.rmtree(folder, ignore_errors=True)
     mib = lambda n: round(n / MIB)  # noqa: E731
-    return Row(notebook.name, mib(sampler.rss_sum), mib(sampler.pss_sum), mib(sampler.largest), sampler.processes,
-               None if peak is None else mib(peak), mib(sampler.shm_peak), round(seconds, 1), error)
-
-
-HEADER = ("| notebook | peak RSS sum (MiB) | peak PSS sum (MiB) | largest process (MiB) | processes | "
-          "cgroup peak (MiB) | /dev/shm peak (MiB) | run time (s) |\n|---|---|---|---|---|---|---|---|")
-
-
-def table(rows: list[Row]) -> str:
-    lines = [HEADER]
-    for r in rows:
-        lines.append(f"| {r.notebook} | {r.rss_sum_mib} | {r.pss_sum_mib} | {r.largest_process_mib} | {r.processes} | "
-                     f"{'-' if r.cgroup_peak_mib is None else r.cgroup_peak_mib} | {r.shm_peak_mib} | "
-                     f"{r.seconds:.0f}{' (failed: ' + r.error + ')' if r.error else ''} |")
-    return "\n".join(lines)
+    return NotebookMemory(notebook.name, mib(sampler.rss_sum), mib(sampler.pss_sum), mib(sampler.largest),
+                          sampler.processes, None if peak is None else mib(peak), mib(sampler.shm_peak),
+                          round(seconds, 1)), error
 
 
 def in_private_shm(argv: list[str]) -> int | None:
@@ -208,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take (default 600)")
     parser.add_argument("--no-cgroup", action="store_true", help="do not make a memory cgroup for the kernel")
+    parser.add_argument("--limit-mib", type=int, help="give that cgroup this memory limit (to check a need)")
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
@@ -217,17 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     notebooks = args.notebooks or sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     shm = "a private /dev/shm" if os.environ.get(PRIVATE_SHM) else "the machine's /dev/shm (others' use counts)"
     print(f"# {len(notebooks)} notebook(s); every {args.interval:g} s; {shm}; {os.cpu_count()} cores", flush=True)
-    rows = []
+    rows, errors = [], {}
     for notebook in notebooks:
-        rows.append(measure(notebook.resolve(), args.interval, args.timeout, not args.no_cgroup))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
-    text = table(rows)
-    print(text)
+        row, error = measure(notebook.resolve(), args.interval, args.timeout, not args.no_cgroup, args.limit_mib)
+        rows.append(row)
+        print(markdown_row(row) + (f" FAILED: {error}" if error else ""), flush=True)
+        if error:
+            errors[row.notebook] = error
+    text = markdown_table(rows)
+    print(text + "".join(f"\n{name} FAILED: {error}" for name, error in errors.items()))
     if args.out:
         args.out.write_text(text + "\n")
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    return 1 if any(r.error for r in rows) else 0
+        args.json.write_text(json.dumps([{**asdict(r), "error": errors.get(r.notebook, "")} for r in rows], indent=1))
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from ppkit.preflight import Preflight
 
 SUMMARY = re.compile(r"^ppkit preflight: (\d+)/(\d+) ok(, \d+ warnings?)? \(python \d+\.\d+\.\d+, "
                      r"torch \d+\.\d+\.\d+, (linux|macos|win32), [\d.]+ cores\)$")
-NAMES = ["python", "torch", "torchvision", "backends", "widgets", "machine", "ports", "cluster",
+NAMES = ["python", "torch", "torchvision", "backends", "widgets", "machine", "memory", "ports", "cluster",
          "rpc world", "pipeline"]
 
 
@@ -72,7 +72,7 @@ def test_a_failed_check_skips_what_needs_it_and_fails_the_summary():
         assert "failed above" in checks[name].detail
     assert not checker.ok
     assert "fix: " in "\n".join(lines)
-    assert re.search(r"ppkit preflight: 4/10 ok, 6 not ok \(", lines[-1]), lines[-1]
+    assert re.search(r"ppkit preflight: 5/11 ok, 6 not ok \(", lines[-1]), lines[-1]
 
 
 def test_missing_widget_frontend_fails_with_the_fix(monkeypatch):

@@ -7,7 +7,7 @@ HELP = "check this machine for the course in a minute: versions, widgets, cores,
 
 def add_arguments(parser) -> None:
     parser.epilog = ("The last line is one an instructor can collect, e.g. "
-                     "'ppkit preflight: 10/10 ok (python 3.11.7, torch 2.14.1, linux, 2 cores)'. "
+                     "'ppkit preflight: 11/11 ok (python 3.11.7, torch 2.14.1, linux, 2 cores)'. "
                      "Exit status 0 when no check failed (warnings allowed), 1 otherwise.")
 
 

@@ -1,0 +1,59 @@
+"""What each notebook needs in memory, as measured by benchmarks/bench_memory.py (docs/memory.md says how).
+
+``MEASURED`` is the benchmark's table as data: ``ppkit preflight`` compares each row's need with the learner's
+limit, and tests/test_memory.py checks that docs/memory.md shows exactly :func:`markdown_table` of it. After
+a change that moves memory, run the benchmark and paste its rows here (and its table in docs/memory.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIB = 2**20
+HEADROOM = 1.25  # over the measured peak: another torch version, a learner's bigger batch, sampling between peaks
+ROUND_MIB = 256  # limits are set in round numbers
+
+
+@dataclass(frozen=True)
+class NotebookMemory:
+    """One notebook's peaks in MiB over its whole run, kernel and every process it started together."""
+    notebook: str
+    rss_sum_mib: int  # resident memory summed (shared pages counted once per process: an upper bound)
+    pss_sum_mib: int  # proportional set size summed (shared pages split)
+    largest_process_mib: int
+    processes: int  # when the RSS sum peaked
+    cgroup_peak_mib: int | None  # what the kernel's own memory cgroup was charged at most (None: not measured)
+    shm_peak_mib: int  # /dev/shm
+    seconds: float  # run time on the measuring machine (noisy: shared)
+
+    @property
+    def need_mib(self) -> int:
+        """The memory limit to give a learner for this notebook: the larger of the PSS sum and the cgroup's
+        peak, with ``HEADROOM``, rounded up to ``ROUND_MIB``."""
+        peak = max(self.pss_sum_mib, self.cgroup_peak_mib or 0)
+        return math.ceil(peak * HEADROOM / ROUND_MIB) * ROUND_MIB
+
+    @property
+    def shm_need_mib(self) -> int:
+        """The /dev/shm it needs: its peak with ``HEADROOM``, rounded up to 16 MiB (0 if it used none)."""
+        return math.ceil(self.shm_peak_mib * HEADROOM / 16) * 16
+
+
+HEADER = ("| notebook | peak RSS sum (MiB) | peak PSS sum (MiB) | largest process (MiB) | processes | cgroup peak "
+          "(MiB) | /dev/shm peak (MiB) | run time (s) | memory to give (MiB) | /dev/shm to give (MiB) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def markdown_row(n: NotebookMemory) -> str:
+    cgroup = "-" if n.cgroup_peak_mib is None else n.cgroup_peak_mib
+    return (f"| {n.notebook} | {n.rss_sum_mib} | {n.pss_sum_mib} | {n.largest_process_mib} | {n.processes} | "
+            f"{cgroup} | {n.shm_peak_mib} | {n.seconds:.0f} | {n.need_mib} | {n.shm_need_mib} |")
+
+
+def markdown_table(rows: tuple[NotebookMemory, ...] | list[NotebookMemory] | None = None) -> str:
+    return "\n".join([HEADER, *(markdown_row(n) for n in (MEASURED if rows is None else rows))])
+
+
+MACHINE = ""  # where MEASURED was taken; filled with the rows below
+MEASURED: tuple[NotebookMemory, ...] = ()
