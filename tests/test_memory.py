@@ -7,6 +7,7 @@ the real out-of-memory kill is tests/test_memory_oom.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from pathlib import Path
@@ -182,16 +183,19 @@ def test_every_notebook_is_measured():
 
 
 def test_the_benchmark_sees_memory_a_child_of_the_kernel_takes(tmp_path):
-    """bench_memory.py on a two-cell notebook whose kernel starts a process holding 300 MiB: the RSS sum and the
-    largest process include it; its --json rows are NotebookMemory's fields (plus the error), as pasted."""
+    """bench_memory.py on a notebook whose kernel starts a process holding 300 MiB, then writes 64 MiB to
+    /dev/shm for a second: the RSS sum and the largest process include the first, the /dev/shm peak the
+    second; its --json rows are NotebookMemory's fields (plus the error), as pasted."""
     import subprocess
     import sys
 
     import nbformat
 
-    cells = ["import subprocess, sys, time",
+    cells = ["import os, subprocess, sys, time",
              "child = subprocess.Popen([sys.executable, '-c', 'b = bytearray(300 * 2**20); import time; "
-             "time.sleep(3)']); child.wait()"]
+             "time.sleep(3)']); child.wait()",
+             f"path = '/dev/shm/ppkit-test-{os.getpid()}'; open(path, 'wb').write(bytes(64 * 2**20)); "
+             "time.sleep(1); os.remove(path)"]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nbformat.write(nb, tmp_path / "99_holds.ipynb")
     bench = [sys.executable, str(REPO / "benchmarks" / "bench_memory.py"), str(tmp_path / "99_holds.ipynb")]
@@ -201,6 +205,6 @@ def test_the_benchmark_sees_memory_a_child_of_the_kernel_takes(tmp_path):
     assert row.pop("error") == ""
     measured = NotebookMemory(**row)
     assert measured.largest_process_mib >= 300 and measured.rss_sum_mib >= 300 + 30  # the child and the kernel
-    assert measured.processes >= 2
+    assert measured.processes >= 2 and measured.shm_peak_mib >= 64
     assert measured.cgroup_peak_mib is None or measured.cgroup_peak_mib >= 300
     assert "| 99_holds.ipynb |" in done.stdout
