@@ -39,6 +39,9 @@ def memory_verdict(limit: MemoryLimit | None = None, shm: ShmSize | None = None,
     over_shm = [n for n in measured if shm.total is not None and n.shm_need_mib * MIB > shm.total]
     too_big = sorted({n.notebook for n in over_memory + over_shm})
     detail += "".join(f"; {note}" for note in notes)
+    if not measured:
+        return MemoryVerdict("warn", detail + ": no notebook's need is measured in this ppkit",
+                             "run benchmarks/bench_memory.py (docs/memory.md)")
     if not too_big:
         largest = max(measured, key=lambda n: n.need_mib)
         return MemoryVerdict("warn" if notes else "ok", detail + f": every notebook fits (the largest, "

@@ -165,6 +165,7 @@ def test_verdict_fails_when_nothing_fits_and_keeps_the_notes():
     assert verdict.status == "FAIL" and "MEM_LIMIT='abc'" in verdict.detail and "cannot read" in verdict.detail
     ok = memory_verdict(MemoryLimit(16 * GIB, "x", notes=("odd",)), ShmSize(GIB, GIB), ROWS)
     assert ok.status == "warn"  # fits, but what was read was odd
+    assert memory_verdict(MemoryLimit(16 * GIB, "x"), ShmSize(GIB, GIB), ()).status == "warn"  # nothing measured
 
 
 def test_the_packaged_table_is_the_one_in_docs_memory_md():
