@@ -55,5 +55,21 @@ def markdown_table(rows: tuple[NotebookMemory, ...] | list[NotebookMemory] | Non
     return "\n".join([HEADER, *(markdown_row(n) for n in (MEASURED if rows is None else rows))])
 
 
-MACHINE = ""  # where MEASURED was taken; filled with the rows below
-MEASURED: tuple[NotebookMemory, ...] = ()
+MACHINE = ("2-core AMD EPYC VM shared with other sessions (load average 14 to 44), 23.5 GiB memory, Linux 6.18, "
+           "cgroup v1 memory controller; Python 3.11.7, torch 2.14.1, torchvision 0.29.1; 2026-11-25")
+# notebook, RSS sum, PSS sum, largest process, processes, cgroup peak, /dev/shm peak (MiB), seconds
+MEASURED: tuple[NotebookMemory, ...] = (
+    NotebookMemory("00_start_here.ipynb", 3014, 1628, 873, 5, 1576, 0, 118.0),
+    NotebookMemory("01_point_to_point.ipynb", 1837, 729, 722, 4, 718, 0, 55.7),
+    NotebookMemory("02_collectives.ipynb", 2552, 827, 744, 6, 811, 0, 74.9),
+    NotebookMemory("03_data_parallel.ipynb", 6849, 2502, 731, 15, 2454, 0, 215.5),
+    NotebookMemory("04_rpc_rref.ipynb", 2521, 1288, 756, 4, 1275, 0, 111.8),
+    NotebookMemory("05_model_parallel.ipynb", 3041, 1826, 1221, 4, 1773, 0, 227.5),
+    NotebookMemory("06_pipeline.ipynb", 5751, 4514, 3386, 4, 4544, 0, 441.6),
+    NotebookMemory("07_two_machines.ipynb", 2733, 1635, 975, 4, 1706, 0, 252.5),
+    NotebookMemory("08_modern_pipelining.ipynb", 6530, 4462, 2264, 7, 4421, 0, 422.8),
+    NotebookMemory("09_sharded_data_parallel.ipynb", 3207, 1324, 733, 6, 1302, 0, 126.1),
+    NotebookMemory("10_tensor_parallel.ipynb", 3191, 1327, 729, 6, 1300, 0, 133.9),
+    NotebookMemory("11_context_parallel.ipynb", 3671, 1822, 748, 6, 1764, 0, 187.3),
+    NotebookMemory("12_expert_parallel.ipynb", 3286, 1469, 743, 6, 1386, 0, 719.8),
+)

@@ -56,5 +56,6 @@ def memory_verdict(limit: MemoryLimit | None = None, shm: ShmSize | None = None,
     why = (f" need more memory than the limit: {_short(over_memory)}" if over_memory else "") + (
         f"{';' if over_memory else ''} need more /dev/shm: {_short(over_shm)}" if over_shm else "")
     status = "FAIL" if len(too_big) == len(measured) else "warn"
-    return MemoryVerdict(status, f"{detail}: notebook(s){why} (their workers would be killed part-way, out of "
-                         "memory; docs/memory.md)", "ask the instructor for " + " and ".join(asks), tuple(too_big))
+    return MemoryVerdict(status, f"{detail}: notebook(s){why} (a worker, or the kernel itself, would be killed "
+                         "part-way, out of memory; docs/memory.md)", "ask the instructor for " + " and ".join(asks),
+                         tuple(too_big))
