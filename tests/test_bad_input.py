@@ -17,8 +17,7 @@ from torch.distributed import rpc
 
 import ppkit
 from ppkit import cli
-from ppkit.cluster import session
-from ppkit.cluster import worker_setup as launch
+from ppkit.cluster import session, worker_setup
 from ppkit.cluster.launchers import local as local_launcher
 from ppkit.pipeline.rpc import PipelineModel
 from ppkit.pipeline.rpc.config import PipelineConfig
@@ -26,7 +25,7 @@ from ppkit.transport import channel
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "ab" * 16
-TOO_MANY = launch.MAX_RANKS_PER_CORE * (os.cpu_count() or 1) + 1
+TOO_MANY = worker_setup.MAX_RANKS_PER_CORE * (os.cpu_count() or 1) + 1
 NAN, INF = math.nan, math.inf
 
 # (options, what the message must say): each is refused by ppkit.start and by ppkit.Cluster
@@ -80,7 +79,7 @@ def test_an_unknown_keyword_names_the_closest_option(nothing_may_start):
 def test_world_size_has_an_upper_bound(nothing_may_start, entry):
     with pytest.raises(ppkit.ConfigError, match=f"world_size {TOO_MANY} is more than 64 ranks per CPU core"):
         entry(TOO_MANY)
-    assert launch.check_world_size(TOO_MANY - 1) == TOO_MANY - 1
+    assert worker_setup.check_world_size(TOO_MANY - 1) == TOO_MANY - 1
 
 
 BAD_RPC_OPTIONS = [

@@ -8,7 +8,7 @@ import pytest
 from leftovers import wait_gone
 
 import ppkit
-from ppkit.cluster import worker_setup as launch
+from ppkit.cluster import worker_setup
 from ppkit.cluster.launchers import local as local_launcher
 
 
@@ -48,7 +48,7 @@ def test_unknown_backend(nothing_may_start, backend):
 
 
 def test_nccl_without_a_gpu_per_rank(nothing_may_start):
-    too_many = launch.gpu_count() + 1
+    too_many = worker_setup.gpu_count() + 1
     with pytest.raises(ppkit.ConfigError) as info:
         ppkit.Cluster(too_many, "nccl")
     expected = f"backend 'nccl' needs one GPU per rank: {too_many} ranks but {too_many - 1} GPU(s)"
@@ -59,7 +59,7 @@ def test_nccl_without_a_gpu_per_rank(nothing_may_start):
 @pytest.mark.parametrize("gpus, world_size, expected", [(0, 2, "gloo"), (1, 2, "gloo"), (2, 2, "nccl"),
                                                         (4, 2, "nccl")])
 def test_auto_picks_nccl_only_when_every_rank_has_a_gpu(gpus, world_size, expected):
-    assert launch.resolve_backend("auto", world_size, gpus=gpus) == expected
+    assert worker_setup.resolve_backend("auto", world_size, gpus=gpus) == expected
 
 
 @pytest.mark.parametrize("option", ["timeout", "start_timeout"])

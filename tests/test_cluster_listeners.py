@@ -20,7 +20,7 @@ from leftovers import SLURM_DAEMONS
 
 import ppkit
 from ppkit.lessons import data_parallel as dp
-from ppkit.lessons import rank_variables as launchers
+from ppkit.lessons import rank_variables
 
 pytestmark = pytest.mark.timeout(300)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,7 +113,7 @@ def test_loopback_store_only_for_loopback_addresses():
 def test_the_torchrun_example_listens_on_127_0_0_1_only():
     port = free_port()
     with Watch() as watch:
-        records = launchers.torchrun_env(nnodes=2, nproc_per_node=2, port=port)
+        records = rank_variables.torchrun_env(nnodes=2, nproc_per_node=2, port=port)
     assert [r["rank"] for r in records] == [0, 1, 2, 3]
     assert ("127.0.0.1", port) in watch.seen, watch.seen  # node 0's rendezvous store
     assert not {ip for ip, _ in watch.seen} & WILDCARDS, watch.seen

@@ -34,7 +34,7 @@ def imports_of(name: str) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + [base]).strip(".")
-            # `from ppkit.cluster import launch` names the module ppkit.cluster.worker_setup
+            # `from ppkit.cluster import worker_setup` names the module ppkit.cluster.worker_setup
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         else:
             continue

@@ -8,7 +8,7 @@ import torch
 import ppkit
 from ppkit.errors import ConfigError
 from ppkit.lessons import data_parallel as dp
-from ppkit.lessons import rank_variables as launchers
+from ppkit.lessons import rank_variables
 
 
 @pytest.mark.parametrize("world", ["cluster2", "cluster4"])
@@ -84,15 +84,15 @@ def test_init_demo_refuses_a_rank_already_in_a_group(cluster2):
 def test_slurm_env_feeds_read_launch_env():
     from ppkit.cluster.tools.env import read_launch_env
 
-    envs = [read_launch_env(launchers.slurm_env(p, 4, 2, "node[07-08]")) for p in range(4)]
+    envs = [read_launch_env(rank_variables.slurm_env(p, 4, 2, "node[07-08]")) for p in range(4)]
     assert [(e.rank, e.local_rank, e.master_addr) for e in envs] == [
         (0, 0, "node07"), (1, 1, "node07"), (2, 0, "node07"), (3, 1, "node07")]
     with pytest.raises(ConfigError, match="does not fit 2 node"):
-        launchers.slurm_env(0, 6, 2, "node[07-08]")
+        rank_variables.slurm_env(0, 6, 2, "node[07-08]")
 
 
 def test_torchrun_sets_what_read_launch_env_reads():
-    records = launchers.torchrun_env(nnodes=1, nproc_per_node=2)
+    records = rank_variables.torchrun_env(nnodes=1, nproc_per_node=2)
     assert [(r["rank"], r["local_rank"], r["world_size"], r["source"]) for r in records] == [
         (0, 0, 2, "torchrun"), (1, 1, 2, "torchrun")]
     assert {r["master_addr"] for r in records} == {"127.0.0.1"}

@@ -18,8 +18,7 @@ import torch.distributed as dist
 import ppkit
 from ppkit.cli import main as cli
 from ppkit.errors import ConfigError, ExerciseFailed
-from ppkit.exercises import catalog, solutions, workbook
-from ppkit.exercises import check_launch
+from ppkit.exercises import catalog, check_launch, solutions, workbook
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
 

@@ -12,8 +12,7 @@ import pytest
 import ppkit
 from ppkit.cli import main as cli_main
 from ppkit.errors import ExerciseFailed
-from ppkit.exercises import check_pipeline
-from ppkit.exercises import solutions
+from ppkit.exercises import check_pipeline, solutions
 from ppkit.pipeline.bubble import closed_form
 from ppkit.pipeline.rpc.balance import CutCandidate, format_candidates, measure_cuts, pick
 from ppkit.pipeline.rpc.config import PipelineConfig

@@ -19,7 +19,7 @@ from leftovers import ppkit_children, wait_gone
 
 import ppkit
 from ppkit.cluster.spawn import call as spawn_call
-from ppkit.cluster.spawn import errors as spawn_errors
+from ppkit.cluster.spawn import explain
 from ppkit.lessons.data_parallel import free_port
 
 
@@ -216,7 +216,7 @@ def test_ctrl_c_stops_every_process_and_says_where_each_was(tmp_path, where):
         ppkit.spawn(wait, args=(tmp_path, where, free_port()), nprocs=2)
     err = info.value
     assert str(err).startswith("interrupted")
-    assert f"{spawn_errors.STOPPED} Where each process was:" in str(err)
+    assert f"{explain.STOPPED} Where each process was:" in str(err)
     if where == "python":
         assert err.ranks == [] and all("sum(range(1000))" in err.stacks[r] for r in (0, 1))
     else:

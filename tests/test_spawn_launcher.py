@@ -22,7 +22,7 @@ from test_cluster_lifecycle import REPO, Kernel
 
 import ppkit
 from ppkit import compat
-from ppkit.cluster import start_methods as spawning
+from ppkit.cluster import start_methods
 from ppkit.cluster.launchers import spawn as spawn_launcher
 from ppkit.cluster.launchers.spawn import SpawnLauncher
 from ppkit.cluster.start_methods import resolve_start_method
@@ -32,7 +32,7 @@ GONE_WITHIN_S = 5.0
 
 # -- choosing the start method -----------------------------------------------------------------
 def test_auto_picks_spawn_where_fork_is_unsafe_or_missing(monkeypatch):
-    monkeypatch.delenv(spawning.START_METHOD_ENV, raising=False)
+    monkeypatch.delenv(start_methods.START_METHOD_ENV, raising=False)
     assert resolve_start_method("auto", platform="darwin") == "spawn"
     assert resolve_start_method("auto", platform="win32") == "spawn"
     assert resolve_start_method("auto", platform="linux") == "forkserver"
@@ -40,10 +40,10 @@ def test_auto_picks_spawn_where_fork_is_unsafe_or_missing(monkeypatch):
 
 
 def test_the_environment_variable_forces_a_method_and_an_explicit_argument_wins(monkeypatch):
-    monkeypatch.setenv(spawning.START_METHOD_ENV, "spawn")
+    monkeypatch.setenv(start_methods.START_METHOD_ENV, "spawn")
     assert resolve_start_method("auto", platform="linux") == "spawn"
     assert resolve_start_method("forkserver", platform="linux") == "forkserver"
-    monkeypatch.setenv(spawning.START_METHOD_ENV, "forkserver")
+    monkeypatch.setenv(start_methods.START_METHOD_ENV, "forkserver")
     assert resolve_start_method("auto", platform="darwin") == "forkserver"
 
 
@@ -52,7 +52,7 @@ def test_a_bad_start_method_is_refused_before_anything_starts(monkeypatch, no_le
         ppkit.start(2, start_method="fork")
     with pytest.raises(ppkit.ConfigError, match="unknown start_method"):
         ppkit.start_rpc(2, start_method="vfork")
-    monkeypatch.setenv(spawning.START_METHOD_ENV, "threads")
+    monkeypatch.setenv(start_methods.START_METHOD_ENV, "threads")
     with pytest.raises(ppkit.ConfigError, match=r"unknown PPKIT_START_METHOD 'threads'.*'spawn'"):
         ppkit.Cluster(2, "gloo")
 
@@ -184,7 +184,7 @@ def test_the_rpc_lessons_say_why_they_cannot_run_where_torch_has_no_rpc(monkeypa
 
 # -- the pipeline --------------------------------------------------------------------------------
 def test_a_tiny_pipeline_verifies_in_spawn_mode():
-    env = {**os.environ, spawning.START_METHOD_ENV: "spawn",
+    env = {**os.environ, start_methods.START_METHOD_ENV: "spawn",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
         [sys.executable, "-m", "ppkit", "pipeline", "--batch-size", "8", "--image-size", "32",

@@ -2,7 +2,7 @@
 
 An RPC world is a cluster (spec.py checks its options: where the workers run, the network, the
 env) plus RPC's own options, checked here. Nothing here reads running state or starts anything;
-rpc_world.py checks the kernel's own RPC state.
+world.py checks the kernel's own RPC state.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from ppkit.checks import positive
 from ppkit.cluster.controller import DEFAULT_TIMEOUT_S, Cluster
 from ppkit.cluster.rpc import pickler as rpc_pickle
-from ppkit.cluster.spawn import errors as spawn_errors
+from ppkit.cluster.spawn import explain
 from ppkit.errors import ClusterStateError, ConfigError, JobInterrupted, WorkerError
 from ppkit.transport.zygote import PRELOAD_ENV
 
@@ -121,9 +121,9 @@ class _Call:
         try:
             self.cluster.run(_call_rank, self.fn, self.args, self.environ, timeout=self.timeout)
         except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
-            raise spawn_errors.cannot_send(self.fn, self.args, exc) from None
+            raise explain.cannot_send(self.fn, self.args, exc) from None
         except (WorkerError, JobInterrupted) as exc:
-            raise spawn_errors.translate(exc, self.pids, self.cluster.world_size, self.timeout) from None
+            raise explain.translate(exc, self.pids, self.cluster.world_size, self.timeout) from None
         finally:
             self.cluster.stop_workers("ppkit.spawn stops its processes when a call ends.")
 

@@ -15,7 +15,7 @@ import torch.distributed.rpc as rpc
 from ppkit.errors import ClusterStateError, StageError
 from ppkit.pipeline.rpc import stages
 from ppkit.pipeline.rpc.config import Placement, check_placement
-from ppkit.pipeline.rpc.errors import first_line
+from ppkit.pipeline.rpc.failures import first_line
 
 # What every process holding a stage must be able to import.
 REQUIRED_MODULES = ("torch", "torchvision", "ppkit.pipeline.rpc.stages")

@@ -28,7 +28,7 @@ from ppkit.errors import ClusterStateError, ConfigError, StageError
 from ppkit.models.resnet import DEFAULT_CUT, check_cut
 from ppkit.pipeline.rpc import deploy, stages
 from ppkit.pipeline.rpc.config import Placement, check_microbatch_size, item_list, parse_placement
-from ppkit.pipeline.rpc.errors import first_line, is_timeout
+from ppkit.pipeline.rpc.failures import first_line, is_timeout
 from ppkit.pipeline.rpc.stage import resnet_shard
 
 
