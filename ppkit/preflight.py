@@ -5,12 +5,12 @@
     ...
     ppkit preflight: 11/11 ok (python 3.11.7, torch 2.14.1, linux, 2 cores)
 
-The first checks only read versions and the machine; the last three start what the notebooks
-start (a 2-rank gloo cluster with one all_reduce, an RPC world, one tiny pipeline step checked
-against a local ResNet50) and close it again. A failed check says what to do; a check that needs
-an earlier one (nothing runs without torch) is skipped with the reason. Every socket is on
-127.0.0.1. In a notebook, :func:`run_in_subprocess` runs the same thing in a fresh process, so
-the RPC world it starts leaves the kernel's own untouched (torch allows one per process).
+The first checks only read versions and the machine; the last three start what the notebooks start (a 2-rank
+gloo cluster with one all_reduce, an RPC world, one tiny pipeline step checked against a local ResNet50) and close
+it again; the first two also say whether other users of the machine could reach them (docs/isolation.md). A failed
+check says what to do; one that needs an earlier one (nothing runs without torch) is skipped with the reason. Every
+socket is on 127.0.0.1. In a notebook, :func:`run_in_subprocess` runs the same in a fresh process, so the RPC
+world it starts leaves the kernel's own untouched (torch allows one per process).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import time
 from dataclasses import dataclass
 
 from ppkit import machine
+from ppkit.cluster import isolation
 from ppkit.cluster.admission import DEFAULT_PORT
+from ppkit.cluster.budget import read_budget
 
 # The versions CI runs the whole course with (constraints.txt). Others may work; they are not tested.
 TESTED = {"python": ("3.10", "3.11", "3.12", "3.13"), "torch": ("2.12.1", "2.14.1"),  # docs/versions.md
@@ -99,8 +101,6 @@ class Preflight:
         verdict = "ok" if good == len(self.checks) else f"ok, {len(self.checks) - good} not ok"
         extra = f", {warned} warning{'s' * (warned != 1)}" if warned else ""
         facts = ", ".join(f"{k} {v}" for k, v in self.facts.items() if k in ("python", "torch"))
-        from ppkit.cluster.budget import read_budget
-
         where = f"{sys.platform if sys.platform != 'darwin' else 'macos'}, {read_budget().cores:g} cores"
         return f"ppkit preflight: {good}/{len(self.checks)} {verdict}{extra} ({facts}, {where})"
 
@@ -196,7 +196,8 @@ class Preflight:
         if sums != [1.0, 1.0]:
             return Check("cluster", "FAIL", f"all_reduce of ranks 0 and 1 gave {sums}, expected [1.0, 1.0]",
                          fix="report this with the output of `ppkit doctor`")
-        return Check("cluster", "ok", "2 gloo ranks started; all_reduce of their ranks = 1 on both")
+        status, words, fix = isolation.cluster_words(cluster.isolation)  # docs/isolation.md
+        return Check("cluster", status, f"2 gloo ranks started; all_reduce of their ranks = 1 on both; {words}", fix)
 
     def rpc_world(self) -> Check:
         from torch.distributed import rpc
@@ -213,7 +214,8 @@ class Preflight:
         if len(set(answers)) != 2 or os.getpid() in answers:
             return Check("rpc world", "FAIL", f"worker1 and worker2 answered from pids {answers}",
                          fix="report this with the output of `ppkit doctor`")
-        return Check("rpc world", "ok", "master + worker1 + worker2; rpc_sync reached both")
+        status, words, fix = isolation.rpc_words([os.getpid(), *answers], world.cluster.address)  # the fallback
+        return Check("rpc world", status, f"master + worker1 + worker2; rpc_sync reached both; {words}", fix)
 
     def pipeline(self) -> Check:
         import torch
@@ -247,8 +249,7 @@ def _all_reduce_ranks(rank, world_size):
 
 
 def _against_tested(name: str, version: str, fix: str) -> Check:
-    plain = version.split("+")[0]
-    tested = TESTED[name]
+    plain, tested = version.split("+")[0], TESTED[name]
     if any(plain == t or plain.startswith(t + ".") for t in tested):
         return Check(name, "ok", f"{version} (tested: {', '.join(tested)})")
     return Check(name, "warn", f"{version} is not a tested version (tested: {', '.join(tested)}); "
@@ -256,8 +257,7 @@ def _against_tested(name: str, version: str, fix: str) -> Check:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"
+    return (str(exc).strip() or "(no message)").splitlines()[0]
 
 
 def _fix_for(step: str) -> str:

@@ -45,7 +45,8 @@ class Cluster:
 
     ``launcher`` says where the ranks run (ppkit/cluster/launchers/): "local" (default), "spawn",
     "remote" (``listen="10.0.0.1:29600", remote=["worker1"]`` waits for ``ppkit worker``) or
-    "slurm" (``nodes``, ``partition``, ``time``, ``sbatch_args``: ranks are SLURM tasks).
+    "slurm" (``nodes``, ``partition``, ``time``, ``sbatch_args``: ranks are SLURM tasks). ``isolation``:
+    the local launcher's workers in a private network, "auto", "netns" or "off" (isolation.py).
     """
 
     def __init__(self, world_size: int, backend: str = "auto", *, timeout: float = DEFAULT_TIMEOUT_S,
@@ -53,11 +54,12 @@ class Cluster:
                  env: dict[str, str] | None = None, labels: list[str] | None = None,
                  listen: str | None = None, remote=None, key: bytes | str | None = None,
                  start_method: str = "auto", launcher: str | None = None, nodes: int | None = None,
-                 partition: str | None = None, time: str | None = None, sbatch_args=()):
+                 partition: str | None = None, time: str | None = None, sbatch_args=(), isolation: str = "auto"):
         self._begin(cluster_spec(world_size, backend, timeout=timeout, start_timeout=start_timeout,
                                  process_group=process_group, env=env, labels=labels, listen=listen,
                                  remote=remote, key=key, start_method=start_method, launcher=launcher,
-                                 nodes=nodes, partition=partition, time=time, sbatch_args=sbatch_args))
+                                 nodes=nodes, partition=partition, time=time, sbatch_args=sbatch_args,
+                                 isolation=isolation))
 
     @classmethod
     def from_spec(cls, spec: ClusterSpec) -> Cluster:
@@ -68,11 +70,10 @@ class Cluster:
     def _begin(self, spec: ClusterSpec) -> None:
         self.spec = spec
         self.world_size = spec.world_size
-        # 'auto' counts GPUs, which imports torch (seconds): done below, once the fork server is
-        # importing torch too, so that the two imports overlap
+        # 'auto' counts GPUs, which imports torch (seconds): done below, while the fork server imports it too
         self.backend = spec.backend  # "gloo" or "nccl" already checked (nccl's GPUs counted) by the spec
         self.timeout, self.start_timeout, self.process_group = spec.timeout, spec.start_timeout, spec.process_group
-        self.state, self._broken_reason, self._generation = "starting", "", 0
+        self.state, self._broken_reason, self._generation, self.isolation = "starting", "", 0, None
         self._pid = os.getpid()  # the process that owns the workers (see _close_all)
         self.workers: dict[int, dict] = {}
         self._key = spec.key or channel.new_key()
@@ -90,7 +91,7 @@ class Cluster:
         self.budget = read_budget()  # each local worker's torch threads: its share, unless the learner set them
         self._threads = self.budget.threads_per_worker(len(self._launcher.local_ranks), self._env)
         self.address = self._server.address
-        self._launcher.bind(self.address)
+        self._launcher.bind(self.address, self._greet)
         _live_clusters.add(self)
         try:
             if self.backend == "auto":
@@ -203,6 +204,7 @@ class Cluster:
         self.workers = dict(sorted(self.workers.items()))
         self._printer.flush()
         self._launcher.end_start()
+        self.isolation = self._launcher.isolation()  # can other users reach the workers? (isolation.py)
         self.state = "ready"
 
     def restart(self) -> Cluster:
@@ -279,14 +281,13 @@ class Cluster:
 
     def processes(self) -> list[Process]:
         """Its launcher's processes (fork server, agents, a SLURM job) and one worker per rank."""
-        workers = [Process("worker", w.get("pid"), rank, w.get("host", "here"))
-                   for rank, w in sorted(self.workers.items())]
-        return self._launcher.processes() + workers
+        return self._launcher.processes() + [Process("worker", w.get("pid"), rank, w.get("host", "here"))
+                                             for rank, w in sorted(self.workers.items())]
 
     # -- display ------------------------------------------------------------------------------
     def __repr__(self) -> str:
-        return (f"<ppkit.Cluster world_size={self.world_size} backend={self.backend!r} "
-                f"launcher={self._launcher.describe()!r} state={self.state!r} cpu_budget='{self.budget}'>")
+        where = f"world_size={self.world_size} backend={self.backend!r} launcher={self._launcher.describe()!r}"
+        return f"<ppkit.Cluster {where} state={self.state!r} cpu_budget='{self.budget}' isolation='{self.isolation}'>"
 
     def _repr_html_(self) -> str:
         return diagnostics.cluster_html(self.world_size, self.backend, self.state, self.workers)
@@ -294,7 +295,6 @@ class Cluster:
 
 @atexit.register
 def _close_all() -> None:
-    # a child forked by the user (os.fork, multiprocessing's fork) runs this too, with copies of
-    # the clusters: closing them there would shut down the workers of the process that owns them
+    # a child forked by the user (os.fork) runs this too: closing its copies would stop the owner's workers
     for cluster in [c for c in _live_clusters if c._pid == os.getpid()]:
         cluster.close()

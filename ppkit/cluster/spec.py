@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ppkit.checks import check_env, check_labels, positive
 from ppkit.cluster import start_methods, worker_setup
 from ppkit.cluster.admission import master_interface, parse_key, parse_listen, remote_names
+from ppkit.cluster.isolation import check_isolation
 from ppkit.cluster.slurm.options import SlurmOptions, check_slurm_options
 from ppkit.errors import ConfigError
 
@@ -43,6 +44,7 @@ class ClusterSpec:
     ssh_hosts: tuple[tuple[str, str], ...] = ()  # name -> ssh target, for remote workers ppkit starts
     key: bytes | None = field(default=None, repr=False)  # None: a new random key per cluster
     slurm: SlurmOptions | None = None
+    isolation: str = "auto"  # a private network for the workers: "auto", "netns" or "off" (isolation.py)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -125,7 +127,8 @@ def cluster_spec(world_size, backend: str = "auto", *, timeout: float = DEFAULT_
                  env: dict[str, str] | None = None, labels: list[str] | None = None,
                  listen: str | None = None, remote=None, key: bytes | str | None = None,
                  start_method: str = "auto", launcher: str | None = None, nodes: int | None = None,
-                 partition: str | None = None, time: str | None = None, sbatch_args=()) -> ClusterSpec:
+                 partition: str | None = None, time: str | None = None, sbatch_args=(),
+                 isolation: str = "auto") -> ClusterSpec:
     """Check every option of a cluster and return them as a ``ClusterSpec`` (``ConfigError`` otherwise)."""
     world_size = worker_setup.check_world_size(world_size)
     name = _launcher_name(launcher, start_method, listen)
@@ -151,8 +154,10 @@ def cluster_spec(world_size, backend: str = "auto", *, timeout: float = DEFAULT_
     if slurm is not None and slurm.nodes > world_size:
         raise ConfigError(f"nodes={slurm.nodes} is more than the {world_size} rank(s) asked for: each node runs "
                           f"at least one rank. Ask for nodes <= {world_size}, or more ranks.")
+    isolation = check_isolation(isolation, name)
     return ClusterSpec(
         world_size=world_size, launcher=name, backend=backend, timeout=timeout, start_timeout=start_timeout,
         process_group=process_group, env=tuple(env.items()), labels=tuple(labels) if labels else None,
         listen=address, remote=names, ssh_hosts=ssh_hosts,
-        key=parse_key(key) if name in ("remote", "slurm") else None, slurm=slurm)
+        key=parse_key(key) if name in ("remote", "slurm") else None, slurm=slurm,
+        isolation=isolation)

@@ -11,4 +11,5 @@
     check_sharding   notebooks 09 and 10
     check_attention  notebook 11 (the log-sum-exp merge)
     check_moe        notebook 12 (the dispatch's split sizes)
+    check_composition  notebook 13 (a mesh for a memory budget, measured)
 """

@@ -28,6 +28,7 @@ from ppkit.errors import ConfigError, ExerciseFailed
 from ppkit.exercises import (
     check_attention,
     check_basics,
+    check_composition,
     check_launch,
     check_moe,
     check_pipeline,
@@ -198,6 +199,15 @@ EXERCISES = (
          "splits sends entry q to rank q and puts what rank q sent in entry q.",
          "Make output_splits with torch.empty_like(input_splits) (int64, one value per rank) and return both "
          "as lists of ints: input_splits.tolist(), output_splits.tolist().")),
+    Exercise(
+        "choose_mesh", "13_composition", "choose_mesh(meshes, budget, memory_of)",
+        check_composition.check_choose_mesh, solutions.choose_mesh,
+        ("Put the meshes in the order you would prefer them: sorted(meshes, key=...) with a key that puts "
+         "a larger dp first and, for the same dp, a smaller tp first: key=lambda m: (-m[0], m[2]).",
+         "Walk that order and return the first mesh whose memory_of(mesh) is at most budget: the first that "
+         "fits is the best. Ask memory_of rather than the formula: the formula leaves out the norms and "
+         "biases that tensor parallelism keeps whole on every rank.",
+         "If the loop ends without a mesh that fits, return None.")),
 )
 
 BY_NAME = {exercise.name: exercise for exercise in EXERCISES}

@@ -143,3 +143,11 @@ def dispatch_splits(tokens_per_expert, world_size):
     output_splits = torch.empty_like(input_splits)
     dist.all_to_all_single(output_splits, input_splits)          # entry q arrives from rank q: what it sends me
     return input_splits.tolist(), output_splits.tolist()
+
+
+def choose_mesh(meshes, budget, memory_of):
+    # most data parallelism first (its traffic overlaps with compute), then the least tensor parallelism
+    for mesh in sorted(meshes, key=lambda m: (-m[0], m[2])):
+        if memory_of(mesh) <= budget:                # measured: the formula leaves out what tp keeps whole
+            return mesh
+    return None

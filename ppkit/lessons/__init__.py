@@ -18,6 +18,9 @@ are in ppkit/exercises/.
     moe              lesson 12: a mixture-of-experts layer in one process (router, capacity, aux loss)
     expert_parallel  lesson 12: the experts over the ranks, all_to_all dispatch and combine, vs one process
     moe_timing       lesson 12: tokens per expert and rank, drops, bytes and step time measured, pictures
+    composition      lesson 13: a tiny transformer on a 3-D mesh: TP (DTensor), pipeline stages, FSDP2 over dp
+    composition_measure lesson 13: one step on the mesh vs one process; memory and bytes per dimension
+    mesh_costs       lesson 13: the Playbook's formulas beside the measurement, budgets, pictures
 """
 
 from __future__ import annotations

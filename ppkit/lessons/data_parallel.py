@@ -143,10 +143,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether something on this machine still listens on ``port`` (a store left behind, say)."""
+def port_is_open(port: int, host: str = "127.0.0.1", cluster=None) -> bool:
+    """Whether something still listens on ``port`` (a store left behind, say): on this machine's
+    loopback, or with ``cluster`` on the one its workers see, asked by its rank 0 (a loopback of
+    their own where ppkit isolates them from other users: docs/isolation.md)."""
+    if cluster is not None:
+        return cluster.run(_port_is_open_here, port, host)[0]
     with socket.socket() as s:
         return s.connect_ex((host, port)) == 0
+
+
+def _port_is_open_here(rank: int, world_size: int, port: int, host: str) -> bool:
+    return port_is_open(port, host)
 
 
 def init_demo(rank, world_size, init_method: str, env: dict | None = None, timeout_s: float = 60):

@@ -37,13 +37,28 @@ def new_key() -> bytes:
     return os.urandom(32)
 
 
-def parse_address(text: str) -> tuple[str, int]:
+UNIX_PREFIX = "unix:"  # PPKIT_ADDR for a Unix socket: "unix:/tmp/ppkit-x/control.sock"
+
+
+def parse_address(text: str) -> tuple[str, int] | str:
+    """``HOST:PORT`` as (host, port), or ``unix:PATH`` as the socket's path."""
+    if text.startswith(UNIX_PREFIX) and text[len(UNIX_PREFIX):]:
+        return text[len(UNIX_PREFIX):]
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     if not 1 <= int(port) <= 65535:  # the kernel would dial int(port) % 65536, another port
         raise ValueError(f"the port must be from 1 to 65535, got {port} in {text!r}")
     return host.strip("[]"), int(port)
+
+
+def format_address(address: tuple[str, int] | str) -> str:
+    """What ``parse_address`` reads back: ``HOST:PORT``, or ``unix:PATH`` for a Unix socket's path."""
+    return UNIX_PREFIX + address if isinstance(address, str) else f"{address[0]}:{address[1]}"
+
+
+def describe(address: tuple[str, int] | str) -> str:
+    return f"the Unix socket {address}" if isinstance(address, str) else f"{address[0]}:{address[1]}"
 
 
 class _KeyCheck:
@@ -54,7 +69,8 @@ class _KeyCheck:
     def __init__(self, sock: socket.socket, seconds: float):
         # Small messages go at once: with Nagle's algorithm one that follows another still unanswered
         # (the key check's last word, then a worker's hello) waits for the peer's delayed ACK, 40 ms.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock, self.seconds = sock, seconds
         self.deadline = time.monotonic() + seconds
         self.received = 0
@@ -105,15 +121,24 @@ class ChannelServer:
 
     A client that fails the key check, times out, or finds every key-check slot taken is closed
     and reported to ``on_reject(exc)``; ``rejected`` counts them, ``accept_failures`` the times
-    ``accept()`` itself failed (no file descriptor left).
+    ``accept()`` itself failed (no file descriptor left). ``unix_path``: listen on a Unix socket
+    there instead of on ``host:port`` (made readable and writable by this user only).
     """
 
-    def __init__(self, host: str, port: int, key: bytes, on_connect, on_reject=None):
+    def __init__(self, host: str, port: int, key: bytes, on_connect, on_reject=None,
+                 unix_path: str | None = None):
         self.key = key
         self._on_connect = on_connect
         self._on_reject = on_reject
-        self._sock = socket.create_server((host, port), family=socket.AF_INET, backlog=64)
-        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        if unix_path is None:
+            self._sock = socket.create_server((host, port), family=socket.AF_INET, backlog=64)
+            self.address: tuple[str, int] | str = self._sock.getsockname()[:2]
+        else:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._sock.bind(unix_path)
+            os.chmod(unix_path, 0o600)
+            self._sock.listen(64)
+            self.address = unix_path
         self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._count_lock = threading.Lock()
         self.rejected = self.accept_failures = 0
@@ -178,7 +203,7 @@ class ChannelServer:
         self._sock.close()
 
 
-def connect(address: tuple[str, int], key: bytes, timeout: float = 30.0) -> mpc.Connection:
+def connect(address: tuple[str, int] | str, key: bytes, timeout: float = 30.0) -> mpc.Connection:
     """Connect to a controller and authenticate; raise ``AuthenticationError`` on a wrong key.
 
     A controller whose key-check slots are all taken closes the connection before its challenge;
@@ -191,14 +216,27 @@ def connect(address: tuple[str, int], key: bytes, timeout: float = 30.0) -> mpc.
         except ChannelBusy as exc:
             if time.monotonic() + BUSY_RETRY_S >= deadline:
                 raise ChannelBusy(
-                    f"the controller at {address[0]}:{address[1]} kept closing new connections before "
+                    f"the controller at {describe(address)} kept closing new connections before "
                     f"their key check for {timeout:g} s: all of its {MAX_HANDSHAKES} key-check slots "
                     "stayed taken (a flood of connections from elsewhere on the network?)") from exc
             time.sleep(BUSY_RETRY_S)
 
 
-def _connect_once(address: tuple[str, int], key: bytes, timeout: float) -> mpc.Connection:
-    sock = socket.create_connection(address, timeout=timeout)
+def _open(address: tuple[str, int] | str, timeout: float) -> socket.socket:
+    if not isinstance(address, str):
+        return socket.create_connection(address, timeout=timeout)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _connect_once(address: tuple[str, int] | str, key: bytes, timeout: float) -> mpc.Connection:
+    sock = _open(address, timeout)
     check = _KeyCheck(sock, HANDSHAKE_TIMEOUT_S)
     try:
         mpc.answer_challenge(check, key)
@@ -210,18 +248,18 @@ def _connect_once(address: tuple[str, int], key: bytes, timeout: float) -> mpc.C
     except TimeoutError as exc:
         sock.close()
         raise TimeoutError(
-            f"the controller at {address[0]}:{address[1]} did not finish the key check within "
+            f"the controller at {describe(address)} did not finish the key check within "
             f"{HANDSHAKE_TIMEOUT_S:g} s: it is frozen, overloaded, or not a ppkit controller.") from exc
     except mpc.AuthenticationError as exc:
         sock.close()
         raise AuthenticationError(
-            f"the controller at {address[0]}:{address[1]} refused this client's key. "
+            f"the controller at {describe(address)} refused this client's key. "
             "Use the key printed by the notebook that started the cluster (PPKIT_KEY)."
         ) from exc
     except (OSError, EOFError, AssertionError) as exc:
         sock.close()
         raise AuthenticationError(
-            f"the controller at {address[0]}:{address[1]} closed the connection during the "
+            f"the controller at {describe(address)} closed the connection during the "
             "key check: the key is probably wrong. Use the key printed by the notebook "
             "(PPKIT_KEY)."
         ) from exc

@@ -126,8 +126,10 @@ class Shutdown:
 # -- starting workers: the fork server and remote agents ---------------------------------------
 @dataclass(frozen=True)
 class ForkServerHello:
-    """The fork server's first message."""
+    """The fork server's first message; ``isolation``: "" when it and its workers run in a private
+    network (private_net.py), else why not (not asked for, or what the machine refused)."""
     pid: int
+    isolation: str = "not asked for"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ with the kernel (PR_SET_PDEATHSIG plus a parent watch), and reports every worker
 so the controller can say "rank 1 was killed by SIGKILL" rather than "connection lost".
 
 Run as ``python -m ppkit.transport.zygote`` with PPKIT_ADDR, PPKIT_KEY and PPKIT_PARENT set.
+PPKIT_ISOLATION=netns (optional) moves it, before anything else, into a private user+network
+namespace (private_net.py) that its workers share: what torch opens there no other user can reach;
+it then reaches the controller through a Unix socket (PPKIT_ADDR=unix:PATH).
 PPKIT_PRELOAD (comma-separated modules, optional) is imported once the first workers are forked,
 so that later forks start with it (ppkit.spawn forks anew for every call; DDP's first use imports
 torch._dynamo, one to two seconds in every fresh process).
@@ -25,6 +28,7 @@ import traceback
 from ppkit.transport.messages import Exited, ForkServerHello, Kill, Shutdown, Spawn, Spawned
 
 PRELOAD_ENV = "PPKIT_PRELOAD"
+ISOLATION_ENV = "PPKIT_ISOLATION"  # "netns": a private network for the fork server and its workers
 
 
 def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.Condition,
@@ -97,8 +101,12 @@ def _child(conn, address, key, rank: int, zygote_pid: int) -> None:
 
 
 def main() -> None:
-    from ppkit.transport import channel, procs
+    from ppkit.transport import channel, private_net, procs
 
+    # first: unshare of a user namespace needs a process with one thread (die_with_parent starts one)
+    isolation = "not asked for"
+    if os.environ.pop(ISOLATION_ENV, "") == "netns":
+        isolation = private_net.enter() or ""
     address = channel.parse_address(os.environ.pop("PPKIT_ADDR"))
     key = bytes.fromhex(os.environ.pop(channel.KEY_ENV))
     procs.die_with_parent(int(os.environ.pop("PPKIT_PARENT")))
@@ -114,7 +122,7 @@ def main() -> None:
     lock = threading.Lock()
     children: dict[int, int] = {}
     have_children = threading.Condition()
-    conn.send(ForkServerHello(os.getpid()))
+    conn.send(ForkServerHello(os.getpid(), isolation))
     threading.Thread(target=_reap, args=(conn, children, lock, have_children), daemon=True).start()
     while True:
         try:

@@ -14,7 +14,8 @@ import pytest
 
 # Notebooks with a learner test below; every other widget notebook gets test_widget_notebook_renders.
 LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "09_sharded_data_parallel.ipynb",
-                  "10_tensor_parallel.ipynb", "11_context_parallel.ipynb", "12_expert_parallel.ipynb"}
+                  "10_tensor_parallel.ipynb", "11_context_parallel.ipynb", "12_expert_parallel.ipynb",
+                  "13_composition.ipynb"}
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -373,6 +374,40 @@ def test_expert_parallel_explorer(lab, open_notebook):
     _set_slider(page, explorer.locator(".ppkit-moe-ranks"), 3)
     page.wait_for_function("el => el.innerText.includes('6 experts over 3 ranks, top-1')",
                            arg=summary.element_handle(), timeout=60_000)
+    nb.wait_kernel_idle()
+    nb.screenshot("after-refusal", explorer)
+    nb.assert_console_clean()
+
+    nb.run_last_cell()
+    nb.assert_ran_cleanly_and_widgets_render()
+
+
+def test_mesh_explorer(lab, open_notebook):
+    """13_composition: 1x2x4 runs the step on that mesh (summary and pictures follow); 2x2x4 is refused in the
+    summary, with the meshes that work, and 1x4x2 then runs on the same cluster."""
+    # The last cell closes the cluster the explorer measures on: play first, as a learner would, then close.
+    nb = _open_and_run(lab, open_notebook, "13_composition.ipynb", timeout=600, hold_back_last=True)
+
+    def change(page, explorer):
+        explorer.locator(".ppkit-mesh-tp select").select_option("4")
+        explorer.locator(".ppkit-mesh-dp select").select_option("1")
+
+    # tp=4 first: 2x2x4 is refused on the way, then dp=1 makes it 1x2x4
+    _explore(nb, "ppkit-mesh", change, "1x2x4 (dp shards: FSDP2) on 8 ranks: loss")
+    page = nb.page
+    explorer = page.locator(".ppkit-mesh").first
+    summary = explorer.locator(".ppkit-mesh-summary")
+    explorer.locator(".ppkit-mesh-dp select").select_option("2")
+    page.wait_for_function("el => el.innerText.includes('Not run')", arg=summary.element_handle(), timeout=60_000)
+    assert ("mesh 2x2x4 has 16 ranks, but the world has 8: dp x pp x tp must equal the world size. Meshes "
+            "(dp x pp x tp) that work for 8 ranks: 1x2x4, 1x4x2, 2x1x4, 2x2x2, 2x4x1, 4x1x2, 4x2x1.") \
+        in summary.inner_text()
+    nb.screenshot("refused", explorer)
+    explorer.locator(".ppkit-mesh-dp select").select_option("1")
+    explorer.locator(".ppkit-mesh-pp select").select_option("4")
+    explorer.locator(".ppkit-mesh-tp select").select_option("2")
+    page.wait_for_function("el => el.innerText.includes('1x4x2 (dp shards: FSDP2) on 8 ranks: loss')",
+                           arg=summary.element_handle(), timeout=300_000)
     nb.wait_kernel_idle()
     nb.screenshot("after-refusal", explorer)
     nb.assert_console_clean()

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from ppkit.cluster import diagnostics, worker_setup
 from ppkit.cluster.inbox import Inbox, Item, LaunchFailed
+from ppkit.cluster.isolation import Isolation
 from ppkit.cluster.oom import OomWatch
 from ppkit.cluster.spec import ClusterSpec
-from ppkit.transport import procs
+from ppkit.transport import channel, procs
 from ppkit.transport.messages import Exited, Spawned
 
 
@@ -56,10 +57,15 @@ class Launcher:
     def server_address(self) -> tuple[str, int]:
         return "127.0.0.1", 0
 
-    def bind(self, address: tuple[str, int]) -> None:
-        """The control channel listens on ``address`` now."""
+    def bind(self, address: tuple[str, int], on_connect=None) -> None:
+        """The control channel listens on ``address`` now; ``on_connect(conn)`` greets a connection
+        (for a launcher that listens somewhere of its own too)."""
         self.address = address
-        self.tmpdir = Path(tempfile.mkdtemp(prefix="ppkit-"))
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="ppkit-"))  # 0700: this user's only
+
+    def isolation(self) -> Isolation:
+        """Whether other users of this machine can reach the workers (ppkit/cluster/isolation.py)."""
+        return Isolation(False, f"launcher={self.name!r} keeps its ranks on the machine's network")
 
     def local_env(self) -> dict[str, str]:
         """Environment that puts a process of this machine on the cluster's network."""
@@ -176,12 +182,13 @@ class Launcher:
         return ""
 
 
-def child_env(address: tuple[str, int], key: bytes, **extra: str) -> dict[str, str]:
-    """The environment of a process this kernel starts that connects back to ``address``."""
+def child_env(address: tuple[str, int] | str, key: bytes, **extra: str) -> dict[str, str]:
+    """The environment of a process this kernel starts that connects back to ``address`` (a Unix
+    socket's path, or host and port)."""
     package_root = str(Path(__file__).resolve().parents[3])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    env.update(PPKIT_ADDR=f"{address[0]}:{address[1]}", PPKIT_KEY=key.hex(),
+    env.update(PPKIT_ADDR=channel.format_address(address), PPKIT_KEY=key.hex(),
                PPKIT_PARENT=str(os.getpid()), PYTHONUNBUFFERED="1", **extra)
     # OpenMP threads that finish early spin-wait for the others by default. With more workers
     # than cores, a spinning thread steals the core its partner needs: a pipeline forward that

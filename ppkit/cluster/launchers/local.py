@@ -1,5 +1,10 @@
 """The local launcher: a fork server (ppkit/transport/zygote.py) imports torch once and forks one
-worker per rank, on this machine (Linux default; ``launcher="local"``)."""
+worker per rank, on this machine (Linux default; ``launcher="local"``).
+
+Where the machine allows it (ppkit/cluster/isolation.py), the fork server and so every worker run in
+a private network of their own, which other users of the machine cannot reach; they connect back
+through a Unix socket in this cluster's own folder (0700) rather than 127.0.0.1.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+from ppkit.cluster import isolation
 from ppkit.cluster.inbox import FORK_SERVER, Closed, Item, LaunchFailed
 from ppkit.cluster.launchers.base import Launcher, Process, child_env, start_module
-from ppkit.transport import procs
+from ppkit.errors import LaunchError
+from ppkit.transport import channel, procs
 from ppkit.transport.messages import ForkServerHello, Kill, Shutdown, Spawn
 
 STOP_WAIT_S = 4.0  # how long the fork server gets to stop its workers (SIGTERM, 0.5 s, SIGKILL)
@@ -27,6 +34,32 @@ class ForkServerLauncher(Launcher):
         self._conn = None
         self._hello = False  # the running fork server has connected
         self._closing = False
+        self._mode, self._required, self._off_reason = isolation.resolve(spec.isolation, self.name)
+        self._refused = ""  # why the running fork server has no private network ("" if it has one)
+        self._unix_server: channel.ChannelServer | None = None
+
+    def bind(self, address, on_connect=None) -> None:
+        super().bind(address, on_connect)
+        if self._mode != "netns":
+            return
+        path = self.tmpdir / "control.sock"  # reachable from a private network: a file, not an address
+        try:
+            self._unix_server = channel.ChannelServer("", 0, self.key, on_connect, unix_path=str(path))
+        except OSError as exc:  # e.g. a TMPDIR so long that the path does not fit a Unix socket's address
+            self._off_reason = f"no Unix socket for the workers at {path} ({exc})"
+            self._mode = "netns" if self._required else "off"  # required: prepare() says why it cannot start
+
+    @property
+    def fork_server_address(self):
+        return self._unix_server.address if self._unix_server is not None else self.address
+
+    def isolation(self) -> isolation.Isolation:
+        if self._mode == "off":
+            return isolation.Isolation(False, self._off_reason)
+        if self._refused:
+            isolation.fell_back(self._refused)
+            return isolation.Isolation(False, f"this machine refused a private network ({self._refused})")
+        return isolation.Isolation(True)
 
     @property
     def fork_server_pid(self) -> int | None:
@@ -34,13 +67,16 @@ class ForkServerLauncher(Launcher):
 
     def prepare(self) -> None:
         """Start the fork server now, so that its ``import torch`` overlaps with the kernel's."""
+        if self._mode == "netns" and self._unix_server is None:
+            raise LaunchError(isolation.refused(self._off_reason))
         if self.local_ranks and (self.process is None or self.process.poll() is not None):
             if self._conn is not None:  # the last one died: start afresh
                 self._conn.close()
                 self._conn = None
             self._hello = False
             # from a thread that outlives the caller's: see procs.in_lasting_thread
-            self.process = procs.in_lasting_thread(lambda: start_fork_server(self.address, self.key, self.log_path))
+            self.process = procs.in_lasting_thread(lambda: start_fork_server(
+                self.fork_server_address, self.key, self.log_path, self._mode))
             threading.Thread(target=self._watch, args=(self.process,), name="ppkit-fork-server-wait",
                              daemon=True).start()
 
@@ -60,6 +96,10 @@ class ForkServerLauncher(Launcher):
             return False
         self._hello = True
         self._conn = conn
+        self._refused = first.isolation if self._mode == "netns" else ""
+        if self._refused and self._required:
+            self.inbox.put(Item(FORK_SERVER, LaunchFailed(None, isolation.refused(self._refused))))
+            return True
         self.inbox.put(Item(FORK_SERVER, first))  # wakes a start() waiting for it
         self.inbox.read(conn, FORK_SERVER)
         return True
@@ -130,6 +170,8 @@ class ForkServerLauncher(Launcher):
             self._stop_fork_server(grace=1.0)
         if self._conn is not None:
             self._conn.close()
+        if self._unix_server is not None:
+            self._unix_server.close()
         super().close()
 
     @property
@@ -146,8 +188,6 @@ class ForkServerLauncher(Launcher):
         return f"{super().timeout_hint(ready)}\nFork server log:\n{self.log_tail()}"
 
 
-
-
-def start_fork_server(address: tuple[str, int], key: bytes, log_path: Path) -> subprocess.Popen:
-    """Start the fork server (ppkit/transport/zygote.py)."""
-    return start_module("ppkit.transport.zygote", child_env(address, key), log_path)
+def start_fork_server(address, key: bytes, log_path: Path, mode: str = "off") -> subprocess.Popen:
+    """Start the fork server (ppkit/transport/zygote.py); ``mode`` "netns": in a private network."""
+    return start_module("ppkit.transport.zygote", child_env(address, key, PPKIT_ISOLATION=mode), log_path)

@@ -71,8 +71,8 @@ class RemoteLauncher(ForkServerLauncher):
     def server_address(self) -> tuple[str, int]:
         return self.host, self.port
 
-    def bind(self, address: tuple[str, int]) -> None:
-        super().bind(address)
+    def bind(self, address: tuple[str, int], on_connect=None) -> None:
+        super().bind(address, on_connect)
         self.port = address[1]  # the port the system chose for listen='ADDR:0'
 
     def join_command(self, name: str, full_key: bool = False) -> str:

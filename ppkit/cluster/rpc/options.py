@@ -40,4 +40,4 @@ def check_rpc(num_workers, *, num_worker_threads: int = 16, rpc_timeout: float =
                         start_timeout=start_timeout, env=env, labels=names, listen=listen,
                         remote=remote if probe.launcher == "remote" else None, key=probe.key,
                         launcher=probe.launcher, nodes=nodes, partition=partition, time=time,
-                        sbatch_args=sbatch_args)
+                        sbatch_args=sbatch_args, isolation="off")  # the kernel is a rank (isolation.py)

@@ -26,6 +26,7 @@ from ppkit.checks import check_keywords
 from ppkit.cluster import worker_setup
 from ppkit.cluster.admission import without_socket_vars
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.isolation import rpc_isolation
 from ppkit.cluster.rpc import pickler as rpc_pickle
 from ppkit.cluster.rpc.options import check_rpc
 from ppkit.compat import require_rpc_internals
@@ -138,6 +139,7 @@ class RpcWorld:
         self._env = {**worker_setup.local_env(), **(env or {})}
         self._worker_env = self._env
         self.cluster = Cluster.from_spec(spec)
+        self.isolation = rpc_isolation()  # the kernel is rank 0: no private network (isolation.py)
         if spec.launcher in ("remote", "slurm"):  # this process binds to its address; each worker to its own
             self._env = {**self.cluster.local_env(), **(env or {})}
             self._worker_env = without_socket_vars(env or {})

@@ -1,0 +1,167 @@
+"""Isolation between learners on one machine: which clusters run in a private network, and why not.
+
+torch's store, gloo's pairs and TensorPipe accept connections without authentication. On a
+machine shared by several learners (JupyterHub with a Unix user each, a teaching server), anyone
+there could reach them on 127.0.0.1. A cluster of the local launcher therefore starts its fork
+server, and so every worker, in a private user+network namespace (ppkit/transport/private_net.py)
+that only this learner's processes are in; the kernel talks to them over ppkit's authenticated
+channel on a Unix socket in a folder only this user can open.
+
+``isolation=`` (``ppkit.start``, ``Cluster``) or the environment variable PPKIT_ISOLATION:
+
+- ``"auto"`` (default): a private network where the machine allows it, else as before (the cluster's
+  ``isolation`` says why not; on a machine with several users a warning says so once);
+- ``"netns"``: a private network or an error;
+- ``"off"``: as before ppkit had it, every rank on the machine's loopback.
+
+What cannot be isolated: an RPC world (``ppkit.start_rpc``) makes the kernel itself rank 0, and the
+kernel stays on the machine's network, so its workers must too; the other launchers (spawn, remote,
+slurm) run as before.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+import warnings
+from dataclasses import dataclass
+
+from ppkit.errors import ConfigError
+from ppkit.transport.zygote import ISOLATION_ENV
+
+MODES = ("auto", "netns", "off")
+RPC_REASON = ("the notebook kernel is RPC rank 0 ('master'), so its workers share its network: any user "
+              "of this machine can reach the RPC world's listeners")
+_warned = _warned_rpc = False  # each warning once per process
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How a cluster's workers are kept from other users: ``private`` or not, and why not."""
+    private: bool
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return "private network" if self.private else f"none: {self.reason}"
+
+
+def check_isolation(value, launcher: str) -> str:
+    if value not in MODES:
+        raise ConfigError(
+            f"unknown isolation {value!r}; the choices are {', '.join(map(repr, MODES))}: 'auto' runs the "
+            "workers in a private network where this machine allows it, 'netns' insists on one, 'off' keeps "
+            "them on the machine's loopback.")
+    if value == "netns" and launcher != "local":
+        raise ConfigError(
+            f"isolation='netns' needs launcher='local' (a fork server on this machine); launcher={launcher!r} "
+            "runs its ranks where a private network of this machine cannot hold them. Drop isolation= or use "
+            "launcher='local'.")
+    return value
+
+
+def resolve(mode: str, launcher: str) -> tuple[str, bool, str]:
+    """(``"netns"`` or ``"off"``, whether a private network is required, the reason when off)."""
+    if launcher != "local":
+        return "off", False, f"launcher={launcher!r} keeps its ranks on the machine's network"
+    where = f'isolation="{mode}"'
+    if mode == "auto" and os.environ.get(ISOLATION_ENV, "auto") != "auto":
+        mode, where = os.environ[ISOLATION_ENV], f"{ISOLATION_ENV}={os.environ[ISOLATION_ENV]}"
+        if mode not in MODES:
+            warnings.warn(f"{where} is not one of {', '.join(MODES)}; using 'auto'.", stacklevel=3)
+            mode = "auto"
+    if mode == "off":
+        return "off", False, f"turned off ({where})"
+    if not sys.platform.startswith("linux"):
+        if mode == "netns":
+            raise ConfigError(f"{where} needs Linux namespaces; this is {sys.platform}. Use 'auto' or 'off'.")
+        return "off", False, f"private networks need Linux (this is {sys.platform})"
+    return "netns", mode == "netns", ""
+
+
+def login_users() -> list[str]:
+    """Users with a login shell and a uid in the range of people (not system accounts)."""
+    first = 1000
+    try:
+        for line in open("/etc/login.defs"):
+            if line.split()[:1] == ["UID_MIN"]:
+                first = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    shut = ("nologin", "false", "sync", "halt", "shutdown")
+    return [u.pw_name for u in pwd.getpwall()
+            if first <= u.pw_uid < 65534 and not u.pw_shell.endswith(shut)]
+
+
+def shared_machine() -> str:
+    """Why this machine looks shared by several people ("" if it does not): a JupyterHub, or more
+    than one user with a login."""
+    if os.environ.get("JUPYTERHUB_USER") or os.environ.get("JUPYTERHUB_API_URL"):
+        return f"a JupyterHub serves this notebook (JUPYTERHUB_USER={os.environ.get('JUPYTERHUB_USER', '?')})"
+    if sys.platform.startswith("linux"):
+        users = login_users()
+        if len(users) > 1:
+            return f"{len(users)} users can log in here ({', '.join(users[:4])}{', ...' * (len(users) > 4)})"
+    return ""
+
+
+def fell_back(reason: str) -> None:
+    """A cluster asked for 'auto' got no private network: warn once, where others could reach it."""
+    global _warned
+    shared = shared_machine()
+    if shared and not _warned:
+        _warned = True
+        warnings.warn(
+            f"this cluster's workers run on the machine's loopback, not in a private network ({reason}). "
+            f"This machine is shared ({shared}), so other users could connect to torch's unauthenticated "
+            "listeners of your workers. Ask the administrator to allow unprivileged user namespaces "
+            "(`ppkit preflight` says what failed), or set PPKIT_ISOLATION=off to silence this.", stacklevel=2)
+
+
+def refused(reason: str) -> str:
+    """The error for isolation='netns' on a machine that refuses a private network."""
+    return (f"isolation='netns' asks for the workers in a private network, and this machine refused one: "
+            f"{reason}. Unprivileged user namespaces must be allowed (sysctl user.max_user_namespaces > 0; on "
+            "Ubuntu also kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for this "
+            "Python). Or use isolation='auto', which falls back to the machine's loopback and says so.")
+
+
+def cluster_words(found: Isolation) -> tuple[str, str, str]:
+    """(status, words, fix) for ``ppkit preflight``'s cluster check: is a learner's cluster isolated?"""
+    if found.private:
+        return "ok", "workers in a private network (other users cannot reach them)", ""
+    shared = shared_machine()
+    words = f"workers not isolated ({found.reason})"
+    if not shared:
+        return "ok", words, ""
+    return "warn", f"{words}; this machine is shared ({shared}), so other users can connect to them", (
+        "ask the administrator to allow unprivileged user namespaces (docs/isolation.md)")
+
+
+def rpc_words(pids, channel: tuple[str, int]) -> tuple[str, str, str]:
+    """(status, words, fix) for the RPC world check: its processes' listening sockets besides ppkit's
+    ``channel``, counted from /proc. Only counted: TensorPipe's short-lived listeners take the first
+    connection that comes, so a probe would steal a connection the world itself expects."""
+    from ppkit.cluster.exposure import listeners
+
+    found = [e for e in listeners(pids) if e.kind == "tcp" and (e.address, e.port) != tuple(channel)]
+    words = f"{len(found)} listening sockets of torch's on the machine's loopback, none with authentication"
+    shared = shared_machine()
+    if not shared:
+        return "ok", words, ""
+    return "warn", (f"{words}, and this machine is shared ({shared}): the kernel is RPC rank 0, so an RPC world "
+                    "cannot be isolated; any user here can reach it while it runs (notebooks 04-06)"), (
+        "on a shared machine, run the RPC notebooks only where you trust the other users (docs/isolation.md)")
+
+
+def rpc_isolation() -> Isolation:
+    """An RPC world's isolation: none (the kernel is rank 0); on a shared machine, a warning once."""
+    global _warned_rpc
+    shared = shared_machine()
+    if shared and not _warned_rpc:
+        _warned_rpc = True
+        warnings.warn(
+            f"this machine is shared ({shared}), and an RPC world cannot be kept from the other users: "
+            f"{RPC_REASON} while it runs. Close it (world.close()) when you are done; see docs/isolation.md.",
+            stacklevel=3)
+    return Isolation(False, RPC_REASON)
