@@ -72,4 +72,5 @@ MEASURED: tuple[NotebookMemory, ...] = (
     NotebookMemory("10_tensor_parallel.ipynb", 3191, 1327, 729, 6, 1300, 0, 133.9),
     NotebookMemory("11_context_parallel.ipynb", 3671, 1822, 748, 6, 1764, 0, 187.3),
     NotebookMemory("12_expert_parallel.ipynb", 3293, 1454, 743, 6, 1399, 0, 55.4),  # --timeout 60 (docs/memory.md)
+    NotebookMemory("13_composition.ipynb", 5249, 2027, 750, 10, 1935, 0, 45.1),  # after isolation (docs/memory.md)
 )
