@@ -6,14 +6,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ppkit-installed
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: lab test setup browser slurm lint bench clean
+.PHONY: lab test setup browser slurm hub lint bench clean
 
 # JupyterLab listens on localhost only; root (containers, this kit's CI machine) needs --allow-root.
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-test: $(STAMP) browser slurm
+test: $(STAMP) browser slurm hub
 	$(PY) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg $(PYTEST_ARGS)
 
 setup: $(STAMP)
@@ -31,6 +31,11 @@ browser:
 # Debian's SLURM and munge for the SLURM tests (they start a test cluster of their own; no daemon is started here).
 slurm:
 	bash scripts/install_slurm.sh
+
+# JupyterHub's proxy (configurable-http-proxy, from npm; node and npm from apt when missing) and the acl tools for
+# the hub test, which makes two learner accounts and runs a hub of its own (tests/hub_testbed.py).
+hub:
+	bash scripts/install_hub.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ppkit tests benchmarks conftest.py

@@ -572,3 +572,9 @@ def pytest_generate_tests(metafunc):
     if "widget_notebook" in metafunc.fixturenames:
         own = getattr(metafunc.module, "LEARNER_TESTED", set())
         metafunc.parametrize("widget_notebook", [n for n in widget_notebooks() if n not in own])
+
+
+@pytest.fixture(scope="session")
+def notebook_class():
+    """The Notebook class, for a test that opens its pages itself (tests/browser/test_hub_in_lab.py)."""
+    return Notebook

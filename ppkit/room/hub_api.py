@@ -1,0 +1,92 @@
+"""The few JupyterHub REST calls ``ppkit room`` makes: list the users and their default servers, start one.
+
+    hub = HubClient("https://hub.example.org", token)
+    for user in hub.users():          # LearnerServer(name="ana", url="https://hub.example.org/user/ana/", ...)
+        ...
+
+Only the standard library: an instructor's machine needs nothing but ppkit to run it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+PAGINATION = "application/jupyterhub-pagination+json"
+
+
+class HubError(RuntimeError):
+    """The hub could not be reached, refused the token, or answered something unexpected."""
+
+
+@dataclass(frozen=True)
+class LearnerServer:
+    name: str
+    url: str | None  # the default server's public URL, None when it is not running
+    ready: bool
+    pending: str | None  # "spawn" or "stop" while the hub is doing that
+    admin: bool
+
+
+class HubClient:
+    def __init__(self, hub_url: str, token: str, timeout: float = 30.0):
+        self.base = hub_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: dict | None = None, accept: str = "application/json"):
+        """Call {hub}/hub/api{path}; the decoded JSON answer, or None for an empty one."""
+        url = f"{self.base}/hub/api{path}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Authorization": f"token {self.token}", "Accept": accept})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            hint = (" The token is missing a scope: use an admin's token (the hub's Token page) or give it "
+                    "list:users, read:users and access:servers." if exc.code in (401, 403) else "")
+            raise HubError(f"{method} {url} answered {exc.code} {exc.reason}: {detail}.{hint}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise HubError(f"cannot reach the hub at {url} ({exc}); check --hub-url (the address learners "
+                           "open, e.g. https://hub.example.org)") from exc
+        return json.loads(raw) if raw else None
+
+    def users(self) -> list[LearnerServer]:
+        """Every user with the state of their default server, by name, all pages."""
+        found, offset = [], 0
+        while True:
+            page = self.request("GET", f"/users?offset={offset}&limit=200", accept=PAGINATION)
+            items = page["items"] if isinstance(page, dict) else page  # a hub older than 2.0 sends a list
+            found += [self._server_of(user) for user in items]
+            following = page.get("_pagination", {}).get("next") if isinstance(page, dict) else None
+            if not following:
+                return sorted(found, key=lambda user: user.name)
+            offset = following["offset"]
+
+    def _server_of(self, user: dict) -> LearnerServer:
+        server = (user.get("servers") or {}).get("")
+        if server is None:
+            return LearnerServer(user["name"], None, False, user.get("pending"), bool(user.get("admin")))
+        url = urllib.parse.urljoin(self.base + "/", server["url"].lstrip("/"))
+        return LearnerServer(user["name"], url, bool(server.get("ready")), server.get("pending"),
+                             bool(user.get("admin")))
+
+    def start_server(self, name: str, timeout: float = 300.0) -> LearnerServer:
+        """Start a user's default server (as the admin page's Start button does) and wait until it is ready."""
+        try:
+            self.request("POST", f"/users/{urllib.parse.quote(name)}/server")
+        except HubError as exc:
+            if "400" not in str(exc):  # 400: already running, which is what we want
+                raise
+        deadline = time.monotonic() + timeout
+        while True:
+            user = self._server_of(self.request("GET", f"/users/{urllib.parse.quote(name)}"))
+            if user.ready or time.monotonic() > deadline:
+                return user
+            time.sleep(1.0)
