@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
+import threading
+import time
 
 import pytest
 import slurm_session
+from faultlog import FaultLog
 from leftovers import ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
 from slurm_testbed import SlurmMissing, SlurmTestbedError
 
@@ -15,6 +19,35 @@ import ppkit
 # Checks run by tests and by nbval's kernels (which inherit this environment when `pytest tests notebooks`
 # collects this file first) go to a scratch file, not the learner's ~/.ppkit/progress.json.
 os.environ.setdefault("PPKIT_PROGRESS", os.path.join(tempfile.gettempdir(), f"ppkit-test-progress-{os.getpid()}.json"))
+
+
+THREADS_END_WITHIN_S = 2.0  # what a module's ending threads get before its garbage is collected
+
+
+def pytest_configure(config):
+    if os.environ.get("PPKIT_FAULT_LOG"):  # a crash log that survives the process (tests/faultlog.py)
+        config.pluginmanager.register(FaultLog(os.environ["PPKIT_FAULT_LOG"]), "ppkit-faultlog")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_module_garbage():
+    """Free what each test module left in reference cycles at the end of that module.
+
+    Closed clusters with their threads, sockets and Popen objects, exceptions whose tracebacks hold
+    frames: left alone, they are freed by the next full collection, inside whichever later test
+    allocates enough to start one. A crash in a finalizer then shows an unrelated test's stack, as
+    issue 23's "Fatal Python error: Aborted" did (garbage collection inside the matplotlib tests of
+    test_widgets_sharding.py, right after test_spawn_launcher.py). Collected here, after the
+    module's own fixtures are gone, the stack names the module that made the garbage. Threads the
+    module started are given a moment to end first: a closed cluster's accept and reader threads
+    still hold it, and it becomes garbage only when they return.
+    """
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + THREADS_END_WITHIN_S
+    for thread in set(threading.enumerate()) - before:  # some (a kept fork server's) run on: bounded
+        thread.join(max(0.0, deadline - time.monotonic()))
+    gc.collect()
 
 
 @pytest.fixture(autouse=True, scope="session")
