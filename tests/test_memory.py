@@ -126,6 +126,8 @@ def test_oom_watch_names_a_rise_in_the_count(tmp_path):
     words = watch.explain(signal.SIGKILL)
     assert "OUT OF MEMORY" in words and "1 kill(s)" in words and "2.0 GiB" in words
     assert watch.explain(signal.SIGTERM) == ""
+    unknown = watch.explain(None)  # the exit status was not reported in time, but the count rose
+    assert "rose by 1" in unknown and "most likely killed for lack of memory" in unknown and "2.0 GiB" in unknown
 
 
 def test_parse_bytes_units():

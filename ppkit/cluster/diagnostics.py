@@ -25,7 +25,7 @@ def describe_status(status: int | None, oom=None) -> str:
     """A wait status in words: "it was killed by signal SIGKILL"; with ``oom`` (an ``OomWatch`` of the
     process's cgroup), a SIGKILL says whether the out-of-memory killer sent it."""
     if status is None:
-        return "its connection closed"
+        return "its connection closed" + (oom.explain(None) if oom is not None else "")
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)

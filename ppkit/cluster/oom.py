@@ -54,11 +54,16 @@ class OomWatch:
 
     def explain(self, status: int | None) -> str:
         """Why a process that ended with wait status ``status`` ended, where SIGKILL and the count tell
-        ("" for any other end). Starts with "; " so it follows describe_status's words."""
-        if status is None or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
-            return ""
+        ("" for any other end). Starts with "; " so it follows describe_status's words. With no status
+        (it was not reported in time), a count that rose is still named."""
         kills = self.kills_since_start()
         where = self.limit.cgroup
+        if status is None and kills:
+            return (f"; the oom_kill count of cgroup {where} rose by {kills} since the workers started, so it was "
+                    f"most likely killed for lack of memory: the limit is {gib(self.limit.bytes)} "
+                    f"({self.limit.source}), for this kernel and all its workers together. {ADVICE}")
+        if status is None or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
+            return ""
         if kills is None:
             return ("; if memory ran out, the kernel's out-of-memory killer sends SIGKILL, but this machine's "
                     "cgroup does not say (no oom_kill count to read): compare the notebook's memory with "
