@@ -86,3 +86,54 @@ def require_pipelining(what: str = "this lesson") -> None:
             f"{what} needs torch.distributed.pipelining, which torch {_torch_version()} does not have "
             f"({e}); it appeared in torch 2.4. Install a newer torch (ppkit is tested with {TESTED_RANGE}), "
             "or use the RPC pipeline (ppkit pipeline --schedule rpc, notebook 06).") from None
+
+
+# -- torch's private RPC state: read and written only here (RPC_INTERNALS lists it) --------------------
+def rpc_agent_running() -> bool:
+    """True while this process has an RPC agent (``init_rpc`` ran and ``shutdown`` did not yet)."""
+    from torch.distributed.rpc import api
+
+    return api._is_current_rpc_agent_set()
+
+
+def current_rpc_agent():
+    """This process's RPC agent (call only while :func:`rpc_agent_running`)."""
+    from torch.distributed.rpc import api
+
+    return api._get_current_rpc_agent()
+
+
+def rpc_init_count() -> int:
+    """How many times this process called ``init_rpc`` (torch prefixes the rendezvous keys with it)."""
+    from torch.distributed import rpc
+
+    return rpc._init_counter
+
+
+def align_rpc_state(init_count: int | None) -> None:
+    """Start this process's RPC from the state every process of a new world shares.
+
+    torch prefixes the rendezvous keys with a per-process count of ``init_rpc`` calls
+    ("rpc_prefix_N"): a kernel that re-initialises RPC is at N > 0 while fresh workers are at 0, and
+    gloo then waits forever for keys nobody writes, so ``init_count`` (the kernel's) is set
+    everywhere. RPC's internal all_gather likewise numbers its rounds per process and keeps the
+    states of rounds a dead world never finished: every world starts from a clean slate.
+    """
+    from torch.distributed import rpc
+
+    if init_count is not None:
+        with rpc._init_counter_lock:
+            rpc._init_counter = init_count
+    rpc.api._all_gather_sequence_id.clear()
+    rpc.api._all_gather_sequence_id_to_states.clear()
+
+
+def in_dist_autograd_context() -> bool:
+    """True inside a ``torch.distributed.autograd.context()`` block of this thread."""
+    import torch.distributed.autograd
+
+    try:
+        torch.distributed.autograd._current_context()
+    except RuntimeError:
+        return False
+    return True

@@ -22,9 +22,9 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 from ppkit import machine
+from ppkit.checklist import Check, Checklist
 from ppkit.cluster import isolation
 from ppkit.cluster.admission import DEFAULT_PORT
 from ppkit.cluster.budget import read_budget
@@ -37,27 +37,21 @@ MIN_CORES = 2
 PPKIT_PORT = DEFAULT_PORT  # ppkit's default for two machines (ppkit master / ppkit worker)
 RUN_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 40.0
-STATUSES = ("ok", "warn", "FAIL", "skip")
 
 
-@dataclass
-class Check:
-    name: str
-    status: str  # one of STATUSES
-    detail: str
-    fix: str = ""
-
-    def line(self) -> str:
-        text = f"{self.status:<5} {self.name:<14} {self.detail}"
-        return text + (f"\n{'':<20}fix: {self.fix}" if self.fix else "")
+def line(check: Check) -> str:
+    """How preflight prints a check: status, name, detail, and the fix under it."""
+    text = f"{check.status:<5} {check.name:<14} {check.detail}"
+    return text + (f"\n{'':<20}fix: {check.fix}" if check.fix else "")
 
 
-class Preflight:
-    """Runs the checks in order; each is a method that returns a :class:`Check`."""
+class Preflight(Checklist):
+    """Runs the checks in order; each is a method that returns a :class:`Check` (ppkit/checklist.py:
+    ``ok``, ``warn``, ``FAIL``, or ``skip`` when a check it needs failed)."""
 
     def __init__(self, emit=print):
+        super().__init__()
         self.emit = emit
-        self.checks: list[Check] = []
         self.facts: dict[str, str] = {}
 
     # -- running -----------------------------------------------------------------------------
@@ -79,7 +73,7 @@ class Preflight:
                 if step in (self.cluster, self.rpc_world, self.pipeline):
                     check.detail += f" ({time.monotonic() - started:.1f} s)"
             self.checks.append(check)
-            self.emit(check.line())
+            self.emit(line(check))
         self.emit(self.summary())
         return self.checks
 
@@ -87,16 +81,12 @@ class Preflight:
         needs = {"torchvision": ["torch"], "backends": ["torch"], "cluster": ["torch", "backends"],
                  "rpc_world": ["torch", "backends"], "pipeline": ["torchvision", "rpc world"]}
         for need in needs.get(step.__name__, []):
-            if any(c.name == need and c.status in ("FAIL", "skip") for c in self.checks):
+            if any(c.name == need and not c.fine for c in self.checks):
                 return need
         return None
 
-    @property
-    def ok(self) -> bool:
-        return all(c.status in ("ok", "warn") for c in self.checks)
-
     def summary(self) -> str:
-        good = sum(c.status in ("ok", "warn") for c in self.checks)
+        good = sum(c.fine for c in self.checks)
         warned = sum(c.status == "warn" for c in self.checks)
         verdict = "ok" if good == len(self.checks) else f"ok, {len(self.checks) - good} not ok"
         extra = f", {warned} warning{'s' * (warned != 1)}" if warned else ""

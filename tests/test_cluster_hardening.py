@@ -132,7 +132,7 @@ EARLY_CANCEL = """
     import multiprocessing, os, threading, time
     import cloudpickle
     from ppkit.transport import worker
-    from ppkit.transport.messages import AskStacks, Cancel, Hello, Init, Ready, Run, Stacks
+    from ppkit.transport.messages import AskStacks, Cancel, Hello, Init, JoinConfig, Ready, Run, Stacks
 
     ours, theirs = multiprocessing.Pipe()
     ran = []
@@ -140,7 +140,7 @@ EARLY_CANCEL = """
 
     def controller():  # the controller's side, by hand
         assert isinstance(theirs.recv(), Hello)
-        theirs.send(Init({"rank": 0, "world_size": 1, "capture_output": False, "process_group": False}))
+        theirs.send(Init(JoinConfig(rank=0, world_size=1, capture_output=False, process_group=False)))
         assert isinstance(theirs.recv(), Ready)
         job = cloudpickle.dumps((lambda rank, world_size: ran.append(1) or time.sleep(30), (), {}))
         theirs.send(Run(7, job))

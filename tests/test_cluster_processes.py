@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 import ppkit
-from ppkit.transport import channel
-from ppkit.transport.messages import Hello, Reject
+from ppkit.transport import channel, worker
+from ppkit.transport.messages import Hello, Reject, WorkerHello
 
 IDLE_SECONDS = 5.0
 IDLE_CPU_FRACTION = 0.02  # of one core, per process
@@ -73,7 +73,7 @@ def test_a_client_that_skips_the_handshake_gets_nothing_unpickled(cluster2, tmp_
 def test_a_client_with_the_key_but_a_rank_outside_the_world_is_rejected(cluster2):
     conn = channel.connect(cluster2.address, cluster2._key)
     try:
-        conn.send(Hello({"rank": 7, "pid": os.getpid()}))
+        conn.send(Hello(WorkerHello(rank=7, name=None, pid=os.getpid(), host="here", versions=worker.versions())))
         reply = conn.recv()
     finally:
         conn.close()

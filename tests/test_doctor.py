@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import netns
 import pytest
@@ -26,8 +27,7 @@ def test_report_lists_versions_interfaces_and_reads_as_a_table():
     assert names[:2] == ["versions", "hostname"]
     assert "interface lo" in names and "GLOO_SOCKET_IFNAME" in names and "TP_SOCKET_IFNAME" in names
     versions = worker.versions()
-    assert report.checks[0].detail == (f"python {versions['python']}, torch {versions['torch']}, "
-                                       f"ppkit {versions['ppkit']}")
+    assert report.checks[0].detail == f"python {versions.python}, torch {versions.torch}, ppkit {versions.ppkit}"
     text = str(report)
     assert text.splitlines()[0] == f"ppkit doctor on {socket.gethostname()}"
     assert "interface lo" in text and "127.0.0.1 (loopback)" in text
@@ -77,16 +77,16 @@ def test_another_program_on_the_port_is_not_taken_for_a_master():
 class FakeMaster:
     """A ppkit control channel that answers doctor's probe with the given versions."""
 
-    def __init__(self, key: bytes, versions: dict | None = None):
-        self.versions = versions
+    def __init__(self, key: bytes, reply: ProbeReply | None = None):
+        self.reply = reply
 
         def on_connect(conn):
             first = conn.recv()
             assert first == Probe()
-            if self.versions is None:
+            if self.reply is None:
                 handle_probe(conn)  # what a real Cluster answers
             else:
-                conn.send(ProbeReply(self.versions))
+                conn.send(self.reply)
                 conn.close()
 
         self.server = channel.ChannelServer("127.0.0.1", 0, key, on_connect)
@@ -110,7 +110,7 @@ def test_probe_with_the_key_compares_versions_with_the_master():
 
 def test_a_master_with_other_versions_fails_with_what_to_install():
     key = os.urandom(32)
-    theirs = {**worker.versions(), "torch": "9.9.9", "host": "bigbox"}
+    theirs = ProbeReply("bigbox", replace(worker.versions(), torch="9.9.9"))
     master = FakeMaster(key, theirs)
     try:
         report = doctor.diagnose(master.where, environ={channel.KEY_ENV: key.hex()})

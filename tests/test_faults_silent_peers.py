@@ -24,7 +24,7 @@ from netns import PY, Lines, host_env
 import ppkit
 from ppkit.errors import JobTimeoutError, LaunchError
 from ppkit.transport import channel, heartbeat, worker
-from ppkit.transport.messages import Admitted, AgentHello, Spawn
+from ppkit.transport.messages import Admitted, AgentHello, AgentInfo, Spawn
 
 two_hosts = netns.two_hosts  # the fixture
 
@@ -169,8 +169,8 @@ def test_an_agent_that_goes_silent_while_starting_fails_the_start(no_leftovers):
         except ConnectionRefusedError:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-    hello = {"name": "worker1", "host": "frozenhost", "pid": 1, **worker.versions(), "iface": "lo",
-             "iface_addrs": ["127.0.0.1"], "local_address": "127.0.0.1"}
+    hello = AgentInfo(name="worker1", host="frozenhost", pid=1, versions=worker.versions(), iface="lo",
+                      iface_addrs=("127.0.0.1",), local_address="127.0.0.1")
     conn.send(AgentHello(hello))
     assert isinstance(heartbeat.receive(conn, 60), Admitted)
     assert heartbeat.receive(conn, 60) == Spawn((0,))

@@ -1,14 +1,20 @@
 """The package's layout stays as the README's "How it works" draws it: small modules, layers that
 point one way (transport never imports cluster or the package root), no import circle, and typed
-control-channel messages (transport/messages.py) rather than tuples read by position."""
+control-channel messages (transport/messages.py) rather than tuples read by position, whose every
+field is a typed payload (no dict records, positional tuples or Any)."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
+import types
+import typing
 from pathlib import Path
 
 import pytest
+
+from ppkit.transport import messages
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ppkit"
 MAX_LINES = 300
@@ -93,3 +99,63 @@ def test_messages_are_not_read_by_position():
 def test_module_is_small(name):
     lines = len(MODULES[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines; split it by concern (at most {MAX_LINES})"
+
+
+# -- typed payloads -------------------------------------------------------------------------------
+# What a field of a control-channel message may be (transport/messages.py's docstring says why):
+# plain values, another frozen dataclass of that module, a tuple[X, ...] of those (a sequence of
+# like items, never a record read by position), or dict[str, str] (keys that are data: an env).
+PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def payload_problems(cls, module) -> list[str]:
+    """Why the fields of dataclass ``cls`` (of ``module``) are not typed payloads: [] if they are."""
+    problems = [] if cls.__dataclass_params__.frozen else [f"{cls.__name__} is not frozen"]
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        problems += [f"{cls.__name__}.{f.name}: {why}" for why in _type_problems(hints[f.name], module)]
+    return problems
+
+
+def _type_problems(hint, module) -> list[str]:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint in PLAIN:
+        return []
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and vars(module).get(hint.__name__) is hint:
+        return []
+    if origin in (types.UnionType, typing.Union):
+        return [p for arg in args for p in _type_problems(arg, module)]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return _type_problems(args[0], module)
+    if origin is dict and args == (str, str):
+        return []
+    return [f"{hint!r} is not a typed payload (a frozen dataclass of {module.__name__}, plain values, "
+            "tuple[X, ...] or dict[str, str])"]
+
+
+def test_the_payload_check_refuses_dicts_tuples_and_any():
+    # a guard for the test below: each of these must be caught
+    @dataclasses.dataclass(frozen=True)
+    class Loose:
+        a: dict
+        b: tuple
+        c: tuple[str, int]
+        d: typing.Any
+        e: dict[str, int]
+        f: list[str]
+
+    @dataclasses.dataclass
+    class Thawed:
+        a: int
+
+    problems = payload_problems(Loose, messages)
+    assert [p.split(":")[0] for p in problems] == [f"Loose.{n}" for n in "abcdef"]
+    assert payload_problems(Thawed, messages) == ["Thawed is not frozen"]
+    assert payload_problems(messages.Spawn, messages) == []  # tuple[int, ...]: a sequence
+
+
+def test_every_message_and_payload_is_a_typed_frozen_dataclass():
+    classes = [c for c in vars(messages).values() if isinstance(c, type) and c.__module__ == messages.__name__]
+    assert len(classes) > 20 and all(dataclasses.is_dataclass(c) for c in classes), \
+        [c.__name__ for c in classes if not dataclasses.is_dataclass(c)]
+    assert [p for c in classes for p in payload_problems(c, messages)] == []

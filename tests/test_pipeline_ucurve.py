@@ -166,11 +166,16 @@ def test_widget_ucurve_auto_cut_and_resources(world):
     assert "&lt;- chosen" in ui.cuts_table.value
     assert "stage 1 on worker1: 1 thread" in ui.resources.value
     assert ui.curve.counts == [1, 2] and ui.curve.cut in ("stem", "layer1", "layer2", "layer3")
-    assert ui.table.value.count("<tr>") == 3 and "bubble bound s" in ui.table.value
-    assert bytes(ui.sweep_plot.value[:4]) == b"\x89PNG"
+    panel = ui.ucurve_panel  # a component of the widget, with its own table and plots
+    assert panel.table.value.count("<tr>") == 3 and "bubble bound s" in panel.table.value
+    assert bytes(panel.plot.value[:4]) == b"\x89PNG" and bytes(panel.timeline.value[:4]) == b"\x89PNG"
+    assert panel in ui.children and panel.plot.layout.display is None
     ui.stage_threads.value = "off"  # another model: nothing pinned, and the widget says so
     ui.run()
     assert "unchanged" in ui.resources.value
+    assert ui.curve is panel.curve is not None and "<tr>" in ui.table.value  # the run's results beside it
+    ui.clear()
+    assert ui.curve is None and panel.table.value == "" and panel.plot.layout.display == "none"
     ui.close_model()
 
 

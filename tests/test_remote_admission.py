@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,7 @@ import ppkit
 from ppkit.cluster import admission
 from ppkit.errors import AuthenticationError, ConfigError, LaunchError
 from ppkit.transport import agent, channel, heartbeat, worker
-from ppkit.transport.messages import Admitted, AgentHello, Kill, Reject, Shutdown, Spawn
+from ppkit.transport.messages import Admitted, AgentHello, AgentInfo, Kill, Reject, Shutdown, Spawn, Versions
 
 pytestmark = pytest.mark.timeout(120)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,21 +61,20 @@ def test_remote_names_give_ranks_in_order():
 
 
 def test_version_problem_names_every_difference_and_the_fix():
-    ours = {"python": "3.11.7", "torch": "2.14.1", "ppkit": "0.1.0"}
-    assert admission.version_problem(ours, {**ours, "python": "3.11.9"}, "worker1") is None
-    text = admission.version_problem(ours, {"python": "3.10.2", "torch": "2.3.0", "ppkit": "0.1.0",
-                                         "host": "b"}, "worker1")
+    ours = Versions(python="3.11.7", torch="2.14.1", ppkit="0.1.0")
+    assert admission.version_problem(ours, Versions("3.11.9", "2.14.1", "0.1.0"), "worker1", "b") is None
+    text = admission.version_problem(ours, Versions(python="3.10.2", torch="2.3.0", ppkit="0.1.0"), "worker1", "b")
     assert text.startswith("worker1 on b runs python 3.10.2 (the master has 3.11.7), torch 2.3.0 "
                            "(the master has 2.14.1).")
     assert "pip install torch==2.14.1" in text and "ppkit==" not in text
 
 
 def test_interface_problem_only_for_loopback_towards_a_remote_master():
-    info = {"name": "worker1", "host": "b", "iface": "lo", "iface_addrs": ["127.0.0.1"],
-            "local_address": "10.0.0.2"}
+    info = AgentInfo(name="worker1", host="b", pid=1, versions=worker.versions(), iface="lo",
+                     iface_addrs=("127.0.0.1",), local_address="10.0.0.2")
     assert "would use interface 'lo' (127.0.0.1)" in admission.interface_problem(info, "10.0.0.1")
     assert admission.interface_problem(info, "127.0.0.1") is None
-    assert admission.interface_problem({**info, "iface_addrs": ["10.0.0.2"]}, "10.0.0.1") is None
+    assert admission.interface_problem(replace(info, iface_addrs=("10.0.0.2",)), "10.0.0.1") is None
 
 
 def test_parse_key(monkeypatch):
@@ -138,10 +138,10 @@ def test_remote_worker_joins_runs_restarts_and_leaves(no_leftovers, capsys):
 class FakeAgent:
     """Speaks the agent's side of the protocol by hand, to test the master's admission."""
 
-    def __init__(self, port, key: bytes, name: str, **override):
+    def __init__(self, port, key: bytes, name: str, **versions):
         self.conn = channel.connect(("127.0.0.1", port), key)
-        hello = {"name": name, "host": "fakehost", "pid": 1, **worker.versions(), "iface": "lo",
-                 "iface_addrs": ["127.0.0.1"], "local_address": "127.0.0.1", **override}
+        hello = AgentInfo(name=name, host="fakehost", pid=1, versions=replace(worker.versions(), **versions),
+                          iface="lo", iface_addrs=("127.0.0.1",), local_address="127.0.0.1")
         self.conn.send(AgentHello(hello))
         self.reply = self.recv()
 
@@ -183,7 +183,7 @@ def test_unknown_and_duplicate_names_are_refused_and_a_silent_worker_times_out(n
     assert isinstance(stranger.reply, Reject)
     assert "expects the worker(s) worker1, not 'worker9'" in stranger.reply.reason
     first = FakeAgent(port, key, "worker1")
-    assert first.reply == Admitted({"rank": 0, "world_size": 1, "master": f"127.0.0.1:{port}"})
+    assert first.reply == Admitted(rank=0, world_size=1, master=f"127.0.0.1:{port}")
     assert first.recv() == Spawn((0,))  # ... and it never starts the rank
     again = FakeAgent(port, key, "worker1")
     assert isinstance(again.reply, Reject) and "worker1 has already joined from fakehost" in again.reply.reason

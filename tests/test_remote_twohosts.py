@@ -58,8 +58,8 @@ def test_allreduce_across_two_hosts(two_hosts, no_leftovers):
     assert "interface eth0 (198.51.100.2)" in worker_out  # found by routing, not by hostname
 
 
-FAKE_TORCH = ("import sys, ppkit.transport.worker as w; real = w.versions; "
-              "w.versions = lambda: {**real(), 'torch': '0.0.test'}; "
+FAKE_TORCH = ("import dataclasses, sys, ppkit.transport.worker as w; real = w.versions; "
+              "w.versions = lambda: dataclasses.replace(real(), torch='0.0.test'); "
               "from ppkit.cli import main; sys.exit(main(sys.argv[1:]))")
 
 

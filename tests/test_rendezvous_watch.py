@@ -14,6 +14,7 @@ import torch
 import ppkit
 from ppkit.cluster import diagnostics
 from ppkit.lessons.data_parallel import free_port
+from ppkit.transport.messages import Rendezvous
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_the_store_a_rank_hosts_listens_on_loopback_and_the_rendezvous_is_rememb
     assert results[0]["listening"] == ["127.0.0.1"]  # torch alone would listen on every interface
     assert results[1]["listening"] == []
     assert [r["sum"] for r in results] == [2.0, 2.0]
-    assert all(("env", "localhost", port) in r["history"] for r in results)
+    assert all(Rendezvous("env", "localhost", port) in r["history"] for r in results)
 
 
 def test_a_hang_after_a_group_was_recreated_on_the_same_port_names_it(bare):
@@ -86,19 +87,19 @@ def test_a_hang_after_a_group_was_recreated_on_the_same_port_names_it(bare):
     assert "PyTorch issue 74666" in message
     assert "ppkit.spawn(fn, args=(world_size,), nprocs=world_size)" in message and "new MASTER_PORT" in message
     assert "Usually a send without a matching recv" not in message
-    assert info.value.rendezvous[0].count(("env", "localhost", port)) == 2
+    assert info.value.rendezvous[0].count(Rendezvous("env", "localhost", port)) == 2
     assert "dist.recv(torch.zeros(1), src=1)" in info.value.stacks[0]
     bare.restart()
 
 
 def test_a_hang_without_a_recreated_group_keeps_the_usual_advice():
-    message = str(diagnostics.job_timed_out(5, [0], [1], {0: "stack"}, {0: (("env", "localhost", 1),)}))
+    message = str(diagnostics.job_timed_out(5, [0], [1], {0: "stack"}, {0: (Rendezvous("env", "localhost", 1),)}))
     assert "Usually a send without a matching recv" in message and "74666" not in message
 
 
 def test_repeated_rendezvous_finds_the_port_most_ranks_reused():
-    histories = {0: (("env", "localhost", 1),) * 3 + (("tcp", "127.0.0.1", 2),) * 2,
-                 1: (("tcp", "127.0.0.1", 2),) * 2, 2: (("env", "localhost", 9),)}
-    assert diagnostics.repeated_rendezvous(histories) == ([0, 1], ("tcp", "127.0.0.1", 2), 2)
-    assert diagnostics.repeated_rendezvous({0: (("env", "h", 1), ("env", "h", 2))}) is None
+    env, tcp = Rendezvous("env", "localhost", 1), Rendezvous("tcp", "127.0.0.1", 2)
+    histories = {0: (env,) * 3 + (tcp,) * 2, 1: (tcp,) * 2, 2: (Rendezvous("env", "localhost", 9),)}
+    assert diagnostics.repeated_rendezvous(histories) == ([0, 1], tcp, 2)
+    assert diagnostics.repeated_rendezvous({0: (Rendezvous("env", "h", 1), Rendezvous("env", "h", 2))}) is None
     assert diagnostics.reinit_note({}) == ""

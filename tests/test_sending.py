@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ppkit.transport import sending
-from ppkit.transport.messages import Run, Shutdown
+from ppkit.transport.messages import CellSource, Run, Shutdown
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def pipes():
 
 @pytest.mark.parametrize("size", [0, 100, 16_000, 5_000_000])
 def test_the_peer_reads_what_conn_send_would_have_written(pipes, size):
-    msg = Run(3, b"x" * size, {"cell": (1, None, ["a\n"], "cell")})
+    msg = Run(3, b"x" * size, (CellSource("cell", "a\n"),))
     readers = {}
     for key, (_, theirs) in enumerate(pipes):  # read while it is written: 5 MB fills any buffer
         readers[key] = box = []

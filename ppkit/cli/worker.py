@@ -116,8 +116,8 @@ def main(args) -> int:
         except LaunchError as exc:
             print(f"ppkit worker: {exc}", file=sys.stderr)
             return 2
-        addrs = " ".join(agent.hello()["iface_addrs"])
-        say(f"{name}: joined {where} as rank {joined['rank']} of the master's {joined['world_size']} "
+        addrs = " ".join(agent.hello().iface_addrs)
+        say(f"{name}: joined {where} as rank {joined.rank} of the master's {joined.world_size} "
             f"worker process(es); gloo and TensorPipe use interface {agent.iface} ({addrs})")
         clean, why = agent.serve()
         say(f"{name}: {why}; exiting.")

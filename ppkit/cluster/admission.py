@@ -13,10 +13,18 @@ import errno
 import os
 import re
 import socket
+from dataclasses import dataclass
 
 from ppkit.errors import ConfigError, LaunchError
 from ppkit.transport import channel, ifaces, worker
-from ppkit.transport.messages import ProbeReply
+from ppkit.transport.messages import AgentInfo, ProbeReply, Versions
+
+
+@dataclass(frozen=True)
+class JoinedAgent:
+    """An admitted agent (remote launcher): its connection and what it said of itself."""
+    conn: object
+    info: AgentInfo
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 DEFAULT_PORT = 29600  # away from torchrun's 29500 (MASTER_PORT) and 29400 (c10d rendezvous)
@@ -144,22 +152,22 @@ def without_socket_vars(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in ifaces.SOCKET_ENV_VARS}
 
 
-def version_problem(ours: dict, theirs: dict, name: str) -> str | None:
-    """Why a worker with versions ``theirs`` cannot join a master with ``ours``, or None.
+def version_problem(ours: Versions, theirs: Versions, name: str, host: str) -> str | None:
+    """Why a worker on ``host`` with versions ``theirs`` cannot join a master with ``ours``, or None.
 
     Python must agree on major.minor (functions travel as bytecode), torch and ppkit exactly.
     """
     def same(key):
-        a, b = str(ours.get(key)), str(theirs.get(key))
+        a, b = getattr(ours, key), getattr(theirs, key)
         return a.split(".")[:2] == b.split(".")[:2] if key == "python" else a == b
 
     diffs = [k for k in ("python", "torch", "ppkit") if not same(k)]
     if not diffs:
         return None
-    listed = ", ".join(f"{k} {theirs.get(k)} (the master has {ours.get(k)})" for k in diffs)
-    pins = " ".join(f"{k}=={ours.get(k)}" for k in diffs if k != "python")
+    listed = ", ".join(f"{k} {getattr(theirs, k)} (the master has {getattr(ours, k)})" for k in diffs)
+    pins = " ".join(f"{k}=={getattr(ours, k)}" for k in diffs if k != "python")
     return (
-        f"{name} on {theirs.get('host', '?')} runs {listed}. Every machine must run the same Python "
+        f"{name} on {host} runs {listed}. Every machine must run the same Python "
         "(major.minor), torch and ppkit: functions and tensors travel between them pickled, and "
         "torch.distributed needs the same torch on every rank. "
         + (f"Install the master's versions there (pip install {pins}) " if pins else
@@ -167,18 +175,24 @@ def version_problem(ours: dict, theirs: dict, name: str) -> str | None:
         + "and start the worker again; `ppkit version` prints them on each machine.")
 
 
-def interface_problem(info: dict, master_host: str) -> str | None:
+def interface_problem(info: AgentInfo, master_host: str) -> str | None:
     """Why a worker's gloo/TensorPipe interface cannot work with this master, or None."""
-    addrs = info.get("iface_addrs") or []
+    addrs = info.iface_addrs
     if ifaces.is_loopback(master_host) or not addrs or not all(ifaces.is_loopback(a) for a in addrs):
         return None
-    reached = info.get("local_address")
+    reached = info.local_address
     return (
-        f"{info.get('name')} on {info.get('host')} would use interface {info.get('iface')!r} "
+        f"{info.name} on {info.host} would use interface {info.iface!r} "
         f"({', '.join(addrs)}) for gloo and TensorPipe, a loopback address that the master "
         f"({master_host}) cannot reach, so joining the process group would hang. It reached the "
         f"master from {reached}: start it with --iface naming that address's interface, or unset "
         "GLOO_SOCKET_IFNAME/TP_SOCKET_IFNAME there (`ppkit doctor` lists the interfaces).")
+
+
+def join_problem(info: AgentInfo, master_host: str) -> str | None:
+    """Why an expected agent cannot work with this master (versions, interface), or None."""
+    return (version_problem(worker.versions(), info.versions, info.name, info.host)
+            or interface_problem(info, master_host))
 
 
 def master_interface(host: str) -> str:
@@ -208,7 +222,7 @@ def listen_error(exc: OSError, host: str, port: int) -> LaunchError:
 def handle_probe(conn) -> None:
     """Answer ``ppkit doctor``'s probe: this master's versions and host, then hang up."""
     try:
-        conn.send(ProbeReply({**worker.versions(), "host": socket.gethostname()}))
+        conn.send(ProbeReply(socket.gethostname(), worker.versions()))
     except OSError:
         pass
     conn.close()

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import weakref
+from dataclasses import asdict
 
 from ppkit.checks import positive
 from ppkit.cluster import diagnostics, launchers, worker_setup
@@ -68,8 +69,7 @@ class Cluster:
         return cluster
 
     def _begin(self, spec: ClusterSpec) -> None:
-        self.spec = spec
-        self.world_size = spec.world_size
+        self.spec, self.world_size = spec, spec.world_size
         # 'auto' counts GPUs, which imports torch (seconds): done below, while the fork server imports it too
         self.backend = spec.backend  # "gloo" or "nccl" already checked (nccl's GPUs counted) by the spec
         self.timeout, self.start_timeout, self.process_group = spec.timeout, spec.start_timeout, spec.process_group
@@ -124,7 +124,7 @@ class Cluster:
             conn.close()
             return
         if isinstance(first, Hello):
-            generation, rank = self._generation, first.info.get("rank")
+            generation, rank = self._generation, first.info.rank
             if not isinstance(rank, int) or not 0 <= rank < self.world_size:
                 conn.send(Reject(f"this cluster has ranks 0..{self.world_size - 1}, not {rank!r}"))
                 conn.close()
@@ -192,7 +192,7 @@ class Cluster:
         while len(ready) < self.world_size:
             item = self._next(deadline, ready)
             if isinstance(item.msg, Ready):
-                self.workers[item.source] = item.msg.info
+                self.workers[item.source] = asdict(item.msg.info)  # a dict: what users index
                 ready.add(item.source)
             elif isinstance(item.msg, JoinFailed):
                 self._printer.flush()
@@ -281,7 +281,7 @@ class Cluster:
 
     def processes(self) -> list[Process]:
         """Its launcher's processes (fork server, agents, a SLURM job) and one worker per rank."""
-        return self._launcher.processes() + [Process("worker", w.get("pid"), rank, w.get("host", "here"))
+        return self._launcher.processes() + [Process("worker", w["pid"], rank, w["host"])
                                              for rank, w in sorted(self.workers.items())]
 
     # -- display ------------------------------------------------------------------------------

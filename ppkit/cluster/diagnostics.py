@@ -16,7 +16,7 @@ from ppkit.errors import (
     RemoteError,
     WorkerDiedError,
 )
-from ppkit.transport.messages import AskStacks, Stacks
+from ppkit.transport.messages import AskStacks, ErrorInfo, Rendezvous, Stacks
 
 RESTART = "Run cluster.restart() for a clean world"
 
@@ -54,10 +54,10 @@ def ask_stacks(send, inbox, ranks: list[int], wait: float = 2.0, rendezvous: dic
     return {r: stacks.get(r, "(no answer)") for r in ranks}
 
 
-def repeated_rendezvous(rendezvous: dict) -> tuple[list[int], tuple, int] | None:
-    """(ranks, (scheme, host, port), times) where ranks' processes rendezvoused on one port more
+def repeated_rendezvous(rendezvous: dict) -> tuple[list[int], Rendezvous, int] | None:
+    """(ranks, rendezvous, times) where ranks' processes rendezvoused on one port more
     than once, or None. ``rendezvous``: rank -> that process's history, oldest first."""
-    repeats: dict[tuple, dict[int, int]] = {}
+    repeats: dict[Rendezvous, dict[int, int]] = {}
     for rank, history in rendezvous.items():
         for where in set(history):
             if history.count(where) > 1:
@@ -79,7 +79,8 @@ def reinit_note(rendezvous: dict, advice: str = PERSISTENT_WORKERS_ADVICE) -> st
     found = repeated_rendezvous(rendezvous)
     if found is None:
         return ""
-    ranks, (scheme, host, port), times = found
+    ranks, where, times = found
+    scheme, host, port = where.scheme, where.host, where.port
     return (f"Rank(s) {ranks} created a process group on port {port} ({scheme}://{host}:{port}) "
             f"{times} times in the same process: a group re-created on the same port in processes "
             "that keep running can hang in its first collective or fail to connect, because it can "
@@ -101,11 +102,11 @@ def start_timed_out(seconds: float, what: str, hint: str) -> LaunchError:
     return LaunchError(f"timed out after {seconds:.0f} s waiting for {what}. {hint}")
 
 
-def join_failed(rank: int, error: dict, hint: str) -> LaunchError:
+def join_failed(rank: int, error: ErrorInfo, hint: str) -> LaunchError:
     hint = f"\n{hint}" if hint else ""
     return LaunchError(
-        f"rank {rank} could not join the process group: {error['type']}: {error['message']}{hint}"
-        f"\n\n--- traceback on rank {rank} ---\n{error['traceback']}")
+        f"rank {rank} could not join the process group: {error.type}: {error.message}{hint}"
+        f"\n\n--- traceback on rank {rank} ---\n{error.traceback}")
 
 
 def fork_server_exited(log_path, log_tail: str) -> LaunchError:
@@ -119,7 +120,7 @@ def died_while_starting(rank: int, how: str) -> LaunchError:
     return LaunchError(f"rank {rank} died while starting: {how}. See its output above.")
 
 
-def agent_lost(name: str, info: dict, silent_s: float | None) -> str:
+def agent_lost(name: str, host: str, silent_s: float | None) -> str:
     """Why remote worker ``name``'s agent is gone: its connection closed, or it said nothing for
     ``silent_s`` seconds (no heartbeat: its machine froze or left the network)."""
     if silent_s is None:
@@ -127,7 +128,7 @@ def agent_lost(name: str, info: dict, silent_s: float | None) -> str:
     else:
         why = (f"stopped answering: nothing from its `ppkit worker` for {silent_s:g} s (that machine froze, "
                "lost power or left the network, or the network between the machines failed)")
-    return f"{name} on {info.get('host')} {why}. Start it again, then run cluster.restart()."
+    return f"{name} on {host} {why}. Start it again, then run cluster.restart()."
 
 
 # -- during a job -------------------------------------------------------------------------------
@@ -169,26 +170,26 @@ def rank_lost(rank: int, reason: str) -> WorkerDiedError:
     return WorkerDiedError(f"rank {rank} is lost during the job: {reason}", [rank])
 
 
-def ranks_raised(errors: dict[int, dict], waiting: list[int], stacks: dict,
+def ranks_raised(errors: dict[int, ErrorInfo], waiting: list[int], stacks: dict,
                  rendezvous: dict | None = None) -> RemoteError:
-    """``errors``: rank -> the error dict of its ``Result``, for every rank that raised;
+    """``errors``: rank -> the error of its ``Result``, for every rank that raised;
     ``rendezvous``: the waiting ranks' histories (the failed ones' come with their errors)."""
     failed = sorted(errors)
     first = errors[failed[0]]
-    rendezvous = {**(rendezvous or {}), **{r: e["rendezvous"] for r, e in errors.items() if "rendezvous" in e}}
-    text = (f"rank {failed[0]} raised {first['type']}: {first['message']}"
+    rendezvous = {**(rendezvous or {}), **{r: e.rendezvous for r, e in errors.items() if e.rendezvous}}
+    text = (f"rank {failed[0]} raised {first.type}: {first.message}"
             if len(failed) == 1 else
-            f"ranks {failed} raised an exception (rank {failed[0]}: {first['type']}: "
-            f"{first['message']})")
+            f"ranks {failed} raised an exception (rank {failed[0]}: {first.type}: "
+            f"{first.message})")
     if note := reinit_note(rendezvous):
         text += f"\n{note.strip()}"
     for r in failed:
-        text += f"\n\n--- traceback on rank {r} ---\n{errors[r]['traceback']}"
+        text += f"\n\n--- traceback on rank {r} ---\n{errors[r].traceback}"
     if waiting:
         text += (f"\nRank(s) {waiting} are still blocked, probably waiting for the failed "
                  f"rank. {RESTART}.\n" + format_stacks(stacks))
-    return RemoteError(text, failed, {r: e["traceback"] for r, e in errors.items()},
-                       {r: e["type"] for r, e in errors.items()}, {r: e["message"] for r, e in errors.items()},
+    return RemoteError(text, failed, {r: e.traceback for r, e in errors.items()},
+                       {r: e.type for r, e in errors.items()}, {r: e.message for r, e in errors.items()},
                        stacks, rendezvous)
 
 

@@ -16,22 +16,23 @@ from ppkit.cluster import diagnostics
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
 from ppkit.errors import ConfigError
 from ppkit.transport import byvalue, channel
-from ppkit.transport.messages import Cancel, Cancelled, Result, Run
+from ppkit.transport.messages import Cancel, Cancelled, CellSource, Result, Run
 from ppkit.transport.sending import Broadcast
 
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
 CANCEL_WAIT_S = 2.0  # after Kernel > Interrupt, how long the ranks get to stop
 
 
-def new_cell_sources(sent: set[str]) -> dict:
+def new_cell_sources(sent: set[str]) -> tuple[CellSource, ...]:
     """Notebook cells' source the workers have not had yet (``sent`` names those they have).
 
     IPython keeps each cell's code in ``linecache`` only (mtime None), not on disk; without it
     a remote traceback or stack would name the cell's line but not show it.
     """
-    new = {name: entry for name, entry in list(linecache.cache.items())
-           if len(entry) == 4 and entry[1] is None and name not in sent}
-    sent.update(new)
+    # a full entry is (size, mtime, lines, fullname); a lazy one (a module's, not read yet) has one item
+    new = tuple(CellSource(name, "".join(entry[2])) for name, entry in list(linecache.cache.items())
+                if len(entry) == 4 and entry[1] is None and name not in sent)
+    sent.update(cell.filename for cell in new)
     return new
 
 
@@ -66,7 +67,7 @@ class Job:
         self.results: dict[int, Result | Cancelled] = {}
         self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
 
-    def run(self, payload: bytes, sources: dict, timeout: float, workers: dict) -> list:
+    def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float, workers: dict) -> list:
         """Every rank's return value, by rank; raises the job's error otherwise."""
         deadline = time.monotonic() + timeout
         self._deliver(Run(self.job_id, payload, sources), timeout, deadline)

@@ -97,7 +97,19 @@ def _launcher_name(launcher, start_method, listen) -> str:
     return launcher
 
 
-def _check_network(launcher: str, listen, remote, key, backend: str):
+def _backend_across_machines(launcher: str, backend: str) -> str:
+    """The one place that decides: ranks on other machines (remote, slurm) use gloo, since the other
+    machines' GPUs are unknown here; 'auto' means gloo there, and nccl is refused."""
+    if launcher not in ("remote", "slurm"):
+        return backend
+    if backend not in ("auto", "gloo"):
+        raise ConfigError(
+            f"remote workers use the gloo backend (CPU tensors between machines), not {backend!r}. "
+            f"Pass backend='gloo' or 'auto' with launcher={launcher!r}.")
+    return "gloo"
+
+
+def _check_network(launcher: str, listen, remote, key):
     """``listen``/``remote``/``key`` together: the last two mean nothing without the first."""
     if listen is None and launcher != "slurm":
         given = [n for n, v in (("remote", remote), ("key", key)) if v is not None]
@@ -111,10 +123,6 @@ def _check_network(launcher: str, listen, remote, key, backend: str):
     if launcher == "slurm" and remote is not None:
         raise ConfigError("remote= names workers you start by hand; with launcher='slurm' SLURM starts every "
                           "rank (rank = SLURM_PROCID). Drop remote=.")
-    if backend not in ("auto", "gloo"):
-        raise ConfigError(
-            f"remote workers use the gloo backend (CPU tensors between machines), not {backend!r}. "
-            f"Pass backend='gloo' or 'auto' with launcher={launcher!r}.")
     if listen is None:
         return None
     host, port = parse_listen(listen)
@@ -143,9 +151,8 @@ def cluster_spec(world_size, backend: str = "auto", *, timeout: float = DEFAULT_
                           f"group) or False (they do not), got {process_group!r}.")
     env = check_env(env) or {}
     labels = check_labels(labels, world_size)
-    address = _check_network(name, listen, remote, key, backend)
-    if name in ("remote", "slurm") and backend == "auto":
-        backend = "gloo"  # the other machines' GPUs are unknown here
+    address = _check_network(name, listen, remote, key)
+    backend = _backend_across_machines(name, backend)
     names, ssh_hosts = (), ()
     if name == "remote":
         names = tuple(remote_names(world_size, remote))

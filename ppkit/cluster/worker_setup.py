@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from ppkit.errors import ConfigError
 from ppkit.transport import ifaces
+from ppkit.transport.messages import JoinConfig
 
 BACKENDS = ("auto", "gloo", "nccl")
 MAX_RANKS_PER_CORE = 64  # a sanity bound on world_size (a typo such as 2000 for 2), not a tuned limit
@@ -63,18 +64,17 @@ def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> s
 
 
 def worker_config(rank: int, world_size: int, backend: str, process_group: bool, env: dict,
-                  join_timeout: float, threads: int | None = None) -> dict:
+                  join_timeout: float, threads: int | None = None) -> JoinConfig:
     """What a worker on this machine is told when it joins (a launcher adds the store).
     ``threads``: its torch threads (its share of the CPU budget), None to leave torch's default."""
-    return {
-        "rank": rank, "world_size": world_size, "backend": backend, "process_group": process_group,
-        "threads": threads,
-        "device": f"cuda:{rank}" if backend == "nccl" else "cpu",
+    return JoinConfig(
+        rank=rank, world_size=world_size, backend=backend, process_group=process_group, threads=threads,
+        device=f"cuda:{rank}" if backend == "nccl" else "cpu",
         # the kernel's sys.path too, so functions imported from modules the notebook can
         # import (sys.path.append("..") in a cell, pytest's test dirs) unpickle on the workers
-        "env": env, "cwd": os.getcwd(), "sys_path": [os.getcwd(), *filter(None, sys.path)],
-        "join_timeout": join_timeout, "pg_timeout": 1800,
-    }
+        env=dict(env), cwd=os.getcwd(), sys_path=(os.getcwd(), *filter(None, sys.path)),
+        join_timeout=join_timeout, pg_timeout=1800.0,
+    )
 
 
 def tcp_store(host: str, world_size: int, timeout: float, port: int = 0, multi_tenant: bool = False):

@@ -116,16 +116,16 @@ def check_merge_partials(fn) -> CheckReport | None:
     check_callable(fn, "fn(out_a, lse_a, out_b, lse_b)")
     report = CheckReport("log-sum-exp merge")
     for name, inputs, want in merge_cases():
-        report.cases.append(name)
+        report.case(name)
         try:
             got = fn(*(t.clone() for t in inputs))
         except NotImplementedError:
             print(f"not written yet: replace the NotImplementedError in {getattr(fn, '__name__', fn)}")
             return None
         except Exception as exc:  # the learner's bug is a finding, not a crash of the checker
-            report.failures.append(f"{name}: your function raised {type(exc).__name__}: {exc}")
+            report.fail(f"{name}: your function raised {type(exc).__name__}: {exc}")
             continue
         problem = _diagnose(name, inputs, want, got)
         if problem:
-            report.failures.append(problem)
+            report.fail(problem)
     return raise_or_report(report)

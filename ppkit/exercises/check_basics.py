@@ -21,8 +21,8 @@ import torch.distributed as dist
 from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
 from ppkit.errors import ExerciseFailed
-from ppkit.exercises.report import CheckReport, raise_or_report
-from ppkit.exercises.subworld import SubworldRunner
+from ppkit.exercises.report import CheckReport
+from ppkit.exercises.subworld import check_on_ranks
 from ppkit.lessons import data_parallel
 
 WORLD_SIZES = (2, 3, 4, 5, 6)
@@ -90,25 +90,18 @@ def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: f
     """Check ``fn(rank, world_size, tensor) -> tensor``: every rank sends ``tensor`` to rank + 1 and
     returns what rank - 1 sent it (the ring wraps around)."""
     check_callable(fn, "fn(rank, world_size, tensor)")
-    report = CheckReport("ring shift")
-    runner = SubworldRunner(world_sizes, timeout, cluster)
-    try:
-        for k in world_sizes:
-            report.cases.append(f"world_size {k} x sizes {list(sizes)}")
-            results, problem = runner.run(k, _ring_shift_job, fn, tuple(sizes))
-            if problem:
-                report.failures.append(f"world_size {k}: {problem}")
-                continue
-            for rank in range(k):
-                for numel, got in zip(sizes, results[rank]):
-                    want = _ring_input((rank - 1) % k, numel)
-                    label = f"world_size {k}, {numel} element(s)"
-                    problem = _compare(label, rank, got, want, own=_ring_input(rank, numel))
-                    if problem:
-                        report.failures.append(problem + f" (it should hold rank {(rank - 1) % k}'s tensor)")
-    finally:
-        runner.close()
-    return raise_or_report(report)
+
+    def problems(k, results):
+        for rank in range(k):
+            for numel, got in zip(sizes, results[rank]):
+                want = _ring_input((rank - 1) % k, numel)
+                problem = _compare(f"world_size {k}, {numel} element(s)", rank, got, want,
+                                   own=_ring_input(rank, numel))
+                yield problem and problem + f" (it should hold rank {(rank - 1) % k}'s tensor)"
+
+    return check_on_ranks(CheckReport("ring shift"), fn, world_sizes, timeout, cluster,
+                          lambda k: f"world_size {k} x sizes {list(sizes)}", _ring_shift_job, (fn, tuple(sizes)),
+                          problems)
 
 
 # -- lesson 2: ring all_reduce ------------------------------------------------------------------
@@ -137,24 +130,16 @@ def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeo
     None) every rank holds the element-wise sum over all ranks, as ``dist.all_reduce`` gives, using
     only send/recv/isend/irecv."""
     check_callable(fn, "fn(rank, world_size, tensor)")
-    report = CheckReport("ring all_reduce")
-    runner = SubworldRunner(world_sizes, timeout, cluster)
-    try:
-        for k in world_sizes:
-            report.cases.append(f"world_size {k} x sizes {list(sizes)}")
-            results, problem = runner.run(k, _ring_all_reduce_job, fn, tuple(sizes))
-            if problem:
-                report.failures.append(f"world_size {k}: {problem}")
-                continue
-            for rank in range(k):
-                for seed, (numel, (got, want)) in enumerate(zip(sizes, results[rank])):
-                    problem = _compare(f"world_size {k}, {numel} element(s)", rank, got, want,
-                                       own=_reduce_input(rank, numel, seed))
-                    if problem:
-                        report.failures.append(problem)
-    finally:
-        runner.close()
-    return raise_or_report(report)
+
+    def problems(k, results):
+        for rank in range(k):
+            for seed, (numel, (got, want)) in enumerate(zip(sizes, results[rank])):
+                yield _compare(f"world_size {k}, {numel} element(s)", rank, got, want,
+                               own=_reduce_input(rank, numel, seed))
+
+    return check_on_ranks(CheckReport("ring all_reduce"), fn, world_sizes, timeout, cluster,
+                          lambda k: f"world_size {k} x sizes {list(sizes)}", _ring_all_reduce_job,
+                          (fn, tuple(sizes)), problems)
 
 
 # -- lesson 3: one all_reduce for all gradients -------------------------------------------------
@@ -183,31 +168,23 @@ def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, time
     of the ranks' gradients), and it used exactly one ``dist.all_reduce`` for all of them."""
     check_callable(fn, "fn(model)")
     want = data_parallel.whole_batch_gradients(batch_size)
-    report = CheckReport("bucketed gradient averaging")
-    runner = SubworldRunner(world_sizes, timeout, cluster)
-    try:
-        for k in world_sizes:
-            report.cases.append(f"world_size {k}, batch {batch_size}")
-            results, problem = runner.run(k, _bucket_job, fn, batch_size)
-            if problem:
-                report.failures.append(f"world_size {k}: {problem}")
-                continue
-            for rank, result in enumerate(results):
-                calls = result["all_reduce_calls"]
-                if len(calls) != 1:
-                    report.failures.append(
-                        f"world_size {k}: rank {rank} called dist.all_reduce {len(calls)} times (on "
-                        f"{calls} elements); the exercise asks for one call on one flat tensor that "
-                        "holds every gradient (torch.cat of the flattened grads)")
-                for name, g in result["grads"].items():
-                    if torch.allclose(g, want[name], rtol=1e-4, atol=1e-6):
-                        continue
-                    diff = float((g - want[name]).abs().max())
-                    text = (f"world_size {k}: rank {rank}, gradient of {name!r} differs from the "
-                            f"whole-batch gradient by up to {diff:.3g}")
-                    if torch.allclose(g, want[name] * k, rtol=1e-4, atol=1e-6):
-                        text += f" (it is {k} times too large: summed but not divided by world_size)"
-                    report.failures.append(text)
-    finally:
-        runner.close()
-    return raise_or_report(report)
+
+    def problems(k, results):
+        for rank, result in enumerate(results):
+            calls = result["all_reduce_calls"]
+            if len(calls) != 1:
+                yield (f"world_size {k}: rank {rank} called dist.all_reduce {len(calls)} times (on "
+                       f"{calls} elements); the exercise asks for one call on one flat tensor that "
+                       "holds every gradient (torch.cat of the flattened grads)")
+            for name, g in result["grads"].items():
+                if torch.allclose(g, want[name], rtol=1e-4, atol=1e-6):
+                    continue
+                diff = float((g - want[name]).abs().max())
+                text = (f"world_size {k}: rank {rank}, gradient of {name!r} differs from the "
+                        f"whole-batch gradient by up to {diff:.3g}")
+                if torch.allclose(g, want[name] * k, rtol=1e-4, atol=1e-6):
+                    text += f" (it is {k} times too large: summed but not divided by world_size)"
+                yield text
+
+    return check_on_ranks(CheckReport("bucketed gradient averaging"), fn, world_sizes, timeout, cluster,
+                          lambda k: f"world_size {k}, batch {batch_size}", _bucket_job, (fn, batch_size), problems)

@@ -13,7 +13,6 @@ import operator
 
 from ppkit.checks import check_callable
 from ppkit.cluster.tools.env import TORCHRUN_VARS, read_launch_env
-from ppkit.exercises.check_pipeline import _call
 from ppkit.exercises.report import CheckReport, raise_or_report
 
 # -- lesson 0: every rank takes its share -----------------------------------------------------------
@@ -28,6 +27,13 @@ def _as_item(item):
         return operator.index(item)
     except TypeError:
         return item
+
+
+def _as_items(got) -> list | None:
+    """The item numbers in ``got``, or None if it is no list of them (a string, or not iterable)."""
+    if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
+        return None
+    return [_as_item(i) for i in got]
 
 
 def _share_problems(world_size: int, num_items: int, shares: dict[int, list]) -> list[str]:
@@ -65,25 +71,26 @@ def check_my_share(fn, world_sizes=SHARE_WORLD_SIZES, num_items=SHARE_NUM_ITEMS)
     check_callable(fn, "fn(rank, world_size, num_items)")
     report = CheckReport("my share")
     for world_size in world_sizes:
-        report.cases.append(f"world_size {world_size} x items {list(num_items)}")
+        report.case(f"world_size {world_size} x items {list(num_items)}")
         for n in num_items:
             shares = {}
             for rank in range(world_size):
                 label = f"world_size {world_size}, {n} items, rank {rank}"
-                got, problem = _call(fn, label, rank, world_size, n)
-                if problem is None and (isinstance(got, (str, bytes)) or not hasattr(got, "__iter__")):
-                    problem = (f"{label}: expected a list of item numbers such as [0, 1, 2], got "
-                               f"{type(got).__name__} {got!r:.60}")
-                if problem:
-                    report.failures.append(problem)
+                items = report.answer(label, fn, (rank, world_size, n), _as_items,
+                                      "a list of item numbers such as [0, 1, 2]")
+                if items is None:
                     break
-                shares[rank] = [_as_item(i) for i in got]
+                shares[rank] = items
             else:
-                report.failures.extend(_share_problems(world_size, n, shares))
+                report.fail(*_share_problems(world_size, n, shares))
     return raise_or_report(report)
 
 
 # -- lesson 7: SLURM's variables under torchrun's names --------------------------------------------
+
+def _as_dict(got) -> dict | None:
+    return got if isinstance(got, dict) else None
+
 
 SLURM_CASES = (
     {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODELIST": "node[07-08]",
@@ -104,22 +111,17 @@ def check_slurm_to_torchrun(fn, cases=SLURM_CASES) -> CheckReport:
     report = CheckReport("SLURM to torchrun")
     for env in cases:
         label = ", ".join(f"{k}={v}" for k, v in env.items())
-        report.cases.append(env["SLURM_NODELIST"])
-        got, problem = _call(fn, label, dict(env))
-        if problem:
-            report.failures.append(problem)
-            continue
+        report.case(env["SLURM_NODELIST"])
         want = read_launch_env(env).as_torchrun_env()
-        if not isinstance(got, dict):
-            report.failures.append(f"{label}: expected a dict such as {want}, got {type(got).__name__} "
-                                   f"{got!r:.60}")
+        got = report.answer(label, fn, (dict(env),), _as_dict, f"a dict such as {want}")
+        if got is None:
             continue
         for name in TORCHRUN_VARS:
             if name not in got:
-                report.failures.append(f"{label}: {name} is missing (expected {name}={want[name]!r})")
+                report.fail(f"{label}: {name} is missing (expected {name}={want[name]!r})")
             elif str(got[name]) != want[name]:
                 hint = {"MASTER_ADDR": " (the first host of SLURM_NODELIST, with its brackets expanded)",
                         "MASTER_PORT": " (SLURM chooses no port: MASTER_PORT if set, else torch's 29500)"}
-                report.failures.append(f"{label}: expected {name}={want[name]!r}, got {got[name]!r}"
+                report.fail(f"{label}: expected {name}={want[name]!r}, got {got[name]!r}"
                                        + hint.get(name, ""))
     return raise_or_report(report)

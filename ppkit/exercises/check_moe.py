@@ -17,10 +17,8 @@ import torch
 
 from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
-from ppkit.exercises.report import CheckReport, raise_or_report
-from ppkit.exercises.subworld import SubworldRunner
-
-NOT_WRITTEN = {"not_written": True}
+from ppkit.exercises.report import CheckReport
+from ppkit.exercises.subworld import NOT_WRITTEN, check_on_ranks
 
 
 def split_cases(world_size: int):
@@ -112,24 +110,11 @@ def check_dispatch_splits(fn, world_sizes=(2, 3, 4), timeout: float = 30,
     """Check ``fn(tokens_per_expert, world_size) -> (input_splits, output_splits)`` on real ranks (see the
     module's docstring); ``cluster``: one started with ``process_group=False`` to run on."""
     check_callable(fn, "fn(tokens_per_expert, world_size)")
-    report = CheckReport("dispatch split sizes")
-    runner = SubworldRunner(world_sizes, timeout, cluster)
-    try:
-        for k in world_sizes:
-            cases = split_cases(k)
-            report.cases.extend(f"world_size {k}, {name}" for name, _ in cases)
-            results, problem = runner.run(k, _job, fn)
-            if problem:
-                report.failures.append(f"world_size {k}: {problem}")
-                continue
-            if any(r == NOT_WRITTEN for r in results):
-                print(f"not written yet: replace the NotImplementedError in {getattr(fn, '__name__', fn)}")
-                return None
-            for rank, per_case in enumerate(results):
-                for (name, counts), got in zip(cases, per_case):
-                    text = _problem(f"world_size {k}, {name}: rank {rank}", counts, rank, got)
-                    if text:
-                        report.failures.append(text)
-    finally:
-        runner.close()
-    return raise_or_report(report)
+
+    def problems(k, results):
+        for rank, per_case in enumerate(results):
+            for (name, counts), got in zip(split_cases(k), per_case):
+                yield _problem(f"world_size {k}, {name}: rank {rank}", counts, rank, got)
+
+    return check_on_ranks(CheckReport("dispatch split sizes"), fn, world_sizes, timeout, cluster,
+                          lambda k: [f"world_size {k}, {name}" for name, _ in split_cases(k)], _job, (fn,), problems)

@@ -26,15 +26,6 @@ from ppkit.pipeline.rpc.config import num_microbatches
 from ppkit.pipeline.rpc.ucurve import best_count, step_model
 from ppkit.pipeline.schedules.bubble_model import schedule_orders
 
-
-def _call(fn, label: str, *args):
-    """``(result, None)`` or ``(None, a sentence saying what the learner's function raised)``."""
-    try:
-        return fn(*args), None
-    except Exception as exc:  # the learner's bug is a finding, not a crash of the checker
-        return None, f"{label}: your function raised {type(exc).__name__}: {exc}"
-
-
 # -- lesson 5: the activation at the cut -------------------------------------------------------
 
 ACTIVATION_BATCHES = (1, 3)
@@ -51,8 +42,12 @@ def _as_sequence(got, convert):
         return None
 
 
-def _not_a_sequence(label: str, what: str, want, got) -> str:
-    return f"{label}: expected {what} such as {want}, got {type(got).__name__} {got!r:.60}"
+def _as_tuple(got) -> tuple | None:
+    return _as_sequence(got, tuple)
+
+
+def _as_list(got) -> list | None:
+    return _as_sequence(got, list)
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,22 +84,14 @@ def check_activation_shape(fn, batch_sizes=ACTIVATION_BATCHES, image_sizes=IMAGE
     check_callable(fn, "fn(cut, batch_size, image_size)")
     report = CheckReport("activation shape")
     for cut in CUT_POINTS:
-        report.cases.append(f"cut after {cut}: batches {list(batch_sizes)} x images {list(image_sizes)}")
+        report.case(f"cut after {cut}: batches {list(batch_sizes)} x images {list(image_sizes)}")
         for batch_size in batch_sizes:
             for image_size in image_sizes:
                 label = f"cut after {cut!r}, batch {batch_size}, {image_size}x{image_size} images"
-                got, problem = _call(fn, label, cut, batch_size, image_size)
-                if problem:
-                    report.failures.append(problem)
-                    continue
                 want = activation_shape_of(cut, batch_size, image_size)
-                got_shape = _as_sequence(got, tuple)
-                if got_shape is None:
-                    report.failures.append(_not_a_sequence(label, "a shape", want, got))
-                    continue
-                if got_shape != want:
-                    report.failures.append(f"{label}: expected {want}, got {got_shape}"
-                                           + _shape_hint(got_shape, want, image_size))
+                got = report.answer(label, fn, (cut, batch_size, image_size), _as_tuple, f"a shape such as {want}")
+                if got is not None and got != want:
+                    report.fail(f"{label}: expected {want}, got {got}" + _shape_hint(got, want, image_size))
     return raise_or_report(report)
 
 
@@ -120,6 +107,17 @@ PIPELINE_CASES = (
     ((1.0, 2.0), (2.0, 4.0), 10, 10),           # one micro-batch: no overlap at all
     ((0.3, 0.1), (0.0, 0.0), 9, 1),             # forward only (inference)
 )
+
+
+def _as_seconds(got) -> float | None:
+    try:
+        return None if isinstance(got, (bool, str)) else float(got)
+    except (TypeError, ValueError):
+        return None
+
+
+def _as_count(got) -> int | None:
+    return None if isinstance(got, bool) or not isinstance(got, int) else got
 
 
 def _gpipe_total(forward_times, backward_times, m: int) -> float:
@@ -155,21 +153,12 @@ def check_pipeline_time(fn, cases=PIPELINE_CASES) -> CheckReport:
         m = num_microbatches(batch_size, microbatch_size)
         label = (f"forward {list(forward_times)}, backward {list(backward_times)}, batch {batch_size}, "
                  f"micro-batch size {microbatch_size} ({m} micro-batches)")
-        report.cases.append(f"{len(forward_times)} stages, batch {batch_size} / size {microbatch_size}")
-        got, problem = _call(fn, label, list(forward_times), list(backward_times), batch_size, microbatch_size)
-        if problem:
-            report.failures.append(problem)
-            continue
+        report.case(f"{len(forward_times)} stages, batch {batch_size} / size {microbatch_size}")
         want = _gpipe_total(forward_times, backward_times, m)
-        try:
-            seconds = None if isinstance(got, (bool, str)) else float(got)
-        except (TypeError, ValueError):
-            seconds = None
-        if seconds is None:
-            report.failures.append(f"{label}: expected a number of seconds ({want:g}), got "
-                                   f"{type(got).__name__} {got!r:.60}")
-        elif not math.isclose(seconds, want, rel_tol=1e-9, abs_tol=1e-12):
-            report.failures.append(f"{label}: expected {want:g} s, got {seconds:g} s" + _time_hint(
+        args = (list(forward_times), list(backward_times), batch_size, microbatch_size)
+        seconds = report.answer(label, fn, args, _as_seconds, f"a number of seconds ({want:g})")
+        if seconds is not None and not math.isclose(seconds, want, rel_tol=1e-9, abs_tol=1e-12):
+            report.fail(f"{label}: expected {want:g} s, got {seconds:g} s" + _time_hint(
                 seconds, forward_times, backward_times, batch_size, microbatch_size))
     return raise_or_report(report)
 
@@ -213,20 +202,13 @@ def check_microbatches_held(fn, schedules=HELD_SCHEDULES, shapes=HELD_SHAPES) ->
     report = CheckReport("micro-batches held")
     for schedule in schedules:
         for num_stages, m in shapes:
-            report.cases.append(f"{schedule} {num_stages}x{m}")
+            report.case(f"{schedule} {num_stages}x{m}")
             label = f"{schedule}, {num_stages} stages, {m} micro-batches"
-            got, problem = _call(fn, label, schedule, num_stages, m)
-            if problem:
-                report.failures.append(problem)
-                continue
             want = microbatches_held_of(schedule, num_stages, m)
-            got_list = _as_sequence(got, list)
-            if got_list is None:
-                report.failures.append(_not_a_sequence(label, "one number per stage", want, got))
-                continue
-            if got_list != want:
-                report.failures.append(f"{label}: expected {want}, got {got_list}"
-                                       + _held_hint(got_list, want, schedule, num_stages, m))
+            got = report.answer(label, fn, (schedule, num_stages, m), _as_list,
+                                f"one number per stage such as {want}")
+            if got is not None and got != want:
+                report.fail(f"{label}: expected {want}, got {got}" + _held_hint(got, want, schedule, num_stages, m))
     return raise_or_report(report)
 
 
@@ -272,19 +254,13 @@ def check_best_num_microbatches(fn, cases=BEST_COUNT_CASES) -> CheckReport:
     for forward, backward, fixed, overhead, candidates in cases:
         label = (f"forward {list(forward)}, backward {list(backward)}, fixed {fixed} s, overhead "
                  f"{overhead * 1e3:g} ms, candidates {list(candidates)}")
-        report.cases.append(f"{len(forward)} stages, overhead {overhead * 1e3:g} ms")
-        got, problem = _call(fn, label, list(forward), list(backward), fixed, overhead, list(candidates))
-        if problem:
-            report.failures.append(problem)
-            continue
+        report.case(f"{len(forward)} stages, overhead {overhead * 1e3:g} ms")
         want = best_count(forward, backward, fixed, overhead, candidates)
-        if isinstance(got, bool) or not isinstance(got, int):
-            report.failures.append(f"{label}: expected a whole number of micro-batches ({want}), got "
-                                   f"{type(got).__name__} {got!r:.60}")
-        elif got != want:
-            report.failures.append(
-                f"{label}: expected {want} ({step_model(forward, backward, fixed, overhead, want):.3f} s "
-                f"per step), got {got}" + (f" ({step_model(forward, backward, fixed, overhead, got):.3f} s)"
-                                           if got >= 1 else "")
-                + _best_count_hint(got, forward, backward, fixed, overhead, candidates))
+        case = (forward, backward, fixed, overhead)
+        got = report.answer(label, fn, (list(forward), list(backward), fixed, overhead, list(candidates)),
+                            _as_count, f"a whole number of micro-batches ({want})")
+        if got is not None and got != want:
+            report.fail(f"{label}: expected {want} ({step_model(*case, want):.3f} s per step), got {got}"
+                        + (f" ({step_model(*case, got):.3f} s)" if got >= 1 else "")
+                        + _best_count_hint(got, *case, candidates))
     return raise_or_report(report)

@@ -17,17 +17,8 @@ import torch.distributed as dist
 
 from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
-from ppkit.exercises.report import CheckReport, raise_or_report
-from ppkit.exercises.subworld import SubworldRunner
-
-NOT_WRITTEN = {"not_written": True}
-
-
-def _not_written(fn, results) -> bool:
-    if results and any(r == NOT_WRITTEN for r in results):
-        print(f"not written yet: replace the NotImplementedError in {getattr(fn, '__name__', fn)}")
-        return True
-    return False
+from ppkit.exercises.report import CheckReport
+from ppkit.exercises.subworld import NOT_WRITTEN, check_on_ranks
 
 
 def _close(got, want) -> bool:
@@ -125,27 +116,9 @@ def check_zero2_grad_shard(fn, world_sizes=(2, 3, 4), numels=GRAD_NUMELS, timeou
             for numel, r in zip(numels, per_size):
                 yield _zero2_problem(k, rank, numel, r["got"], r["all_reduce_calls"])
 
-    return _check(fn, CheckReport("ZeRO-2 gradient step"), world_sizes, timeout, cluster,
-                  lambda k: f"world_size {k} x gradients of {list(numels)} values",
-                  _zero2_job, (fn, tuple(numels)), problems)
-
-
-def _check(fn, report, world_sizes, timeout, cluster, case, job, args, problems):
-    """Run ``job`` in a group of each size k; ``problems(k, results)`` yields a sentence or None per result."""
-    runner = SubworldRunner(world_sizes, timeout, cluster)
-    try:
-        for k in world_sizes:
-            report.cases.append(case(k))
-            results, problem = runner.run(k, job, *args)
-            if problem:
-                report.failures.append(f"world_size {k}: {problem}")
-                continue
-            if _not_written(fn, results):
-                return None
-            report.failures.extend(text for text in problems(k, results) if text)
-    finally:
-        runner.close()
-    return raise_or_report(report)
+    return check_on_ranks(CheckReport("ZeRO-2 gradient step"), fn, world_sizes, timeout, cluster,
+                          lambda k: f"world_size {k} x gradients of {list(numels)} values",
+                          _zero2_job, (fn, tuple(numels)), problems)
 
 
 # -- lesson 10: the row-parallel forward ------------------------------------------------------
@@ -211,6 +184,6 @@ def check_row_parallel_forward(fn, world_sizes=(2, 3, 4), timeout: float = 30,
     def problems(k, results):
         return (_row_problem(k, rank, r["got"], r["all_reduce_calls"]) for rank, r in enumerate(results))
 
-    return _check(fn, CheckReport("row-parallel forward"), world_sizes, timeout, cluster,
-                  lambda k: f"world_size {k}, x {ROWS}x{IN_FEATURES}, W {OUT_FEATURES}x{IN_FEATURES}",
-                  _row_job, (fn,), problems)
+    return check_on_ranks(CheckReport("row-parallel forward"), fn, world_sizes, timeout, cluster,
+                          lambda k: f"world_size {k}, x {ROWS}x{IN_FEATURES}, W {OUT_FEATURES}x{IN_FEATURES}",
+                          _row_job, (fn,), problems)

@@ -19,7 +19,7 @@ import time
 
 from ppkit.errors import AuthenticationError, LaunchError
 from ppkit.transport import channel, heartbeat, ifaces, worker, zygote
-from ppkit.transport.messages import Admitted, AgentHello, Kill, Reject, Shutdown, Spawn, Spawned
+from ppkit.transport.messages import Admitted, AgentHello, AgentInfo, Kill, Reject, Shutdown, Spawn, Spawned
 
 RETRY_EVERY_S = 1.0
 ANSWER_WAIT_S = 60.0  # for the answer to our hello: a master that imports torch to check versions is slow
@@ -82,13 +82,13 @@ class Agent:
         self._have_children = threading.Condition()
         self._pulse = heartbeat.Pulse(self.conn, self._lock, beating=False)  # beats once admitted
 
-    def hello(self) -> dict:
+    def hello(self) -> AgentInfo:
         addrs = ifaces.interfaces().get(self.iface, []) if self.iface else []
-        return {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
-                **worker.versions(), "iface": self.iface, "iface_addrs": addrs,
-                "local_address": self.local_address, **({"ranks": self.ranks} if self.ranks else {})}
+        return AgentInfo(name=self.name, host=socket.gethostname(), pid=os.getpid(), versions=worker.versions(),
+                         iface=self.iface, iface_addrs=tuple(addrs), local_address=self.local_address,
+                         ranks=tuple(self.ranks or ()))
 
-    def join(self) -> dict:
+    def join(self) -> Admitted:
         """Introduce ourselves; return the master's answer or raise ``LaunchError`` if refused."""
         where = f"{self.address[0]}:{self.address[1]}"
         import torch  # noqa: F401  (once here, in the main thread: every rank we fork starts with it)
@@ -111,7 +111,7 @@ class Agent:
         if not isinstance(reply, Admitted):
             raise LaunchError(f"the master at {where} answered {reply!r:.80} instead of admitting this "
                               "worker: is it the same ppkit version?")
-        return reply.info
+        return reply
 
     def serve(self) -> tuple[bool, str]:
         """Fork workers on request until the master closes; return (closed cleanly?, why we stopped)."""

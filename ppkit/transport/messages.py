@@ -23,9 +23,13 @@ Workers need none: a remote rank dies with its agent (PR_SET_PDEATHSIG), a local
 kernel, and a frozen rank ends its job's ``timeout`` (JobTimeoutError).
 
 The first message on a connection says what the peer is. Both ends run the same ppkit (admission
-checks the versions), so the classes pickle by reference. Fields hold plain data only (dicts of
-strings and numbers, bytes), never objects that need torch to unpickle: the controller must be
-able to read a hello without importing torch.
+checks the versions), so the classes pickle by reference. Fields hold plain data only, never
+objects that need torch to unpickle: the controller must be able to read a hello without
+importing torch. A field is a str, int, float, bool, bytes or None, another frozen dataclass of
+this module (what a message carries: ``Versions``, ``JoinConfig``, ``ErrorInfo``, ...), a
+``tuple[X, ...]`` of those (a sequence of like items, never a record read by position), or
+``dict[str, str]`` where the keys are data rather than field names (an environment).
+tests/test_layout.py holds every message to this.
 """
 
 from __future__ import annotations
@@ -33,17 +37,120 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# -- what the messages carry ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Versions:
+    """What must agree across machines (admission.version_problem): Python, torch, ppkit."""
+    python: str
+    torch: str
+    ppkit: str
+
+
+@dataclass(frozen=True)
+class WorkerHello:
+    """Who a worker is: its rank (None: the controller did not say), the name of its agent, if
+    any, its pid and host, and its versions."""
+    rank: int | None
+    name: str | None
+    pid: int
+    host: str
+    versions: Versions
+
+
+@dataclass(frozen=True)
+class FileStoreAt:
+    """A ``FileStore`` at ``path`` (ranks that share this machine's file system)."""
+    path: str
+
+
+@dataclass(frozen=True)
+class TcpStoreAt:
+    """A ``TCPStore`` the controller serves at ``host:port`` (ranks on other machines)."""
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """How a worker joins: its rank, the world, the store of the rendezvous, the environment,
+    working directory and ``sys.path`` it takes on, its device and torch threads (None: torch's
+    default), and the timeouts (seconds) of the rendezvous and of the process group."""
+    rank: int
+    world_size: int
+    backend: str = "gloo"
+    process_group: bool = True
+    store: FileStoreAt | TcpStoreAt | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    sys_path: tuple[str, ...] = ()
+    device: str = "cpu"
+    threads: int | None = None
+    join_timeout: float = 60.0
+    pg_timeout: float = 1800.0
+    capture_output: bool = True
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A rank that joined: what ``Cluster.workers`` shows (as a dict) for it."""
+    rank: int
+    pid: int
+    host: str
+    backend: str
+    device: str
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """One ``env://`` or ``tcp://`` rendezvous a process made (rendezvous.py)."""
+    scheme: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An exception on a rank: its type's name, message and formatted traceback, and the
+    rendezvous its process made (for diagnostics.reinit_note)."""
+    type: str
+    message: str
+    traceback: str
+    rendezvous: tuple[Rendezvous, ...] = ()
+
+
+@dataclass(frozen=True)
+class CellSource:
+    """A notebook cell's code, so that a rank's traceback can show its lines (``linecache``)."""
+    filename: str
+    text: str
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """Who a remote agent is: its name, host, pid and versions, the interface gloo and
+    TensorPipe use there and its addresses, the address that reached the master, and the ranks
+    its launcher placed on it (SLURM: a node's; empty: the master decides)."""
+    name: str
+    host: str
+    pid: int
+    versions: Versions
+    iface: str | None
+    iface_addrs: tuple[str, ...]
+    local_address: str
+    ranks: tuple[int, ...] = ()
+
+
 # -- a worker's life ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Hello:
-    """A worker's first message: ``info`` has its rank, name, pid, host and versions."""
-    info: dict
+    """A worker's first message: who it is."""
+    info: WorkerHello
 
 
 @dataclass(frozen=True)
 class Init:
     """The controller's answer to ``Hello``: how to join (rank, world size, store, env, ...)."""
-    config: dict
+    config: JoinConfig
 
 
 @dataclass(frozen=True)
@@ -55,13 +162,13 @@ class Reject:
 @dataclass(frozen=True)
 class Ready:
     """The worker joined its process group; ``info`` is what ``Cluster.workers`` shows."""
-    info: dict
+    info: WorkerInfo
 
 
 @dataclass(frozen=True)
 class JoinFailed:
-    """The worker could not join its process group; ``error`` is as in ``Result``."""
-    error: dict
+    """The worker could not join its process group; ``error`` says why."""
+    error: ErrorInfo
 
 
 @dataclass(frozen=True)
@@ -74,21 +181,20 @@ class Output:
 # -- jobs -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Run:
-    """Run a job: ``payload`` is cloudpickled ``(fn, args, kwargs)``; ``sources`` are notebook
-    cells' lines for ``linecache``, so tracebacks can show them."""
+    """Run a job: ``payload`` is cloudpickled ``(fn, args, kwargs)``; ``sources``: notebook cells
+    the worker has not had yet."""
     job_id: int
     payload: bytes
-    sources: dict = field(default_factory=dict)
+    sources: tuple[CellSource, ...] = ()
 
 
 @dataclass(frozen=True)
 class Result:
     """A job ended: ``ok`` with ``value`` the cloudpickled return value, or not ``ok`` with
-    ``value`` a dict of the exception's ``type``, ``message`` and ``traceback`` (and the
-    process's ``rendezvous``, as in ``Stacks``)."""
+    ``value`` the exception."""
     job_id: int
     ok: bool
-    value: bytes | dict
+    value: bytes | ErrorInfo
 
 
 @dataclass(frozen=True)
@@ -111,10 +217,10 @@ class AskStacks:
 @dataclass(frozen=True)
 class Stacks:
     """The main thread's stack while running ``job_id`` (None: between jobs); ``rendezvous``:
-    the (scheme, host, port) of each env:// or tcp:// rendezvous the process made (rendezvous.py)."""
+    each env:// or tcp:// rendezvous the process made (rendezvous.py)."""
     job_id: int | None
     text: str
-    rendezvous: tuple = ()
+    rendezvous: tuple[Rendezvous, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,14 +240,17 @@ class ForkServerHello:
 
 @dataclass(frozen=True)
 class AgentHello:
-    """A remote agent's first message: its name, host, pid, versions and network interface."""
-    info: dict
+    """A remote agent's first message: who it is."""
+    info: AgentInfo
 
 
 @dataclass(frozen=True)
 class Admitted:
-    """The controller's answer to an admitted agent: its rank, the world size and the master."""
-    info: dict
+    """The controller's answer to an admitted agent: its (first) rank, the world size and the
+    master's address ("ADDR:PORT")."""
+    rank: int
+    world_size: int
+    master: str
 
 
 @dataclass(frozen=True)
@@ -184,5 +293,6 @@ class Probe:
 
 @dataclass(frozen=True)
 class ProbeReply:
-    """The master's versions and host."""
-    info: dict
+    """The master's host and versions."""
+    host: str
+    versions: Versions

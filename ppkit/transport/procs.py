@@ -8,6 +8,7 @@ import ctypes
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -81,6 +82,22 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def stop_processes(processes: list, grace: float = 2.0) -> None:
+    """Stop ``subprocess.Popen`` objects politely, then firmly: terminate each one still running,
+    give them ``grace`` seconds, kill what is left, and reap them all. Through Popen, which never
+    signals a pid it has already reaped (another process may have that pid by now)."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def stop_pids(pids: list[int], grace: float = 2.0) -> None:

@@ -22,11 +22,13 @@ import sys
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlparse
 
+from ppkit.transport.messages import Rendezvous
+
 SCHEMES = ("env", "tcp")
-_history: list[tuple[str, str, int]] = []  # (scheme, host, port) of each rendezvous, in order
+_history: list[Rendezvous] = []  # each rendezvous, in order
 
 
-def history() -> tuple[tuple[str, str, int], ...]:
+def history() -> tuple[Rendezvous, ...]:
     """Every ``env://``/``tcp://`` rendezvous this process made since ``watch()``."""
     return tuple(_history)
 
@@ -58,7 +60,7 @@ def _watched(scheme: str, original):
             if rank == 0 and _in_use(exc):
                 raise type(exc)(port_in_use(host, port)) from exc
             raise
-        _history.append((scheme, host, port))
+        _history.append(Rendezvous(scheme, host, port))
         del server  # the store torch made holds the server now
         yield found
         yield from rendezvous

@@ -30,8 +30,11 @@ from ppkit.transport.messages import (
     AskStacks,
     Cancel,
     Cancelled,
+    ErrorInfo,
+    FileStoreAt,
     Hello,
     Init,
+    JoinConfig,
     JoinFailed,
     Ready,
     Reject,
@@ -39,6 +42,9 @@ from ppkit.transport.messages import (
     Run,
     Shutdown,
     Stacks,
+    Versions,
+    WorkerHello,
+    WorkerInfo,
 )
 
 NAMESPACE: dict = {}  # persistent globals of %%ranks cells on this worker
@@ -67,12 +73,12 @@ def torch_version() -> str:
         return str(torch.__version__)  # str(): a TorchVersion would need torch to unpickle
 
 
-def versions() -> dict:
-    return {"python": platform.python_version(), "torch": torch_version(), "ppkit": ppkit_version()}
+def versions() -> Versions:
+    return Versions(python=platform.python_version(), torch=torch_version(), ppkit=ppkit_version())
 
 
 class Worker:
-    def __init__(self, conn, hello: dict):
+    def __init__(self, conn, hello: WorkerHello):
         self.conn = conn
         self._send_lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
@@ -88,9 +94,9 @@ class Worker:
             sys.exit(2)
         if not isinstance(msg, Init):
             raise RuntimeError(f"ppkit worker: expected Init from the controller, got {msg!r:.80}")
-        self.config: dict = msg.config
-        self.rank: int = self.config["rank"]
-        self.world_size: int = self.config["world_size"]
+        self.config: JoinConfig = msg.config
+        self.rank: int = self.config.rank
+        self.world_size: int = self.config.world_size
 
     def send(self, msg) -> None:
         with self._send_lock:
@@ -102,7 +108,7 @@ class Worker:
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.config
-        if cfg.get("capture_output", True):
+        if cfg.capture_output:
             sys.stdout.flush()
             sys.stderr.flush()
             self._pipes = [OutputPipe(1, "stdout", self.send), OutputPipe(2, "stderr", self.send)]
@@ -110,18 +116,18 @@ class Worker:
             sys.stderr.reconfigure(line_buffering=True)
         else:
             self._pipes = []
-        os.environ.update(cfg.get("env", {}))
-        if cfg.get("threads"):
-            set_torch_threads(cfg["threads"])
-        if cfg.get("cwd") and os.path.isdir(cfg["cwd"]):
-            os.chdir(cfg["cwd"])
-        for path in reversed(cfg.get("sys_path", [])):
+        os.environ.update(cfg.env)
+        if cfg.threads:
+            set_torch_threads(cfg.threads)
+        if cfg.cwd and os.path.isdir(cfg.cwd):
+            os.chdir(cfg.cwd)
+        for path in reversed(cfg.sys_path):
             if path not in sys.path:
                 sys.path.insert(0, path)
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
         rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
-        info = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
-                "backend": cfg.get("backend"), "device": cfg.get("device", "cpu")}
+        info = WorkerInfo(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), backend=cfg.backend,
+                          device=cfg.device)
         try:
             self._init_process_group()
         except BaseException as exc:
@@ -134,25 +140,25 @@ class Worker:
 
     def _init_process_group(self) -> None:
         cfg = self.config
-        device = cfg.get("device", "cpu")
-        if device.startswith("cuda"):
+        if cfg.device.startswith("cuda"):
             import torch
 
-            torch.cuda.set_device(torch.device(device))
-        if not cfg.get("process_group", True):
+            torch.cuda.set_device(torch.device(cfg.device))
+        if not cfg.process_group:
             return
         import torch.distributed as dist
 
-        kind, *where = cfg["store"]
-        if kind == "file":
-            store = dist.FileStore(where[0], self.world_size)
+        if cfg.store is None:
+            raise RuntimeError(f"ppkit worker: rank {self.rank} is to join a process group, but the controller "
+                               "named no store for its rendezvous (a launcher's init_config sets one)")
+        if isinstance(cfg.store, FileStoreAt):
+            store = dist.FileStore(cfg.store.path, self.world_size)
         else:
-            host, port = where
-            store = dist.TCPStore(host, port, self.world_size, is_master=False,
-                                  timeout=timedelta(seconds=cfg["join_timeout"]))
-        dist.init_process_group(cfg["backend"], store=store, rank=self.rank,
+            store = dist.TCPStore(cfg.store.host, cfg.store.port, self.world_size, is_master=False,
+                                  timeout=timedelta(seconds=cfg.join_timeout))
+        dist.init_process_group(cfg.backend, store=store, rank=self.rank,
                                 world_size=self.world_size,
-                                timeout=timedelta(seconds=cfg["pg_timeout"]))
+                                timeout=timedelta(seconds=cfg.pg_timeout))
         import torch
 
         NAMESPACE.update(torch=torch, dist=dist)
@@ -209,7 +215,8 @@ class Worker:
 
     def _begin(self, job: Run) -> Cancelled | None:
         """Make ``job`` the current one; its reply at once if it was cancelled while queued."""
-        linecache.cache.update(job.sources)  # notebook cells, for tracebacks and stacks
+        for cell in job.sources:  # notebook cells, for tracebacks and stacks (IPython's linecache entries)
+            linecache.cache[cell.filename] = (len(cell.text), None, cell.text.splitlines(True), cell.filename)
         with self._current_lock:
             self._started = job.job_id
             if job.job_id in self._cancelled:
@@ -234,7 +241,7 @@ class Worker:
             return Cancelled(job_id)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
             self._leave()
-            return Result(job_id, False, {**_error_info(exc, skip=1), "rendezvous": rendezvous.history()})
+            return Result(job_id, False, _error_info(exc, skip=1, rendezvous=rendezvous.history()))
         try:
             return Result(job_id, True, byvalue.dumps(value))
         except Exception as exc:
@@ -254,13 +261,13 @@ def set_torch_threads(threads: int) -> None:
         pass
 
 
-def _error_info(exc: BaseException, skip: int = 0, note: str | None = None) -> dict:
+def _error_info(exc: BaseException, skip: int = 0, note: str | None = None, rendezvous=()) -> ErrorInfo:
     tb = exc.__traceback__
     for _ in range(skip):
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    return {"type": type(exc).__name__, "message": note or str(exc), "traceback": text}
+    return ErrorInfo(type(exc).__name__, note or str(exc), text, tuple(rendezvous))
 
 
 def exec_cell(rank: int, world_size: int, source: str, cell_id: str):
@@ -272,12 +279,9 @@ def exec_cell(rank: int, world_size: int, source: str, cell_id: str):
     exec(compile(source, filename, "exec"), NAMESPACE)
 
 
-def run(address: tuple[str, int], key: bytes, rank: int | None = None, name: str | None = None,
-        extra_hello: dict | None = None) -> None:
+def run(address: tuple[str, int], key: bytes, rank: int | None = None, name: str | None = None) -> None:
     """Connect to the controller at ``address`` and serve jobs until told to stop."""
     conn = channel.connect(address, key)
-    hello = {"rank": rank, "name": name, "pid": os.getpid(), "host": socket.gethostname(),
-             **versions(), **(extra_hello or {})}
-    worker = Worker(conn, hello)
+    worker = Worker(conn, WorkerHello(rank, name, os.getpid(), socket.gethostname(), versions()))
     worker.setup()
     worker.serve()

@@ -6,7 +6,7 @@
     ui.run_button.click()
     ui.runs[-1].seconds_per_batch
     ui.ucurve()                     # 1, 2, 4, ... micro-batches against the no-overlap reference
-    ui.curve.summary()
+    ui.curve.summary()              # (the U-curve panel, ui.ucurve_panel, shows its own table and plots)
 
 Every control has a stable description and a ``ppkit-pipeline-*`` DOM class, so a browser test can
 find it. Errors (a bad size, a device that is not there, a failed stage) appear in the status line;
@@ -24,19 +24,10 @@ from ppkit.models.resnet import CUT_POINTS, DEFAULT_CUT
 from ppkit.pipeline.rpc.config import AUTO_CUT, PipelineConfig, Placement, num_microbatches
 from ppkit.pipeline.rpc.resources import describe
 from ppkit.pipeline.rpc.sweep import COLUMNS, build_model, format_rows, train_batches
-from ppkit.widgets.pipeline_ucurve import UCurveControls, html_table, png, timeline_figure
+from ppkit.widgets.pipeline_parts import hide, html_table, picture, show, styled, timeline_figure
+from ppkit.widgets.pipeline_ucurve import AutoCut, UCurvePanel
 
 IMAGE_SIZES = (32, 48, 64, 96, 128)
-
-
-def _styled(widget, name: str):
-    widget.add_class(f"ppkit-pipeline-{name}")
-    if hasattr(widget, "style") and hasattr(widget.style, "description_width"):
-        widget.style.description_width = "initial"  # "micro-batch size" is cut off otherwise
-    return widget
-
-
-_HIDDEN = "none"
 
 
 def _device_counts(names) -> dict[str, int]:
@@ -55,7 +46,7 @@ def _device_counts(names) -> dict[str, int]:
     return counts
 
 
-class PipelineWidget(UCurveControls, w.VBox):
+class PipelineWidget(w.VBox):
     """Controls and results for pipelined ResNet50 training on an RPC world."""
 
     def __init__(self, world, *, batch_size: int = 16, image_size: int = 64, num_batches: int = 2,
@@ -67,53 +58,49 @@ class PipelineWidget(UCurveControls, w.VBox):
         self._model = None
         self._model_key = None
         self._results_key = None
-        self._auto_cut: tuple | None = None  # (what it was measured for, the cut it chose)
-        self.curve = None
 
-        self.batch_size = _styled(w.BoundedIntText(batch_size, min=1, max=1024, description="batch size"),
+        self.batch_size = styled(w.BoundedIntText(batch_size, min=1, max=1024, description="batch size"),
                                   "batch-size")
-        self.image_size = _styled(w.Dropdown(options=IMAGE_SIZES, value=image_size,
+        self.image_size = styled(w.Dropdown(options=IMAGE_SIZES, value=image_size,
                                              description="image size"), "image-size")
-        self.num_batches = _styled(w.BoundedIntText(num_batches, min=1, max=100,
+        self.num_batches = styled(w.BoundedIntText(num_batches, min=1, max=100,
                                                     description="batches"), "num-batches")
-        self.microbatch_size = _styled(w.IntSlider(min(microbatch_size, batch_size), min=1, max=batch_size,
+        self.microbatch_size = styled(w.IntSlider(min(microbatch_size, batch_size), min=1, max=batch_size,
                                                    description="micro-batch size", continuous_update=True),
                                        "microbatch")
-        self.num_microbatches = _styled(w.Label(), "num-microbatches")
-        self.cut = _styled(w.Dropdown(options=(*CUT_POINTS, AUTO_CUT), value=DEFAULT_CUT, description="cut after",
+        self.num_microbatches = styled(w.Label(), "num-microbatches")
+        self.cut = styled(w.Dropdown(options=(*CUT_POINTS, AUTO_CUT), value=DEFAULT_CUT, description="cut after",
                                       tooltip="auto: time every cut here, take the smallest slowest stage"), "cut")
-        self.stage_threads = _styled(w.Dropdown(options=("auto", "off"), value="auto", description="stage threads",
+        self.stage_threads = styled(w.Dropdown(options=("auto", "off"), value="auto", description="stage threads",
                                                 tooltip="auto: each stage process on its own cores"),
                                      "stage-threads")
-        self.resources = _styled(w.HTML(), "resources")
-        self.cuts_table = _styled(w.HTML(), "cuts")
+        self.resources = styled(w.HTML(), "resources")
         default_processes = (self.names[1:3] if len(self.names) >= 3 else
                              self.names[:2] if len(self.names) >= 2 else self.names * 2)
         self.processes, self.device_choices = [], []
         for i, name in enumerate(default_processes):
-            process = _styled(w.Dropdown(options=self.names, value=name, description=f"shard {i + 1} on"),
+            process = styled(w.Dropdown(options=self.names, value=name, description=f"shard {i + 1} on"),
                               f"process-{i + 1}")
-            device = _styled(w.Dropdown(options=self._device_options(name), value="cpu",
+            device = styled(w.Dropdown(options=self._device_options(name), value="cpu",
                                         description="device"), f"device-{i + 1}")
             process.observe(lambda change, device=device: self._update_devices(change, device), "value")
             self.processes.append(process)
             self.device_choices.append(device)
-        self.sweep_sizes = _styled(w.Text(" ".join(map(str, sweep_sizes)), description="sweep sizes"),
+        self.sweep_sizes = styled(w.Text(" ".join(map(str, sweep_sizes)), description="sweep sizes"),
                                    "sweep-sizes")
-        self.run_button = _styled(w.Button(description="Run", button_style="primary",
+        self.run_button = styled(w.Button(description="Run", button_style="primary",
                                            tooltip="train at the chosen micro-batch size"), "run")
-        self.sweep_button = _styled(w.Button(description="Sweep", tooltip="train at every sweep size"),
+        self.sweep_button = styled(w.Button(description="Sweep", tooltip="train at every sweep size"),
                                     "sweep")
-        self.ucurve_button = _styled(w.Button(
-            description="U-curve", tooltip="1, 2, 4, ... micro-batches of this batch against the "
-            "no-overlap reference and the bubble bound"), "ucurve")
-        self.clear_button = _styled(w.Button(description="Clear results"), "clear")
-        self.progress = _styled(w.IntProgress(0, min=0, max=1, description="progress"), "progress")
-        self.status = _styled(w.HTML(), "status")
-        self.table = _styled(w.HTML(), "table")
-        # hidden until there is a picture: an empty Image shows as a broken-image icon
-        self.sweep_plot = _styled(w.Image(format="png", layout=w.Layout(display=_HIDDEN)), "sweep-plot")
-        self.timeline_plot = _styled(w.Image(format="png", layout=w.Layout(display=_HIDDEN)), "timeline-plot")
+        self.clear_button = styled(w.Button(description="Clear results"), "clear")
+        self.progress = styled(w.IntProgress(0, min=0, max=1, description="progress"), "progress")
+        self.status = styled(w.HTML(), "status")
+        self.table = styled(w.HTML(), "table")
+        self.sweep_plot = picture("sweep-plot")
+        self.timeline_plot = picture("timeline-plot")
+        self.auto_cut = AutoCut(self._release_shards, self.progress, self._say)
+        self.ucurve_panel = UCurvePanel(self._prepared, self.progress, self._say)
+        self.cuts_table, self.ucurve_button = self.auto_cut.table, self.ucurve_panel.button
 
         self.batch_size.observe(self._update_sizes, "value")
         self.microbatch_size.observe(self._update_sizes, "value")
@@ -137,6 +124,7 @@ class PipelineWidget(UCurveControls, w.VBox):
             self.table,
             self.sweep_plot,
             self.timeline_plot,
+            self.ucurve_panel,
         ])
         self.add_class("ppkit-pipeline")
 
@@ -184,9 +172,28 @@ class PipelineWidget(UCurveControls, w.VBox):
         """Train at every size in the sweep box; returns the list of results."""
         return self._run_sizes(self.config(self.parse_sweep_sizes()))
 
+    def ucurve(self):
+        """Measure the U-curve at this batch (the U-curve panel); returns the :class:`UCurve`."""
+        return self.ucurve_panel.measure()
+
+    @property
+    def curve(self):
+        """The last U-curve measured (None before, and after Clear)."""
+        return self.ucurve_panel.curve
+
+    def _prepared(self):
+        """The checked configuration (its cut chosen if "auto") and its model, in a live RPC world."""
+        self._ensure_world()
+        config = self.auto_cut.resolve(self.config())
+        return config, self._model_for(config)
+
+    def _release_shards(self) -> None:
+        self._ensure_world()
+        self.close_model()
+
     def _run_sizes(self, config: PipelineConfig):
         self._ensure_world()
-        config = self._resolve_cut(config)
+        config = self.auto_cut.resolve(config)
         key = (config.placement, config.cut, config.batch_size, config.image_size, config.num_batches,
                config.stage_threads)
         if key != self._results_key:
@@ -244,11 +251,10 @@ class PipelineWidget(UCurveControls, w.VBox):
 
     def clear(self) -> None:
         self.runs = []
-        self.curve = None
         self.table.value = ""
-        for plot in (self.sweep_plot, self.timeline_plot):
-            plot.value = b""
-            plot.layout.display = _HIDDEN
+        hide(self.sweep_plot)
+        hide(self.timeline_plot)
+        self.ucurve_panel.clear()
         self.progress.value = 0
         self._say("")
 
@@ -264,10 +270,8 @@ class PipelineWidget(UCurveControls, w.VBox):
 
     def _show(self, run) -> None:
         self.table.value = html_table(self.rows(), COLUMNS, "ppkit-pipeline-results")
-        self.sweep_plot.value = png(_sweep_figure(self.runs))
-        self.timeline_plot.value = png(timeline_figure(run))
-        for plot in (self.sweep_plot, self.timeline_plot):
-            plot.layout.display = None
+        show(self.sweep_plot, _sweep_figure(self.runs))
+        show(self.timeline_plot, timeline_figure(run))
 
     def text_table(self) -> str:
         return format_rows(self.rows())

@@ -6,7 +6,8 @@ kernels and their workers sharing this machine; every cell must run, and the cel
 must show the same output as the committed notebook. Before they log in, the instructor's `ppkit room --start`
 starts their servers and collects each one's preflight. At the end one learner logs out (the hub stops that
 server) and the other's server is stopped by the instructor through the hub's REST API (what the admin page's
-Stop button calls); after each, nothing may run as that user.
+Stop button calls); after each, nothing may run as that user. While both are logged in, each learner's cluster is
+probed as the other learner (tests/exposure.py): nothing of it may accept a connection without ppkit's key.
 """
 
 from __future__ import annotations
@@ -14,16 +15,23 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import pwd
 import re
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from exposure import OPEN, cluster_pids, counts, exposure, table
 from hub_testbed import SERVER_TIMEOUT, HubMissing, HubTestbed, find_components
 from leftovers import ppkit_children
+
+from ppkit.room.kernel_exec import run_code
 
 REPO = Path(__file__).resolve().parents[2]
 COURSE = ("01_point_to_point.ipynb", "06_pipeline.ipynb")
@@ -129,6 +137,57 @@ def wait_nothing_runs_as(learner, timeout: float = 60) -> None:
     assert not left, f"processes still running as {learner.name} after its server stopped: {left}"
 
 
+# Run in a fresh kernel of one learner's server: a cluster that has run a collective, kept alive until the test
+# has probed it (the test writes the "done" file), then closed.
+HOLD_A_CLUSTER = """
+import os, time, torch.distributed as dist, ppkit
+cluster = ppkit.start(2)
+cluster.run(lambda rank, world_size: dist.all_reduce(__import__("torch").ones(1)))
+open({pid_file!r}, "w").write(str(os.getpid()))
+deadline = time.monotonic() + 300
+while not os.path.exists({done_file!r}) and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("isolation:", cluster.isolation)
+cluster.close()
+"""
+
+
+def probe_cluster_as(hub: HubTestbed, owner: str, prober: str, tmp) -> list:
+    """Start a cluster in a fresh kernel of `owner`'s server; try every listener of its processes as `prober`."""
+    import asyncio
+
+    pid_file, done_file = tmp / f"{owner}.pid", tmp / f"{owner}.done"
+    code = HOLD_A_CLUSTER.format(pid_file=str(pid_file), done_file=str(done_file))
+    answer: dict = {}
+
+    def in_kernel():
+        try:
+            answer["out"] = asyncio.run(run_code(f"{hub.url}/user/{owner}/", hub.token, code, timeout=400))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            answer["exc"] = exc
+
+    thread = threading.Thread(target=in_kernel, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 400
+    while not pid_file.exists() and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        assert pid_file.exists(), f"{owner}'s kernel never started its cluster: {answer}"
+        other = pwd.getpwnam(prober)
+        pids = cluster_pids(int(pid_file.read_text()))
+        assert pids, f"no ppkit process under {owner}'s kernel"
+        found = exposure(pids, other.pw_uid, other.pw_gid)
+    finally:
+        done_file.touch()
+        thread.join(timeout=120)
+    out = answer.get("out")
+    assert out is not None and out.error is None, f"{owner}'s kernel: {answer}"
+    assert "isolation: private network" in out.stdout, out.stdout
+    # the workers' gloo pairs listen after the all_reduce: the probe must have seen them to say anything
+    assert found, f"no listener found among {owner}'s ppkit processes {pids}"
+    return found
+
+
 def room(hub: HubTestbed, *options: str) -> dict[str, dict]:
     """`ppkit room --json` as the instructor runs it against this hub, with `options`: {learner: row}."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
@@ -194,6 +253,19 @@ def test_two_learners_run_the_course_at_once(hub, browser, notebook_class):
             print(f"{nb.lab.url.rsplit('/', 1)[-1]} {nb.name}: done after {time.monotonic() - started:.0f} s")
         for nb in opened:
             assert_course_results(nb)
+
+        # Neither learner can reach the other's cluster: every listener of one learner's ppkit processes, tried as
+        # the other learner, answers with ppkit's key challenge or cannot be reached at all.
+        probes = Path(tempfile.mkdtemp(prefix="ppkit-hub-probe-"))  # not under pytest's 0700 folders
+        os.chmod(probes, 0o1777)  # each learner's kernel writes its pid here
+        try:
+            for owner, prober in ((first, second), (second, first)):
+                found = probe_cluster_as(hub, owner, prober, probes)
+                print(f"{owner}'s cluster probed as {prober}: {counts(found)}")
+                assert counts(found)[OPEN] == 0, \
+                    f"{prober} reaches {owner}'s cluster without ppkit's key:\n{table(found)}"
+        finally:
+            shutil.rmtree(probes, ignore_errors=True)
 
         # The first learner logs out (File > Log Out): the hub stops the server (shutdown_on_logout).
         page = opened[0].page

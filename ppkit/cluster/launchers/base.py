@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ppkit.cluster import diagnostics, worker_setup
@@ -23,7 +23,7 @@ from ppkit.cluster.isolation import Isolation
 from ppkit.cluster.oom import OomWatch
 from ppkit.cluster.spec import ClusterSpec
 from ppkit.transport import channel, procs
-from ppkit.transport.messages import Exited, Spawned
+from ppkit.transport.messages import Exited, FileStoreAt, JoinConfig, Spawned
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ class Launcher:
         """Environment that puts a process of this machine on the cluster's network."""
         return worker_setup.local_env()
 
-    def init_config(self, rank: int, config: dict, generation: int) -> dict:
-        return {**config, "store": ("file", str(self.tmpdir / f"store-{generation}"))}
+    def init_config(self, rank: int, config: JoinConfig, generation: int) -> JoinConfig:
+        return replace(config, store=FileStoreAt(str(self.tmpdir / f"store-{generation}")))
 
     def rendezvous_url(self, name: str) -> str:
         """An ``init_method`` URL for a rendezvous that this machine's process hosts."""

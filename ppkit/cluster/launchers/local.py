@@ -151,14 +151,7 @@ class ForkServerLauncher(Launcher):
             self._stop_fork_server(grace=0.0)  # stopped (SIGSTOP) or hung: prepare() starts another
 
     def _stop_fork_server(self, grace: float) -> None:
-        """Terminate, then kill; through Popen, which never signals a pid it has reaped."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process.wait()
+        procs.stop_processes([self.process], grace)
 
     def close(self) -> None:
         self._closing = True

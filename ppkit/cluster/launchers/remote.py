@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import replace
 
 from ppkit.cluster import diagnostics, worker_setup
 from ppkit.cluster.admission import (
-    interface_problem,
+    JoinedAgent,
     join_command,
+    join_problem,
     master_interface,
-    version_problem,
     without_socket_vars,
 )
 from ppkit.cluster.inbox import Item, LaunchFailed
 from ppkit.cluster.launchers.base import Process
 from ppkit.cluster.launchers.local import ForkServerLauncher
-from ppkit.transport import channel, heartbeat, ifaces, worker
-from ppkit.transport.messages import Admitted, AgentHello, Exited, Kill, Reject, Shutdown, Spawn, Spawned
+from ppkit.transport import channel, heartbeat, ifaces, messages, worker
 
 
 class RemoteLauncher(ForkServerLauncher):
@@ -45,7 +45,7 @@ class RemoteLauncher(ForkServerLauncher):
         self._start_timeout = spec.start_timeout
         self._lock = threading.RLock()  # guards self.agents and every send to an agent
         self._spawning = False
-        self.agents: dict[str, tuple] = {}  # name -> (conn, info)
+        self.agents: dict[str, JoinedAgent] = {}
         self._store = self._store_port = None
         self._rpc_store, self._key_shown = None, False  # see rendezvous_url; begin prints the key once
         self._ssh_procs: dict[str, object] = {}
@@ -79,12 +79,12 @@ class RemoteLauncher(ForkServerLauncher):
         """What to type on the worker's machine; the key masked unless ``full_key``."""
         return join_command(self.key, f"{self.host}:{self.port}", name, full_key)
 
-    def init_config(self, rank: int, config: dict, generation: int) -> dict:
-        config = {**config, "store": ("tcp", self.host, self._store_port)}
+    def init_config(self, rank: int, config: messages.JoinConfig, generation: int) -> messages.JoinConfig:
+        config = replace(config, store=messages.TcpStoreAt(self.host, self._store_port))
         if rank in self.name_of:
             # the worker's own machine decides its interface (ppkit worker --iface) and paths
-            config.update(env=without_socket_vars(config["env"]), cwd=None, sys_path=[], device="cpu",
-                          name=self.name_of[rank], threads=None)  # its machine's cores, not ours
+            config = replace(config, env=without_socket_vars(config.env), cwd=None, sys_path=(), device="cpu",
+                             threads=None)  # its machine's cores, not ours
         return config
 
     def rendezvous_url(self, name: str = "") -> str:
@@ -99,23 +99,22 @@ class RemoteLauncher(ForkServerLauncher):
 
     # -- admission (runs in the connection's reader thread) ----------------------------------
     def accept(self, conn, first) -> bool:
-        if not isinstance(first, AgentHello):
+        if not isinstance(first, messages.AgentHello):
             return super().accept(conn, first)
         info = first.info
-        name = info.get("name")
+        name = info.name
         # heartbeats from now on (the checks below may import torch) to an agent that knows them
-        pulse = heartbeat.Pulse(conn, self._lock, beating=info.get("ppkit") == worker.ppkit_version())
-        problem = self._problem(name, info)  # slow checks first, outside the lock
+        pulse = heartbeat.Pulse(conn, self._lock, beating=info.versions.ppkit == worker.ppkit_version())
+        problem = join_problem(info, self.host) if name in self.rank_of else None  # slow: outside the lock
         with self._lock:
             refusal, fatal = self._refusal(name, info) if problem is None else (problem, True)
             if refusal is None:
-                self.agents[name] = (conn, info)
-                self._send(conn, Admitted({"rank": self.rank_of[name], "world_size": self.world_size,
-                                           "master": f"{self.host}:{self.port}"}))
+                self.agents[name] = JoinedAgent(conn, info)
+                self._send(conn, messages.Admitted(self.rank_of[name], self.world_size, f"{self.host}:{self.port}"))
                 if self._spawning:
                     self._spawn(name)
         if refusal is not None:
-            self._send(conn, Reject(refusal))
+            self._send(conn, messages.Reject(refusal))
             pulse.close()
             if fatal:
                 self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], f"the master refused {name}: {refusal}")))
@@ -123,25 +122,19 @@ class RemoteLauncher(ForkServerLauncher):
         self._serve_agent(name, conn, info, pulse)
         return True
 
-    def _problem(self, name, info) -> str | None:
-        """Why an expected worker cannot work with this master (versions, interface), or None."""
-        if name not in self.rank_of:
-            return None
-        return version_problem(worker.versions(), info, name) or interface_problem(info, self.host)
-
-    def _refusal(self, name, info) -> tuple[str | None, bool]:
+    def _refusal(self, name: str, info: messages.AgentInfo) -> tuple[str | None, bool]:
         if name not in self.rank_of:
             why = (f"this cluster expects the worker(s) {', '.join(self.names)}, not {name!r}. "
                    f"Start the worker with --name {self.names[0]} (or another expected name).")
             return why, False
         if name in self.agents:
-            other = self.agents[name][1]
-            why = (f"{name} has already joined from {other.get('host')} (pid {other.get('pid')}). "
+            other = self.agents[name].info
+            why = (f"{name} has already joined from {other.host} (pid {other.pid}). "
                    "Stop that worker first, or give this one another expected name.")
             return why, False
         return None, False
 
-    def _serve_agent(self, name: str, conn, info: dict, pulse) -> None:
+    def _serve_agent(self, name: str, conn, info: messages.AgentInfo, pulse) -> None:
         silent = None  # or for how long it said nothing before we gave it up
         while True:
             try:
@@ -151,18 +144,18 @@ class RemoteLauncher(ForkServerLauncher):
             except heartbeat.PeerSilent as exc:
                 silent = exc.seconds
                 break
-            if isinstance(msg, (Spawned, Exited)):  # the source, ``name``, tells the machines' pids apart
+            if isinstance(msg, (messages.Spawned, messages.Exited)):  # the source, ``name``: whose machine's pids
                 self.inbox.put(Item(name, msg))
         with self._lock:
-            current = self.agents.get(name, (None,))[0] is conn  # else dismissed on purpose (close, a new job)
+            current = getattr(self.agents.get(name), "conn", None) is conn  # else dismissed on purpose (close, ...)
             if current:
                 del self.agents[name]
         pulse.close()
         if current:
             self.inbox.put(Item(name, LaunchFailed(self.rank_of[name], self.agent_lost(name, info, silent))))
 
-    def agent_lost(self, name: str, info: dict, silent: float | None) -> str:
-        return diagnostics.agent_lost(name, info, silent)
+    def agent_lost(self, name: str, info: messages.AgentInfo, silent: float | None) -> str:
+        return diagnostics.agent_lost(name, info.host, silent)
 
     # -- start, restart, close -----------------------------------------------------------------
     def begin(self, say=print) -> None:
@@ -190,15 +183,15 @@ class RemoteLauncher(ForkServerLauncher):
             self._spawning = False
 
     def _spawn(self, name: str) -> None:
-        self._send(self.agents[name][0], Spawn(self.ranks_of[name]))
+        self._send(self.agents[name].conn, messages.Spawn(self.ranks_of[name]))
 
     def _send(self, conn, msg) -> None:
         with self._lock, contextlib.suppress(OSError):  # a gone agent: its reader thread reports that
             conn.send(msg)
 
-    def _joined(self) -> dict[str, dict]:
+    def _joined(self) -> dict[str, messages.AgentInfo]:
         with self._lock:
-            return {name: info for name, (_, info) in self.agents.items()}
+            return {name: agent.info for name, agent in self.agents.items()}
 
     def _new_store(self) -> None:
         self._store = None  # the old one stops serving (it owns and closes its socket)
@@ -218,8 +211,8 @@ class RemoteLauncher(ForkServerLauncher):
                 continue
             if name in joined:
                 info = joined[name]
-                parts.append(f"{name} (rank {rank} of {self.world_size}, on {info.get('host')}, "
-                             f"interface {info.get('iface')} {' '.join(info.get('iface_addrs') or [])}) "
+                parts.append(f"{name} (rank {rank} of {self.world_size}, on {info.host}, "
+                             f"interface {info.iface} {' '.join(info.iface_addrs)}) "
                              "to join the process group")
             else:
                 parts.append(f"{name} (rank {rank} of {self.world_size}) to connect")
@@ -249,7 +242,7 @@ class RemoteLauncher(ForkServerLauncher):
     def join_failed_hint(self) -> str:
         """Why a rank may fail to join a process group that spans machines."""
         uses = [f"the master's ranks use {self.iface} ({self.host})"] + [
-            f"{name} uses {info.get('iface')} ({' '.join(info.get('iface_addrs') or []) or '?'})"
+            f"{name} uses {info.iface} ({' '.join(info.iface_addrs) or '?'})"
             for name, info in sorted(self._joined().items(), key=lambda kv: self.rank_of[kv[0]])]
         return (
             "Across machines this usually means a rank advertised an address that the others "
@@ -275,12 +268,12 @@ class RemoteLauncher(ForkServerLauncher):
     def stop(self, workers: dict[int, dict]) -> None:
         """Ask every agent to kill its rank (the controller cannot signal another machine's pids)."""
         with self._lock:
-            for conn, _ in self.agents.values():
-                self._send(conn, Kill())
+            for agent in self.agents.values():
+                self._send(agent.conn, messages.Kill())
         super().stop(workers)
 
     def processes(self) -> list[Process]:
-        agents = [Process("agent", info.get("pid"), self.rank_of.get(name), info.get("host", "?"))
+        agents = [Process("agent", info.pid, self.rank_of.get(name), info.host)
                   for name, info in sorted(self._joined().items())]
         return super().processes() + agents
 
@@ -292,9 +285,9 @@ class RemoteLauncher(ForkServerLauncher):
             agents = list(self.agents.values())
             self.agents.clear()
             self._spawning = False
-        for conn, _ in agents:
-            self._send(conn, Shutdown("the master closed the cluster"))
-            channel.wake_reader(conn)  # its reader thread closes it (closing it here too would race)
+        for agent in agents:
+            self._send(agent.conn, messages.Shutdown("the master closed the cluster"))
+            channel.wake_reader(agent.conn)  # its reader thread closes it (closing it here too would race)
         for proc in self._ssh_procs.values():
             ssh.stop(proc)
         self._store = self._rpc_store = None

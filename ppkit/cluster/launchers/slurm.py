@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from ppkit.cluster.inbox import Item, LaunchFailed
 from ppkit.cluster.launchers.base import Process, child_env
@@ -21,8 +22,8 @@ from ppkit.cluster.launchers.remote import RemoteLauncher
 from ppkit.cluster.slurm import commands, hosts, layout, script
 from ppkit.cluster.slurm.watch import JobUpdate, JobWatch, PendingView, describe
 from ppkit.errors import LaunchError
-from ppkit.transport import channel
-from ppkit.transport.messages import AgentHello, Shutdown
+from ppkit.transport import channel, procs
+from ppkit.transport.messages import AgentHello, AgentInfo, JoinConfig, Shutdown
 
 
 class SlurmLauncher(RemoteLauncher):
@@ -52,16 +53,16 @@ class SlurmLauncher(RemoteLauncher):
 
     def accept(self, conn, first) -> bool:
         """A node's agent says which of the job's ranks SLURM placed on it (layout.py)."""
-        ranks = first.info.get("ranks") if isinstance(first, AgentHello) else None
-        name = first.info.get("name") if isinstance(first, AgentHello) else None
-        if name in self.ranks_of and isinstance(ranks, list) and ranks and set(ranks) <= set(range(self.world_size)):
+        ranks = first.info.ranks if isinstance(first, AgentHello) else ()
+        name = first.info.name if isinstance(first, AgentHello) else None
+        if name in self.ranks_of and ranks and set(ranks) <= set(range(self.world_size)):
             with self._lock:
                 self.lay_out({**self.ranks_of, name: tuple(ranks)})
         return super().accept(conn, first)
 
-    def init_config(self, rank: int, config: dict, generation: int) -> dict:
-        shared = {k: config[k] for k in ("cwd", "sys_path")}  # the nodes see this file system too
-        config = {**super().init_config(rank, config, generation), **shared}
+    def init_config(self, rank: int, config: JoinConfig, generation: int) -> JoinConfig:
+        # the nodes see this file system too: they keep the kernel's directory and sys.path
+        config = replace(super().init_config(rank, config, generation), cwd=config.cwd, sys_path=config.sys_path)
         if self._master_addr is None and self._last is not None and self._last.status is not None:
             self._master_addr = hosts.master_addr(self._last.status.nodes)
         node = self.name_of[rank]
@@ -69,8 +70,7 @@ class SlurmLauncher(RemoteLauncher):
                 "SLURM_LOCALID": str(self.ranks_of[node].index(rank)), "SLURM_NODEID": node.removeprefix("node")}
         if self._master_addr:  # as under srun: the allocation's first node
             task["MASTER_ADDR"] = self._master_addr
-        config["env"] = {**config["env"], **task}
-        return config
+        return replace(config, env={**config.env, **task})
 
     # -- a job per generation -----------------------------------------------------------------
     def request(self, missing: list[str], say=print) -> None:
@@ -163,18 +163,13 @@ class SlurmLauncher(RemoteLauncher):
         with self._lock:
             agents = list(self.agents.values())
             self.agents.clear()  # before they hang up: gone on purpose, not lost
-        for conn, _ in agents:
-            self._send(conn, Shutdown("the notebook ended the SLURM job"))
-            channel.wake_reader(conn)
+        for agent in agents:
+            self._send(agent.conn, Shutdown("the notebook ended the SLURM job"))
+            channel.wake_reader(agent.conn)
         if self._watch is not None:
             self._watch.stop()
         if self._srun is not None:
-            self._srun.terminate()
-            try:
-                self._srun.wait(5)
-            except subprocess.TimeoutExpired:
-                self._srun.kill()
-                self._srun.wait()
+            procs.stop_processes([self._srun], grace=5.0)
         elif self.job_id is not None:
             commands.cancel(self.job_id)
         if self._reaper is not None and self._reaper.poll() is None:
@@ -208,9 +203,9 @@ class SlurmLauncher(RemoteLauncher):
         """As remote.py's, with what SLURM says of the job now (a lost node shows as NODE_FAIL)."""
         return f"{super().rank_label(rank, info)}{self._job_now()}"
 
-    def agent_lost(self, name: str, info: dict, silent: float | None) -> str:
+    def agent_lost(self, name: str, info: AgentInfo, silent: float | None) -> str:
         how = "went away" if silent is None else f"said nothing for {silent:g} s"
-        return (f"{name} (ranks {list(self.ranks_of[name])}) on {info.get('host')} {how}: its SLURM task ended or its "
+        return (f"{name} (ranks {list(self.ranks_of[name])}) on {info.host} {how}: its SLURM task ended or its "
                 f"node failed{self._job_now()}. cluster.restart() submits a new job.")
 
     def _job_now(self) -> str:

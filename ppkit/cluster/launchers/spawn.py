@@ -9,7 +9,8 @@ import threading
 
 from ppkit.cluster.inbox import Item, LaunchFailed
 from ppkit.cluster.launchers.base import Launcher, Process, child_env, start_module
-from ppkit.transport.messages import Exited, Spawned
+from ppkit.transport import procs
+from ppkit.transport.messages import Exited, JoinConfig, Spawned
 
 SPAWNER = "spawner"  # the source of SpawnLauncher's Spawned/Exited items
 WORKER_MODULE = "ppkit.transport.fresh"
@@ -34,7 +35,7 @@ class SpawnLauncher(Launcher):
         super().begin()
         self._unconnected = {}
 
-    def init_config(self, rank: int, config: dict, generation: int) -> dict:
+    def init_config(self, rank: int, config: JoinConfig, generation: int) -> JoinConfig:
         self._unconnected.pop(rank, None)  # called when the rank's Hello arrives
         return super().init_config(rank, config, generation)
 
@@ -69,16 +70,7 @@ class SpawnLauncher(Launcher):
         self._stop(self.local_pids(workers), grace)
 
     def _stop(self, pids: list[int], grace: float = 0.5) -> None:
-        doomed = [self.popens.pop(pid) for pid in pids if pid in self.popens]
-        for process in doomed:
-            if process.poll() is None:
-                process.terminate()
-        for process in doomed:
-            try:
-                process.wait(grace)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        procs.stop_processes([self.popens.pop(pid) for pid in pids if pid in self.popens], grace)
 
     def processes(self) -> list[Process]:
         return [Process("worker", pid) for pid, p in self.popens.items() if p.poll() is None]

@@ -76,8 +76,6 @@ def log_tail(proc, limit: int = 2000) -> str:
 def stop(proc) -> None:
     from ppkit.transport import procs
 
-    if proc.poll() is None:
-        procs.stop_pids([proc.pid], grace=2.0)
-    proc.wait()
+    procs.stop_processes([proc], grace=2.0)
     if getattr(proc, "log", None) is not None:
         proc.log.close()

@@ -23,6 +23,7 @@ import sys
 import threading
 import types
 
+from ppkit import compat
 from ppkit.compat import TESTED_RANGE
 from ppkit.errors import ClusterStateError, RpcPickleError
 from ppkit.transport import byvalue
@@ -150,7 +151,7 @@ def installed() -> bool:
 def _explain(obj, exc: Exception, serialize, python_udf) -> str:
     from torch.distributed import rpc
 
-    here = rpc.get_worker_info().name if rpc.api._is_current_rpc_agent_set() else "this process"
+    here = rpc.get_worker_info().name if compat.rpc_agent_running() else "this process"
     if isinstance(obj, python_udf):
         call, root, path, rref = _describe_call(obj)
         if rref is not None:

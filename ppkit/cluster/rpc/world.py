@@ -22,6 +22,7 @@ import threading
 import time
 import warnings
 
+from ppkit import compat
 from ppkit.checks import check_keywords
 from ppkit.cluster import worker_setup
 from ppkit.cluster.admission import without_socket_vars
@@ -95,16 +96,7 @@ def _init_rpc(name: str, rank: int, world_size: int, options: dict, env: dict,
 
     os.environ.update(env)
     rpc_pickle.install()  # before the agent exists: cell-defined code travels by value
-    if init_counter is not None:
-        # torch prefixes the rendezvous keys with a per-process count of init_rpc calls
-        # ("rpc_prefix_N"). A kernel that re-initialises RPC is at N > 0 while fresh workers
-        # are at 0, and gloo then waits forever for keys nobody writes. Align the counts.
-        with rpc._init_counter_lock:
-            rpc._init_counter = init_counter
-    # Likewise rpc's internal all_gather numbers its rounds per process and keeps the
-    # states of rounds a dead world never finished. Every world starts from a clean slate.
-    rpc.api._all_gather_sequence_id.clear()
-    rpc.api._all_gather_sequence_id_to_states.clear()
+    compat.align_rpc_state(init_counter)  # the kernel's count of init_rpc calls, and no stale all_gather
     with warnings.catch_warnings():
         # init_rpc trips torch's own "ProcessGroupGloo as a ProcessGroup" deprecation warning
         warnings.filterwarnings("ignore", message="You are using a Backend")
@@ -157,9 +149,7 @@ class RpcWorld:
                    "init_method": init_method}
         world_size = self.num_workers + 1
         kernel_error: list = []
-        from torch.distributed import rpc
-
-        init_counter = rpc._init_counter
+        init_counter = compat.rpc_init_count()
 
         def init_kernel():
             try:
@@ -257,8 +247,6 @@ class RpcWorld:
 
 def _check_kernel_free(num_workers: int, replacing: bool = False) -> None:
     """Refuse a world this kernel cannot host (``replacing``: ours runs, about to be closed)."""
-    from torch.distributed import rpc
-
     if _first_world_workers is not None and num_workers > _first_world_workers:
         raise ClusterStateError(
             f"this kernel's first RPC world had {_first_world_workers} worker(s), and torch keeps "
@@ -271,7 +259,7 @@ def _check_kernel_free(num_workers: int, replacing: bool = False) -> None:
         raise ClusterStateError(
             "an earlier RPC shutdown in this kernel never returned, so RPC cannot start again in "
             "this process. Restart the kernel (Kernel > Restart), then run the cell again.")
-    if not replacing and rpc.api._is_current_rpc_agent_set():
+    if not replacing and compat.rpc_agent_running():
         raise ClusterStateError(
             "RPC is already running in this kernel (rpc.init_rpc was called outside ppkit). "
             "Call rpc.shutdown() first, or restart the kernel.")

@@ -19,38 +19,21 @@ import textwrap
 from dataclasses import dataclass, field
 from html import escape
 
+from ppkit.checklist import Checklist
 from ppkit.cluster.admission import DEFAULT_PORT, version_problem
 from ppkit.errors import AuthenticationError, ConfigError
 from ppkit.transport import channel, ifaces, worker
 from ppkit.transport.messages import Probe, ProbeReply
 
 CONNECT_TIMEOUT_S = 3.0
-STATUSES = ("ok", "info", "warn", "FAIL")
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # one of STATUSES
-    detail: str
 
 
 @dataclass(repr=False)
-class Report:
-    host: str
-    checks: list[Check] = field(default_factory=list)
+class Report(Checklist):
+    """Doctor's checklist: the machine it ran on, its checks as a table, then what to do."""
+
+    host: str = ""
     advice: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """False if any check failed (warnings are allowed)."""
-        return all(c.status != "FAIL" for c in self.checks)
-
-    def add(self, name: str, status: str, detail: str) -> None:
-        self.checks.append(Check(name, status, detail))
-
-    def status_of(self, name: str) -> str | None:
-        return next((c.status for c in self.checks if c.name == name), None)
 
     def __str__(self) -> str:
         width = max(len(c.name) for c in self.checks)
@@ -91,7 +74,7 @@ def default_route_interface() -> str | None:
 
 
 def probe(host: str, port: int, key: bytes | None, timeout: float = CONNECT_TIMEOUT_S):
-    """Knock on the master's port: ``(status, detail, master_info_or_None)``."""
+    """Knock on the master's port: ``(status, detail, its ProbeReply or None)``."""
     where = f"{host}:{port}"
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
@@ -135,7 +118,7 @@ def probe(host: str, port: int, key: bytes | None, timeout: float = CONNECT_TIME
         conn.close()
     if not isinstance(reply, ProbeReply):
         return "warn", f"a ppkit master answers at {where} but did not say its versions.", None
-    return "ok", f"a ppkit master answers at {where} and accepts this key.", reply.info
+    return "ok", f"a ppkit master answers at {where} and accepts this key.", reply
 
 
 def diagnose(master: str | None = None, key: bytes | str | None = None, environ=None) -> Report:
@@ -155,9 +138,9 @@ def diagnose(master: str | None = None, key: bytes | str | None = None, environ=
         key = bytes.fromhex(environ[channel.KEY_ENV])
 
     hostname = socket.gethostname()
-    report = Report(hostname)
+    report = Report(host=hostname)
     ours = worker.versions()
-    report.add("versions", "info", f"python {ours['python']}, torch {ours['torch']}, ppkit {ours['ppkit']}")
+    report.add("versions", "info", f"python {ours.python}, torch {ours.torch}, ppkit {ours.ppkit}")
 
     resolved = ifaces.resolve_hostname(hostname)
     trap = resolved is None or ifaces.is_loopback(resolved)
@@ -191,13 +174,14 @@ def diagnose(master: str | None = None, key: bytes | str | None = None, environ=
                                                   "the address, and that both machines share a network.")
         else:
             report.add("route to master", "ok", f"{target[0]} via {route_iface or '?'} (from {route_from})")
-            status, detail, info = probe(target[0], target[1], key)
+            status, detail, master = probe(target[0], target[1], key)
             report.add("master port", status, detail)
-            if info is not None:
-                problem = version_problem(info, {**ours, "host": hostname}, "this machine")
+            if master is not None:
+                theirs = master.versions
+                problem = version_problem(theirs, ours, "this machine", hostname)
                 report.add("versions vs master", "FAIL" if problem else "ok",
-                           problem or f"same as the master ({info.get('host')}): python "
-                                      f"{info['python']}, torch {info['torch']}, ppkit {info['ppkit']}")
+                           problem or f"same as the master ({master.host}): python "
+                                      f"{theirs.python}, torch {theirs.torch}, ppkit {theirs.ppkit}")
             if status == "FAIL":
                 report.advice.append(f"on the master, run `ppkit doctor` and listen on one of its "
                                      f"addresses; check that {where} is what it printed")

@@ -12,6 +12,7 @@ import uuid
 
 import torch.distributed.rpc as rpc
 
+from ppkit import compat
 from ppkit.errors import ClusterStateError, StageError
 from ppkit.pipeline.rpc import stages
 from ppkit.pipeline.rpc.config import Placement, check_placement
@@ -23,11 +24,11 @@ REQUIRED_MODULES = ("torch", "torchvision", "ppkit.pipeline.rpc.stages")
 
 def rpc_names() -> list[str]:
     """The names of the RPC world's processes, by rank."""
-    if not rpc.api._is_current_rpc_agent_set():
+    if not compat.rpc_agent_running():
         raise ClusterStateError(
             "no RPC world in this process: start one with world = ppkit.start_rpc(num_workers=2) "
             "before building a pipeline model.")
-    agent = rpc.api._get_current_rpc_agent()
+    agent = compat.current_rpc_agent()
     return [info.name for info in sorted(agent.get_worker_infos(), key=lambda info: info.id)]
 
 
@@ -101,7 +102,7 @@ def create_stages(placement: tuple[Placement, ...], shards, timeout: float) -> l
 def release(processes_and_ids) -> None:
     """Release stages, given as ``(process, stage id)`` pairs. Never raises: a process that is gone
     has nothing left to release."""
-    if not rpc.api._is_current_rpc_agent_set():
+    if not compat.rpc_agent_running():
         return
     by_process: dict[str, list[str]] = {}
     for process, stage_id in processes_and_ids:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed.rpc as rpc
 from torch import nn
 
+from ppkit import compat
 from ppkit.checks import positive
 from ppkit.errors import ClusterStateError, ConfigError, StageError
 from ppkit.models.resnet import DEFAULT_CUT, check_cut
@@ -30,14 +31,6 @@ from ppkit.pipeline.rpc import deploy, stages
 from ppkit.pipeline.rpc.config import Placement, check_microbatch_size, item_list, parse_placement
 from ppkit.pipeline.rpc.failures import first_line, is_timeout
 from ppkit.pipeline.rpc.stage import resnet_shard
-
-
-def _in_dist_autograd_context() -> bool:
-    try:
-        torch.distributed.autograd._current_context()
-    except RuntimeError:
-        return False
-    return True
 
 
 class PipelineModel(nn.Module):
@@ -112,7 +105,7 @@ class PipelineModel(nn.Module):
         batch_size = x.shape[0]
         size = batch_size if self.microbatch_size is None else self.microbatch_size
         check_microbatch_size(size, batch_size)
-        grad = torch.is_grad_enabled() and _in_dist_autograd_context()
+        grad = torch.is_grad_enabled() and compat.in_dist_autograd_context()
         step = next(self._steps)
         last = len(self._ids) - 1
         calls = []
