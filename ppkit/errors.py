@@ -67,11 +67,13 @@ class RemoteError(WorkerError):
 
 
 class WorkerDiedError(WorkerError):
-    """A rank's process exited or was killed; ``status``: its wait status, where known."""
+    """A rank's process exited or was killed; ``status``: its wait status, where known; ``how``: that in
+    words ("it was killed by signal SIGKILL; it ran OUT OF MEMORY: ..."), where known."""
 
-    def __init__(self, message: str, ranks: list[int] | None = None, status: int | None = None):
+    def __init__(self, message: str, ranks: list[int] | None = None, status: int | None = None, how: str = ""):
         super().__init__(message, ranks)
         self.status = status
+        self.how = how
 
 
 class JobTimeoutError(WorkerError, TimeoutError):

@@ -1,9 +1,8 @@
-"""What this machine has, as ``ppkit preflight`` reports it: memory, GPUs, JupyterLab's widget
-front-end, a free port. Each helper answers without raising where the platform cannot tell."""
+"""What this machine has, as ``ppkit preflight`` reports it: GPUs, JupyterLab's widget front-end, a free
+port (memory: ppkit/cluster/memory.py). Each helper answers without raising where the platform cannot tell."""
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
@@ -25,13 +24,6 @@ def gpus() -> str:
     if not torch.cuda.is_available():
         return ", no GPU (the notebooks need none: gloo on the CPU)"
     return ", GPU " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-
-
-def memory_gib() -> float | None:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    except (ValueError, OSError, AttributeError):  # not on this platform
-        return None
 
 
 def port_free(port: int) -> bool:

@@ -3,7 +3,7 @@
     $ ppkit preflight
     ok    python         3.11.7 (tested: 3.11)
     ...
-    ppkit preflight: 10/10 ok (python 3.11.7, torch 2.14.1, linux, 2 cores)
+    ppkit preflight: 11/11 ok (python 3.11.7, torch 2.14.1, linux, 2 cores)
 
 The first checks only read versions and the machine; the last three start what the notebooks start (a 2-rank
 gloo cluster with one all_reduce, an RPC world, one tiny pipeline step checked against a local ResNet50) and close
@@ -34,7 +34,6 @@ TESTED = {"python": ("3.10", "3.11", "3.12", "3.13"), "torch": ("2.12.1", "2.14.
           "torchvision": ("0.27.1", "0.29.1")}
 INSTALL_TESTED = "pip install -c constraints.txt -e . (or: make lab) in the ppkit folder"
 MIN_CORES = 2
-MIN_MEMORY_GIB = 4.0  # two ResNet50 shards, their activations and the kernel
 PPKIT_PORT = DEFAULT_PORT  # ppkit's default for two machines (ppkit master / ppkit worker)
 RUN_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 40.0
@@ -58,7 +57,7 @@ class Preflight(Checklist):
     # -- running -----------------------------------------------------------------------------
     def run(self) -> list[Check]:
         steps = [self.python, self.torch, self.torchvision, self.backends, self.widgets,
-                 self.machine, self.ports, self.cluster, self.rpc_world, self.pipeline]
+                 self.machine, self.memory, self.ports, self.cluster, self.rpc_world, self.pipeline]
         for step in steps:
             name = step.__name__.replace("_", " ")
             needs = self._missing_prerequisite(step)
@@ -147,17 +146,17 @@ class Preflight(Checklist):
         from ppkit.cluster.budget import read_budget
 
         budget = read_budget()  # a share of a shared server, not the machine's core count
-        cores = budget.cores
-        memory = machine.memory_gib()
-        detail = (f"CPU budget {budget}" + (f", {memory:.1f} GiB memory" if memory is not None else "")
-                  + machine.gpus() + "".join(f"; {note}" for note in budget.notes))
-        if cores < MIN_CORES:
+        detail = f"CPU budget {budget}" + machine.gpus() + "".join(f"; {note}" for note in budget.notes)
+        if budget.cores < MIN_CORES:
             return Check("machine", "warn", detail + ": two ranks will share one core, so nothing "
                          "runs in parallel and timings mean little", fix="use a machine (or VM) with 2+ cores")
-        if memory is not None and memory < MIN_MEMORY_GIB:
-            return Check("machine", "warn", detail + f": under {MIN_MEMORY_GIB:g} GiB the ResNet50 "
-                         "notebooks may run out of memory", fix="close other programs or use a bigger machine")
         return Check("machine", "ok", detail)
+
+    def memory(self) -> Check:
+        from ppkit.preflight_memory import memory_verdict
+
+        verdict = memory_verdict()  # the limit and /dev/shm against each notebook's measured need
+        return Check("memory", verdict.status, verdict.detail, verdict.fix)
 
     def ports(self) -> Check:
         socks = []

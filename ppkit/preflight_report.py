@@ -1,7 +1,7 @@
 """``ppkit preflight --json``: the checks as one JSON object, for an instructor collecting a room's results.
 
     {"ppkit_preflight": 1, "user": "ana", "host": "hub-1", "ok": true,
-     "summary": "ppkit preflight: 10/10 ok (...)", "checks": [{"name": "python", "status": "ok",
+     "summary": "ppkit preflight: 11/11 ok (...)", "checks": [{"name": "python", "status": "ok",
      "detail": "3.11.7 (tested: ...)", "fix": ""}, ...]}
 
 ``ok`` is the exit status's meaning: no check failed (warnings allowed). :class:`PreflightReport` reads it

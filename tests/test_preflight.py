@@ -16,7 +16,7 @@ from ppkit.preflight import Preflight
 
 SUMMARY = re.compile(r"^ppkit preflight: (\d+)/(\d+) ok(, \d+ warnings?)? \(python \d+\.\d+\.\d+, "
                      r"torch \d+\.\d+\.\d+, (linux|macos|win32), [\d.]+ cores\)$")
-NAMES = ["python", "torch", "torchvision", "backends", "widgets", "machine", "ports", "cluster",
+NAMES = ["python", "torch", "torchvision", "backends", "widgets", "machine", "memory", "ports", "cluster",
          "rpc world", "pipeline"]
 
 
@@ -35,9 +35,10 @@ def test_cli_runs_every_check_and_ends_with_one_summary_line():
 
 
 def _quiet(**replaced) -> Preflight:
-    """A Preflight whose named checks are replaced (the runtime ones by default: they start processes)."""
+    """A Preflight whose named checks are replaced (by default the runtime ones, which start processes, and
+    memory, whose verdict depends on this machine's limit: tests/test_memory.py tests it)."""
     checker = Preflight(emit=lambda line: None)
-    for name in ("cluster", "rpc_world", "pipeline"):
+    for name in ("memory", "cluster", "rpc_world", "pipeline"):
         replaced.setdefault(name, lambda name=name: preflight.Check(name.replace("_", " "), "ok", "stand-in"))
     for name, fn in replaced.items():
         fn.__name__ = name
@@ -72,7 +73,7 @@ def test_a_failed_check_skips_what_needs_it_and_fails_the_summary():
         assert "failed above" in checks[name].detail
     assert not checker.ok
     assert "fix: " in "\n".join(lines)
-    assert re.search(r"ppkit preflight: 4/10 ok, 6 not ok \(", lines[-1]), lines[-1]
+    assert re.search(r"ppkit preflight: 5/11 ok, 6 not ok \(", lines[-1]), lines[-1]
 
 
 def test_missing_widget_frontend_fails_with_the_fix(monkeypatch):

@@ -10,7 +10,7 @@ def add_arguments(parser) -> None:
                         help="print one JSON object (every check, the summary, user and host) on stdout; the "
                              "check lines go to stderr. `ppkit room` collects it from every learner of a hub")
     parser.epilog = ("The last line is one an instructor can collect, e.g. "
-                     "'ppkit preflight: 10/10 ok (python 3.11.7, torch 2.14.1, linux, 2 cores)'. "
+                     "'ppkit preflight: 11/11 ok (python 3.11.7, torch 2.14.1, linux, 2 cores)'. "
                      "Exit status 0 when no check failed (warnings allowed), 1 otherwise.")
 
 

@@ -176,7 +176,7 @@ class Cluster:
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
                 self._break(f"rank {rank} (pid {self.workers.get(rank, {}).get('pid')}) died while no job "
-                            f"was running: {diagnostics.describe_status(self._launcher.exit_status(rank))}.")
+                            f"was running: {self._launcher.describe_exit(rank)}.")
 
     # -- start, restart, close ----------------------------------------------------------------
     def _start_workers(self) -> None:
@@ -200,7 +200,7 @@ class Cluster:
             elif isinstance(item.msg, Closed) and not item.from_launcher:
                 time.sleep(0.2)
                 self._drain()
-                raise diagnostics.died_while_starting(item.source, self._launcher.exit_status(item.source))
+                raise diagnostics.died_while_starting(item.source, self._launcher.describe_exit(item.source))
         self.workers = dict(sorted(self.workers.items()))
         self._printer.flush()
         self._launcher.end_start()

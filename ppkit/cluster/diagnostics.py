@@ -21,14 +21,15 @@ from ppkit.transport.messages import AskStacks, ErrorInfo, Rendezvous, Stacks
 RESTART = "Run cluster.restart() for a clean world"
 
 
-def describe_status(status: int | None) -> str:
-    """A wait status in words: "it was killed by signal SIGKILL"."""
+def describe_status(status: int | None, oom=None) -> str:
+    """A wait status in words: "it was killed by signal SIGKILL"; with ``oom`` (an ``OomWatch`` of the
+    process's cgroup), a SIGKILL says whether the out-of-memory killer sent it."""
     if status is None:
-        return "its connection closed"
+        return "its connection closed" + (oom.explain(None) if oom is not None else "")
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        return f"it was killed by signal {name}"
+        return f"it was killed by signal {name}" + (oom.explain(status) if oom is not None else "")
     return f"it exited with code {os.WEXITSTATUS(status)}"
 
 
@@ -114,8 +115,9 @@ def fork_server_exited(log_path, log_tail: str) -> LaunchError:
         f"Its log ({log_path}) ends with:\n{log_tail}")
 
 
-def died_while_starting(rank: int, status: int | None) -> LaunchError:
-    return LaunchError(f"rank {rank} died while starting: {describe_status(status)}. See its output above.")
+def died_while_starting(rank: int, how: str) -> LaunchError:
+    """``how``: the launcher's words for how it ended (``Launcher.describe_exit``)."""
+    return LaunchError(f"rank {rank} died while starting: {how}. See its output above.")
 
 
 def agent_lost(name: str, host: str, silent_s: float | None) -> str:
@@ -156,10 +158,11 @@ def interrupted_while_sending(ranks: list[int], size: int) -> JobInterrupted:
         f"(they read nothing: stopped, or busy outside ppkit). {RESTART}; your notebook variables stay.")
 
 
-def worker_died(rank: int, label: str, status: int | None) -> WorkerDiedError:
+def worker_died(rank: int, label: str, status: int | None, how: str) -> WorkerDiedError:
+    """``how``: the launcher's words for how it ended (``Launcher.describe_exit``)."""
     return WorkerDiedError(
-        f"rank {rank} ({label}) died during the job: {describe_status(status)}. The other ranks "
-        "may be blocked waiting for it. Run cluster.restart() to start a clean world.", [rank], status)
+        f"rank {rank} ({label}) died during the job: {how}. The other ranks "
+        "may be blocked waiting for it. Run cluster.restart() to start a clean world.", [rank], status, how)
 
 
 def rank_lost(rank: int, reason: str) -> WorkerDiedError:

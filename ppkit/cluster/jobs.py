@@ -133,7 +133,7 @@ class Job:
                 self._printer.flush()
                 self._on_break(f"rank {rank} died.")
                 raise diagnostics.worker_died(rank, self._launcher.rank_label(rank, workers.get(rank, {})),
-                                              self._launcher.exit_status(rank))
+                                              self._launcher.exit_status(rank), self._launcher.describe_exit(rank))
             if isinstance(item.msg, LaunchFailed) and item.msg.rank in self.waiting():  # its machine is lost
                 self._printer.flush()
                 self._on_break(item.msg.reason)

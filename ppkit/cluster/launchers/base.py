@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ppkit.cluster import worker_setup
+from ppkit.cluster import diagnostics, worker_setup
 from ppkit.cluster.inbox import Inbox, Item, LaunchFailed
 from ppkit.cluster.isolation import Isolation
+from ppkit.cluster.oom import OomWatch
 from ppkit.cluster.spec import ClusterSpec
 from ppkit.transport import channel, procs
 from ppkit.transport.messages import Exited, FileStoreAt, JoinConfig, Spawned
@@ -50,6 +51,7 @@ class Launcher:
         self.local_ranks = list(range(self.world_size))  # ranks whose pids this machine can signal
         self._spawned: dict[int, tuple] = {}  # rank -> (source, pid) of this generation's process
         self._exit_status: dict[tuple, int] = {}  # (source, pid) -> wait status
+        self.oom: OomWatch | None = None  # the local ranks' cgroup's out-of-memory kills, from begin()
 
     # -- addresses and configuration --------------------------------------------------------
     def server_address(self) -> tuple[str, int]:
@@ -88,6 +90,7 @@ class Launcher:
         """Start a generation: forget the last one's processes, get ready to spawn."""
         self._spawned = {}
         self._exit_status = {}
+        self.oom = OomWatch.start() if self.local_ranks else None  # they share this kernel's cgroup
 
     def can_spawn(self) -> bool:
         return True
@@ -137,6 +140,10 @@ class Launcher:
     def exit_status(self, rank: int) -> int | None:
         """How this generation's ``rank`` ended (a wait status), if its launcher said so yet."""
         return self._exit_status.get(self._spawned.get(rank))
+
+    def describe_exit(self, rank: int) -> str:
+        """How ``rank`` ended, in words; a local rank's out-of-memory kill is named as such."""
+        return diagnostics.describe_status(self.exit_status(rank), self.oom if rank in self.local_ranks else None)
 
     def wait_exit_status(self, rank: int, wait: float = 1.0) -> None:
         """Give the launcher's process a moment to report how ``rank`` ended."""

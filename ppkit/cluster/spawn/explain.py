@@ -31,7 +31,7 @@ def translate(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: fl
     if isinstance(exc, RemoteError):
         return raised(exc, pids, nprocs)
     if isinstance(exc, WorkerDiedError) and exc.ranks:
-        return exited(exc.ranks[0], pids, nprocs, exc.status)
+        return exited(exc.ranks[0], pids, nprocs, exc.status, exc.how)
     if isinstance(exc, JobTimeoutError):
         return timed_out(exc, timeout)
     if isinstance(exc, JobInterrupted):
@@ -93,7 +93,8 @@ def raised(exc: RemoteError, pids: dict[int, int], nprocs: int) -> BaseException
     return ProcessRaisedError(text, exc, first, pids.get(first))
 
 
-def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None) -> ProcessExitedError:
+def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None, how: str = "") -> ProcessExitedError:
+    """``how``: the launcher's words for the end, where it knew more than ``status`` (an out-of-memory kill)."""
     code = sig = None
     if status is not None and os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
@@ -104,8 +105,10 @@ def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None) -> 
             "SIGSEGV": " (a crash in C or C++ code: its output above may say where)"}.get(sig, "")
     if code is not None:
         hint = " (os._exit, or a library that exits the process: its output above may say why)"
+    if sig == "SIGKILL" and "out-of-memory killer" in how:  # the cgroup said whether it was
+        hint = ""
     return ProcessExitedError(
-        f"{_who(rank, pids, nprocs)} ended before fn returned: {describe_status(status)}{hint}. The "
+        f"{_who(rank, pids, nprocs)} ended before fn returned: {how or describe_status(status)}{hint}. The "
         f"other processes may have been waiting for it. {STOPPED}", rank, pids.get(rank), code, sig, status)
 
 
