@@ -84,11 +84,11 @@ def check_choose_mesh(fn, cluster=None) -> CheckReport | None:
     meshes = comp.shapes(WORLD_SIZE)
     try:
         for label, budget in BUDGETS:
-            report.cases.append(f"{WORLD_SIZE} ranks, {label}")
+            report.case(f"{WORLD_SIZE} ranks, {label}")
             got = fn(list(meshes), budget, memory_of)
             text = _problem(f"budget {label}", got, best_mesh(meshes, budget, memory_of), budget, meshes, memory_of)
             if text:
-                report.failures.append(text)
+                report.fail(text)
     finally:
         if own:
             cluster.close()

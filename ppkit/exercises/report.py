@@ -45,13 +45,15 @@ class CheckReport(Checklist):
             self.fail(f"{label}: expected {what}, got {type(got).__name__} {got!r:.60}")
         return value
 
+    # read-only views (tuples, so an old-style ``report.cases.append(...)`` fails loudly instead of
+    # being dropped): add with ``case`` and ``fail``
     @property
-    def cases(self) -> list[str]:
-        return [c.name for c in self.checks if c.status == "info"]
+    def cases(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.checks if c.status == "info")
 
     @property
-    def failures(self) -> list[str]:
-        return [c.detail for c in self.problems]
+    def failures(self) -> tuple[str, ...]:
+        return tuple(c.detail for c in self.problems)
 
     @property
     def passed(self) -> bool:
