@@ -49,6 +49,11 @@ def main() -> dict:
               "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()), "master_addr": env.master_addr,
               "loss": round(loss.item(), 6), "same_weights_everywhere": all(torch.equal(g, weights) for g in gathered)}
     print(json.dumps(record), flush=True)
+    # Leave together and in order: every rank done with the store (barrier), DDP's reducer (which holds the group)
+    # gone before the group is. Without both, a rank sometimes aborted at exit in a CI run after printing its line
+    # ("terminate called without an active exception", srun: task 1: Aborted).
+    dist.barrier()
+    del model, optimizer
     dist.destroy_process_group()
     return record
 
