@@ -9,17 +9,7 @@
 set -uo pipefail
 
 CHROMIUM="${PPKIT_CHROMIUM:-/usr/bin/chromium}"
-in_ci() { case "${CI:-}" in 1 | true | TRUE | True | yes) return 0 ;; *) return 1 ;; esac; }
-
-apt_retry() {
-    local try
-    for try in 1 2 3; do
-        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -o Acquire::Retries=3 "$@" && return 0
-        echo "apt-get $* failed (try $try of 3); retrying in $((try * 10)) s" >&2
-        sleep $((try * 10))
-    done
-    return 1
-}
+. "$(dirname "$0")/lib.sh"  # in_ci, apt_retry
 
 if [ ! -x "$CHROMIUM" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -15,14 +15,13 @@ and drawing, ``.error`` the last refusal (None after a run), ``.redraws`` counts
 
 from __future__ import annotations
 
-import threading
 from html import escape
 
 import ipywidgets as widgets
 
 from ppkit.lessons import composition as comp
 from ppkit.lessons import mesh_costs as mc
-from ppkit.widgets.measured import measure_and_draw
+from ppkit.widgets.measured import OneAtATime, measure_and_draw
 
 DEGREES = (1, 2, 4, 8)
 CSS = "ppkit-mesh"
@@ -56,7 +55,7 @@ class MeshExplorer:
         self.widget.add_class(CSS)
         self.measurement = self.figure = self.error = None
         self.measured = {(m.mesh, m.shard_dp): m for m in known}  # for the budget table, and not to run twice
-        self.redraws, self._wanted, self._one_at_a_time = 0, False, threading.Lock()
+        self.redraws, self._one_at_a_time = 0, OneAtATime(self._measure_and_draw)
         for w in (self.world, *self.dims.values(), self.shard, self.budget):
             w.observe(lambda _change: self.redraw(), names="value")
         self.redraw()
@@ -67,15 +66,7 @@ class MeshExplorer:
     def redraw(self) -> None:
         """Measure the chosen mesh (or reuse its measurement) and draw it; or say why it cannot run.
         One at a time, as in ``MoEExplorer.redraw``: a change arriving meanwhile is measured right after."""
-        self._wanted = True
-        while self._wanted:
-            if not self._one_at_a_time.acquire(blocking=False):
-                return
-            try:
-                self._wanted = False
-                self._measure_and_draw()
-            finally:
-                self._one_at_a_time.release()
+        self._one_at_a_time()
 
     def _measure_and_draw(self) -> None:
         mesh, shard, budget, world = self.mesh(), self.shard.value, self.budget.value, self.world.value

@@ -16,13 +16,12 @@ counts runs.
 
 from __future__ import annotations
 
-import threading
 from html import escape
 
 import ipywidgets as widgets
 
 from ppkit.lessons import moe_timing
-from ppkit.widgets.measured import measure_and_draw
+from ppkit.widgets.measured import OneAtATime, measure_and_draw
 
 EXPERTS = (1, 2, 3, 4, 6, 8, 12, 16)
 CSS = "ppkit-moe"
@@ -59,7 +58,7 @@ class MoEExplorer:
         self.widget = widgets.VBox([*rows, self.summary, self.output])
         self.widget.add_class(CSS)
         self.measurement = self.figure = self.error = None
-        self.redraws, self._wanted, self._one_at_a_time = 0, False, threading.Lock()
+        self.redraws, self._one_at_a_time = 0, OneAtATime(self._measure_and_draw)
         for w in controls.values():
             w.observe(lambda _change: self.redraw(), names="value")
         self.redraw()
@@ -74,15 +73,7 @@ class MoEExplorer:
         One at a time: JupyterLab with ipykernel 7 can deliver a widget change on a kernel subshell, in
         another thread, while a measurement runs, and two ``cluster.run`` at once would mix up their jobs.
         A change that arrives meanwhile is measured right after, with the settings of that moment."""
-        self._wanted = True
-        while self._wanted:
-            if not self._one_at_a_time.acquire(blocking=False):
-                return  # the thread measuring now sees _wanted and measures again
-            try:
-                self._wanted = False
-                self._measure_and_draw()
-            finally:
-                self._one_at_a_time.release()
+        self._one_at_a_time()
 
     def _measure_and_draw(self) -> None:
         chosen = self.settings()

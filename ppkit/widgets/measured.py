@@ -1,8 +1,9 @@
-"""What the lesson explorers (notebooks 11 and 12) share: measure on the cluster, then draw, or say
-in the panel why the settings cannot run (and whether the cluster needs a restart)."""
+"""What the lesson explorers (notebooks 11, 12 and 13) share: one measurement at a time; measure on the
+cluster, then draw, or say in the panel why the settings cannot run (and whether the cluster needs a restart)."""
 
 from __future__ import annotations
 
+import threading
 from html import escape
 
 from IPython.display import display
@@ -28,3 +29,25 @@ def measure_and_draw(explorer, measure, plot, summary_html) -> None:
     with explorer.output:
         display(explorer.figure)
     explorer.redraws += 1
+
+
+class OneAtATime:
+    """Call ``work()`` for each request, one call at a time, the latest settings winning.
+
+    JupyterLab with ipykernel 7 can deliver a widget change on a kernel subshell, in another thread, while a
+    measurement runs, and two ``cluster.run`` at once would mix up their jobs. A request that arrives meanwhile
+    returns at once; the call running then sees it and calls ``work()`` again, with the settings of that moment."""
+
+    def __init__(self, work):
+        self._work, self._wanted, self._lock = work, False, threading.Lock()
+
+    def __call__(self) -> None:
+        self._wanted = True
+        while self._wanted:
+            if not self._lock.acquire(blocking=False):
+                return  # the thread working now sees _wanted and works again
+            try:
+                self._wanted = False
+                self._work()
+            finally:
+                self._lock.release()
