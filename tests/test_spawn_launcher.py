@@ -106,6 +106,15 @@ def test_a_killed_rank_is_reported_with_its_signal_then_restart_replaces_every_w
     assert spawned.run(lambda rank, world_size: rank) == [0, 1]
 
 
+def test_processes_lists_each_spawned_worker_once_by_rank(spawned):
+    # after the restart above too: the spawn launcher's own processes are the workers themselves
+    found = spawned.processes()
+    pids = [p.pid for p in found]
+    assert len(pids) == len(set(pids)) == 2, found
+    assert sorted(p.rank for p in found) == [0, 1]
+    assert sorted(pids) == sorted(w["pid"] for w in spawned.workers.values())
+
+
 def test_close_leaves_no_process():
     cluster = ppkit.start(2, "gloo", start_method="spawn")
     pids = [w["pid"] for w in cluster.workers.values()]

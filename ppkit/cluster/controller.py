@@ -280,9 +280,9 @@ class Cluster:
         return self._launcher.script()
 
     def processes(self) -> list[Process]:
-        """Its launcher's processes (fork server, agents, a SLURM job) and one worker per rank."""
-        return self._launcher.processes() + [Process("worker", w["pid"], rank, w["host"])
-                                             for rank, w in sorted(self.workers.items())]
+        """Its launcher's processes (fork server, agents, SLURM job) and each rank's worker, each named once."""
+        workers = [Process("worker", w["pid"], rank, w["host"]) for rank, w in sorted(self.workers.items())]
+        return [p for p in self._launcher.processes() if p.pid not in {w.pid for w in workers}] + workers
 
     # -- display ------------------------------------------------------------------------------
     def __repr__(self) -> str:
