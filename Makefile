@@ -16,12 +16,12 @@ lab: $(STAMP)
 
 # --durations=15: CI's log names the slowest tests, so the suite's time stays visible.
 test: $(STAMP) browser slurm hub
-	$(PY) -m pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
 
 # Everything not marked slow (pyproject.toml: markers), without the browser and SLURM tests, and notebook 00.
 FAST_NOTEBOOK ?= notebooks/00_start_here.ipynb
 test-fast: $(STAMP)
-	$(PY) -m pytest tests $(FAST_NOTEBOOK) --nbval-lax --sanitize-with tests/nbval_sanitize.cfg \
+	$(PY) -m pytest tests $(FAST_NOTEBOOK) --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  --ignore=tests/browser -m "not slow and not slurm" --durations=10 $(PYTEST_ARGS)
 
 setup: $(STAMP)

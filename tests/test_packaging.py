@@ -102,7 +102,7 @@ def test_readme_names_the_two_commands_and_ci_runs_the_test_one():
 
 def test_make_test_runs_every_test_and_every_notebook():
     recipe = make_target("test")
-    assert "pytest tests notebooks --nbval-lax --sanitize-with tests/nbval_sanitize.cfg" in recipe
+    assert "pytest tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg" in recipe
     assert "--durations=15" in recipe  # CI's log names the slowest tests
 
 
