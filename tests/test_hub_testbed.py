@@ -52,6 +52,7 @@ def test_a_learner_who_cannot_reach_the_python_is_told_which_folder(components, 
     assert _gone(learner.name) and not learner.home.exists()
 
 
+@pytest.mark.slow
 def test_a_hub_that_cannot_start_its_proxy_says_so_and_leaves_nothing(components, tmp_path, monkeypatch):
     closed = unreadable_folders(Path(sys.executable), Path(sys.prefix), hub_testbed.REPO)
     made: list[Learner] = []

@@ -85,6 +85,7 @@ def measure(learners, mode: str, **env: str):
     return said, found, private
 
 
+@pytest.mark.slow
 def test_a_cluster_exposes_nothing_unauthenticated_to_another_user(learners):
     said, found, private = measure(learners, "cluster")
     assert said["ready"] == [3.0, 3.0]
@@ -96,6 +97,7 @@ def test_a_cluster_exposes_nothing_unauthenticated_to_another_user(learners):
     assert len(found) >= 4, table(found)  # channel, its Unix socket, each worker's gloo listener
 
 
+@pytest.mark.slow
 def test_spawn_exposes_nothing_unauthenticated_to_another_user(learners):
     said, found, private = measure(learners, "spawn")
     assert said["ready"] == [2.0, 2.0]
@@ -105,6 +107,7 @@ def test_spawn_exposes_nothing_unauthenticated_to_another_user(learners):
     assert 12355 in ports, table(found)  # the tutorial's store: listed, and out of B's reach
 
 
+@pytest.mark.slow
 def test_with_isolation_off_the_probe_finds_the_open_listeners(learners):
     """The measurement before the change, still there with PPKIT_ISOLATION=off: the probe counts them."""
     said, found, private = measure(learners, "cluster", PPKIT_ISOLATION="off")
@@ -113,6 +116,7 @@ def test_with_isolation_off_the_probe_finds_the_open_listeners(learners):
     assert counts(found)[OPEN] >= 2, table(found)  # each worker's gloo listener
 
 
+@pytest.mark.slow
 def test_an_rpc_world_cannot_be_isolated_and_says_so(learners):
     said, found, private = measure(learners, "rpc")
     assert said["isolation"] == f"none: {isolation.RPC_REASON}"
@@ -144,6 +148,7 @@ except LaunchError as exc:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux namespaces")
 def test_a_machine_that_refuses_falls_back_or_fails_clearly():
     done = _in_a_namespace_that_forbids_more(REFUSED)
@@ -167,6 +172,7 @@ def test_bad_isolation_values_are_config_errors(monkeypatch):
 
 
 
+@pytest.mark.slow
 def test_a_folder_too_deep_for_a_unix_socket_falls_back_or_fails_clearly(tmp_path, monkeypatch, no_leftovers):
     deep = tmp_path / ("d" * 110)  # a Unix socket's address holds at most 107 bytes of path
     deep.mkdir()

@@ -21,6 +21,7 @@ def cluster8():
         yield cluster
 
 
+@pytest.mark.slow
 def test_the_3d_step_equals_one_process(cluster8):
     m = mc.measure(cluster8, (2, 2, 2))
     assert m.equal and m.grad_error < cm.TOLERANCE, (m.loss, m.reference_loss, m.grad_error)
@@ -38,6 +39,7 @@ def test_the_3d_step_equals_one_process(cluster8):
     assert m.sent("pp") >= 2 * 4 * 2 * 8 * 16
 
 
+@pytest.mark.slow
 def test_replicas_over_dp_equal_one_process_and_hold_more(cluster8):
     m = mc.measure(cluster8, (2, 2, 2), shard_dp=False)
     assert m.equal, (m.loss, m.reference_loss, m.grad_error)
@@ -70,6 +72,7 @@ def test_a_mesh_on_the_first_ranks_of_the_cluster(cluster8):
         mc.measure(cluster8, (1, 1, 3), world_size=3)
 
 
+@pytest.mark.slow
 def test_a_step_that_skips_the_dp_average_is_caught(cluster8):
     assert min(cluster8.run(_without_dp_average)) > 1e-2
 

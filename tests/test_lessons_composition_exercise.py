@@ -38,6 +38,7 @@ def never_none(meshes, budget, memory_of):
     return min(meshes, key=memory_of)
 
 
+@pytest.mark.slow
 def test_the_solution_passes_and_wrong_answers_are_named(cluster8):
     report = check_composition.check_choose_mesh(solutions.choose_mesh, cluster=cluster8)
     assert report.passed and len(report.cases) == 4

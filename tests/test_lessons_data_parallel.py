@@ -28,6 +28,7 @@ def test_manual_equals_ddp_equals_whole_batch(world, request):
     assert dp.max_difference(local[0], whole) > 1e-3
 
 
+@pytest.mark.slow
 def test_training_with_ddp_matches_one_process(cluster4):
     if cluster4.state == "broken":
         cluster4.restart()

@@ -143,6 +143,7 @@ def _bf16_and_hybrid(rank, world_size):
     return out
 
 
+@pytest.mark.slow
 def test_fsdp2_mixed_precision_and_hybrid_sharding_run_on_cpu(cluster4):
     results = cluster4.run(_bf16_and_hybrid)
     assert all(r["bf16_logits"] == torch.bfloat16 for r in results)

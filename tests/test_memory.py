@@ -185,6 +185,7 @@ def test_every_notebook_is_measured():
                          "ppkit/notebook_memory.py and docs/memory.md")
 
 
+@pytest.mark.slow
 def test_the_benchmark_sees_memory_a_child_of_the_kernel_takes(tmp_path):
     """bench_memory.py on a notebook whose kernel starts a process holding 300 MiB, then writes 64 MiB to
     /dev/shm for a second: the RSS sum and the largest process include the first, the /dev/shm peak the

@@ -87,6 +87,7 @@ def killed_for_memory(name: str, script: str, caught: str) -> tuple[str, Path]:
     return done.stdout.split("CAUGHT", 1)[1], group.path
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_the_oom_killer_is_reported_as_out_of_memory(no_leftovers):
     message, where = killed_for_memory("oom", IN_CLUSTER, "WorkerDiedError")
     assert "rank 1" in message and "killed by signal SIGKILL" in message
@@ -96,6 +97,7 @@ def test_a_rank_killed_by_the_oom_killer_is_reported_as_out_of_memory(no_leftove
     assert "ask the instructor for more" in message and "docs/memory.md" in message
 
 
+@pytest.mark.slow
 def test_ppkit_spawn_says_out_of_memory_too(no_leftovers):
     message, _ = killed_for_memory("oom-spawn", IN_SPAWN, "ProcessExitedError")
     assert "OUT OF MEMORY" in message and "2.5 GiB" in message and "docs/memory.md" in message

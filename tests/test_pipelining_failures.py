@@ -54,6 +54,7 @@ def test_a_failing_stage_does_not_leave_its_neighbour_hanging(batch, no_leftover
         assert cluster.state == "ready"
 
 
+@pytest.mark.slow
 def test_a_failing_stage_of_a_v_schedule_ends_in_time_and_restart_recovers(batch, no_leftovers):
     def _failing_loss(rank, world_size, x, y):
         # ZBV puts stages 1 and 4 on rank 0, so the loss (and its failure) is there; rank 1, holding

@@ -212,6 +212,7 @@ def test_impossible_settings_are_refused_before_any_rank_runs(cluster2, batch):
     assert cluster2.run(lambda rank, world_size: rank * 10) == [0, 10]
 
 
+@pytest.mark.slow
 def test_the_formulas_hold_on_four_ranks_too(cluster4):
     """Each multi-stage formula against torch's plans for p = 4 (where m >= p, resp. 2p - 1 or 2p)."""
     least = {"interleaved1f1b": 4, "interleavedzerobubble": 4, "zbvzerobubble": 7, "dualpipev": 8}

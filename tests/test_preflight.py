@@ -20,6 +20,7 @@ NAMES = ["python", "torch", "torchvision", "backends", "widgets", "machine", "me
          "rpc world", "pipeline"]
 
 
+@pytest.mark.slow
 def test_cli_runs_every_check_and_ends_with_one_summary_line():
     done = subprocess.run([sys.executable, "-m", "ppkit", "preflight"], capture_output=True, text=True,
                           timeout=120)

@@ -105,6 +105,7 @@ def test_bad_listen_settings_fail_before_anything_starts(no_leftovers, monkeypat
 
 
 # -- the whole path on loopback ----------------------------------------------------------------
+@pytest.mark.slow
 def test_remote_worker_joins_runs_restarts_and_leaves(no_leftovers, capsys):
     port, key = free_port(), os.urandom(32).hex()
     proc = worker_cli(port, key)
@@ -175,6 +176,7 @@ def connect_when_listening(port, key, name, deadline=30, **override):
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_unknown_and_duplicate_names_are_refused_and_a_silent_worker_times_out(no_leftovers):
     port, key = free_port(), os.urandom(32)
     thread, box = start_in_thread(world_size=1, listen=f"127.0.0.1:{port}", remote=["worker1"], key=key,
@@ -197,6 +199,7 @@ def test_unknown_and_duplicate_names_are_refused_and_a_silent_worker_times_out(n
     assert isinstance(first.recv(), Shutdown)
 
 
+@pytest.mark.slow
 def test_a_worker_that_never_comes_is_named_with_the_command_to_run(no_leftovers):
     port, key = free_port(), os.urandom(32)
     started = time.monotonic()
@@ -296,6 +299,7 @@ def test_rpc_world_remote_workers_are_the_last_ones():
         admission.rpc_remote_names(names, ["worker1"])
 
 
+@pytest.mark.slow
 def test_rpc_world_with_a_remote_worker_on_loopback(no_leftovers):
     import torch.distributed.rpc as rpc
 
@@ -312,6 +316,7 @@ def test_rpc_world_with_a_remote_worker_on_loopback(no_leftovers):
     assert proc.returncode == 0 and "the master closed the cluster" in out
 
 
+@pytest.mark.slow
 def test_listen_mode_listens_on_the_given_address_only(no_leftovers):
     import psutil
 
@@ -346,6 +351,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_worker_machine_is_left_clean_when_the_master_is_killed(no_leftovers):
     from leftovers import wait_gone
 

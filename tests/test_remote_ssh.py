@@ -54,6 +54,7 @@ exec sh -c "$1"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_cluster_starts_its_worker_over_ssh(tmp_path, no_leftovers, monkeypatch):
     fake = tmp_path / "fake_ssh"
@@ -73,6 +74,7 @@ def test_cluster_starts_its_worker_over_ssh(tmp_path, no_leftovers, monkeypatch)
     assert wait_gone(ssh_pids, 5.0) == []  # the worker ended with the cluster
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_failing_ssh_is_reported_with_what_it_said(tmp_path, no_leftovers):
     fake = tmp_path / "fake_ssh"

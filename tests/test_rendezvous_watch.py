@@ -75,6 +75,7 @@ def test_the_store_a_rank_hosts_listens_on_loopback_and_the_rendezvous_is_rememb
     assert all(Rendezvous("env", "localhost", port) in r["history"] for r in results)
 
 
+@pytest.mark.slow
 def test_a_hang_after_a_group_was_recreated_on_the_same_port_names_it(bare):
     if bare.state == "broken":
         bare.restart()

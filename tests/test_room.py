@@ -29,6 +29,7 @@ def answer(stdout: str = "", stderr: str = "", returncode: int | None = 0) -> st
                                                          "stderr": stderr}) + "\n"
 
 
+@pytest.mark.slow
 def test_preflight_json_is_one_object_with_every_check():
     done = subprocess.run([sys.executable, "-m", "ppkit", "preflight", "--json"], capture_output=True, text=True,
                           timeout=180)

@@ -90,6 +90,7 @@ def test_exercise_checker_accepts_right_and_names_wrong_case(world):
         rpc_basics.check_remote_sum(wrong, world.worker_names)
 
 
+@pytest.mark.slow
 def test_restart_gives_a_working_world_and_idle_workers_cost_no_cpu(world):
     world.restart()
     assert rpc.rpc_sync("worker2", torch.add, args=(1, 2)) == 3
@@ -100,6 +101,7 @@ def test_restart_gives_a_working_world_and_idle_workers_cost_no_cpu(world):
     assert all(u < 0.2 for u in used), f"idle workers used {used} CPU seconds in 10 s (limit 2%)"
 
 
+@pytest.mark.slow
 def test_timed_out_rpc_then_close_never_hangs_and_kernel_stays_usable(no_leftovers):
     w = ppkit.start_rpc(1, num_worker_threads=2, rpc_timeout=2)
     pids = [x["pid"] for x in w.cluster.workers.values()]
@@ -123,6 +125,7 @@ def test_timed_out_rpc_then_close_never_hangs_and_kernel_stays_usable(no_leftove
         again.close()
 
 
+@pytest.mark.slow
 def test_start_rpc_replaces_the_previous_world(no_leftovers):
     first = ppkit.start_rpc(1)
     second = ppkit.start_rpc(1)

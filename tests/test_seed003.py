@@ -39,6 +39,7 @@ def test_notebook_04_pastes_the_same_code():
     assert "class DistResNet50(nn.Module):" in seed003.tutorial_source()
 
 
+@pytest.mark.slow
 def test_the_tutorial_runs_as_a_script_with_its_classes_in_main():
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run([sys.executable, "-m", "ppkit.lessons.seed003"], cwd=ROOT, env=env,
@@ -63,6 +64,7 @@ def world():
     w.close()
 
 
+@pytest.mark.slow
 def test_the_tutorials_classes_train_with_distributed_optimizer_and_autograd(world):
     tutorial = tutorial_cell()
     torch.manual_seed(0)
@@ -82,6 +84,7 @@ def test_the_tutorials_classes_train_with_distributed_optimizer_and_autograd(wor
     assert all(not torch.equal(b, a) for b, a in zip(before, after))  # both shards stepped
 
 
+@pytest.mark.slow
 def test_more_micro_batches_than_rpc_threads_hang_the_tutorials_shards_until_the_timeout(world):
     """What notebook 04 says: with 4 RPC threads, 8 micro-batches wait in to_here() for good."""
     tutorial = tutorial_cell()

@@ -60,6 +60,7 @@ def test_srun_spreads_four_ranks_over_two_nodes(slurm_clean):
     assert {envs[r]["SLURM_NTASKS"] for r in range(4)} == {"4"}
 
 
+@pytest.mark.slow
 def test_sbatch_wrap_runs_to_completion(slurm_clean, tmp_path):
     out = tmp_path / "job.out"
     job = sbatch(slurm_clean, "-N", "2", "-n", "4", "-o", str(out),
@@ -100,6 +101,7 @@ def test_node_names_expand_and_nodes_are_reached_by_address(slurm):
     assert "NodeAddr=127.0.0.1" in node and "CPUTot=4" in node
 
 
+@pytest.mark.slow
 def test_killed_slurmd_goes_down_comes_back_and_stop_leaves_nothing():
     try:
         tb = SlurmTestbed()

@@ -65,6 +65,7 @@ def _interrupt_when_started(folder, count: int) -> threading.Thread:
 
 
 # -- what works ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_fn_of_i_and_args_runs_in_fresh_processes_each_call(method, tmp_path, capsys, monkeypatch):
     spawn_call.close()
     monkeypatch.setenv("PPKIT_SPAWN_GONE", "set at first")
@@ -96,11 +97,13 @@ def test_fn_of_i_and_args_runs_in_fresh_processes_each_call(method, tmp_path, ca
     assert "[rank 0] hello from 0" in out and "[rank 1] hello from 1" in out
 
 
+@pytest.mark.slow
 def test_sys_exit_0_ends_a_process_successfully_as_with_mp_spawn():
     ppkit.spawn(lambda i: sys.exit(0) if i else None, nprocs=2)
     assert_none_left()
 
 
+@pytest.mark.slow
 def test_join_false_returns_a_context_whose_join_works_as_mp_spawns(tmp_path):
     def slow(i, folder):
         time.sleep(1.0)
@@ -121,6 +124,7 @@ def test_join_false_returns_a_context_whose_join_works_as_mp_spawns(tmp_path):
     assert_none_left()
 
 
+@pytest.mark.slow
 def test_the_fork_servers_kept_between_calls_are_the_most_recent_two():
     for nprocs in (1, 2, 3):
         ppkit.spawn(lambda i: None, nprocs=nprocs)
@@ -131,6 +135,7 @@ def test_the_fork_servers_kept_between_calls_are_the_most_recent_two():
 
 
 # -- how failures end ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_an_exception_in_one_process_raises_with_its_traceback_rank_and_pid(method):
     def fail_on_1(i):
         if i == 1:
@@ -156,6 +161,7 @@ EXITS = [("sys.exit", 3, None, "forkserver"), ("os._exit", 4, None, "forkserver"
          ("SIGKILL", None, "SIGKILL", "forkserver"), ("os._exit", 4, None, "spawn")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how, code, sig, method", EXITS)
 def test_a_process_that_exits_raises_process_exited_error(how, code, sig, method):
     def exit_on_1(i, how):
@@ -189,6 +195,7 @@ def hang_in_recv(i, port):
         dist.recv(torch.zeros(1), src=1)  # process 1 never sends
 
 
+@pytest.mark.slow
 def test_a_hang_past_the_timeout_says_where_each_process_waits(method):
     with pytest.raises(ppkit.JobTimeoutError) as info:
         ppkit.spawn(hang_in_recv, args=(free_port(),), nprocs=2, timeout=8, start_method=method)
@@ -201,6 +208,7 @@ def test_a_hang_past_the_timeout_says_where_each_process_waits(method):
     assert_none_left()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["python", "collective"])
 def test_ctrl_c_stops_every_process_and_says_where_each_was(tmp_path, where):
     def wait(i, folder, where, port):
@@ -265,6 +273,7 @@ def all_reduce_on(i, port):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_taken_fixed_port_says_which_and_what_to_do(monkeypatch):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -303,6 +312,7 @@ def rpc_worker(i, world_size, port):
 """
 
 
+@pytest.mark.slow
 def test_rpc_sends_a_cells_functions_by_value_on_a_fixed_port(capsys):
     cell = {"__name__": "__main__"}  # as IPython runs a cell: the functions belong to __main__
     exec(compile(RPC_CELL, "<cell>", "exec"), cell)
@@ -313,6 +323,7 @@ def test_rpc_sends_a_cells_functions_by_value_on_a_fixed_port(capsys):
     assert_none_left()
 
 
+@pytest.mark.slow
 def test_a_multiprocessing_queue_in_args_is_refused_with_what_to_do_instead():
     import torch.multiprocessing as mp
 

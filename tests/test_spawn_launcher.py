@@ -91,6 +91,7 @@ def test_jobs_and_collectives_run_in_spawn_mode(spawned):
     assert spawned.run(all_reduce) == [3.0, 3.0]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_reported_with_its_signal_then_restart_replaces_every_worker(spawned):
     old = [w["pid"] for w in spawned.workers.values()]
 
@@ -115,6 +116,7 @@ def test_processes_lists_each_spawned_worker_once_by_rank(spawned):
     assert sorted(pids) == sorted(w["pid"] for w in spawned.workers.values())
 
 
+@pytest.mark.slow
 def test_close_leaves_no_process():
     cluster = ppkit.start(2, "gloo", start_method="spawn")
     pids = [w["pid"] for w in cluster.workers.values()]
@@ -159,6 +161,7 @@ KERNEL_WITH_SPAWNED_CLUSTER = """
 """
 
 
+@pytest.mark.slow
 def test_no_spawned_worker_survives_a_killed_kernel():
     with Kernel(KERNEL_WITH_SPAWNED_CLUSTER) as kernel:
         lines = kernel.read_until(lambda lines: lines[-1].startswith("PIDS "))
@@ -170,6 +173,7 @@ def test_no_spawned_worker_survives_a_killed_kernel():
 
 
 # -- RPC -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_an_rpc_world_runs_on_spawned_workers():
     import torch
     import torch.distributed.rpc as rpc
@@ -193,6 +197,7 @@ def test_the_rpc_lessons_say_why_they_cannot_run_where_torch_has_no_rpc(monkeypa
 
 
 # -- the pipeline --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_tiny_pipeline_verifies_in_spawn_mode():
     env = {**os.environ, start_methods.START_METHOD_ENV: "spawn",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}

@@ -18,6 +18,7 @@ def cluster8():
         yield cluster
 
 
+@pytest.mark.slow
 def test_explorer_measures_refuses_and_keeps_the_cluster(cluster8):
     ex = MeshExplorer(cluster8, mesh=(2, 2, 2), budget=40_000)
     assert ex.redraws == 1 and ex.error is None and ex.measurement.mesh == (2, 2, 2)
