@@ -215,6 +215,17 @@ def test_a_worker_that_never_comes_is_named_with_the_command_to_run(no_leftovers
     assert f"ppkit doctor --master 127.0.0.1:{port}" in text
 
 
+@pytest.mark.slow
+def test_a_missing_worker_is_what_the_masters_own_rank_waits_for_too(no_leftovers):
+    # `ppkit master` with a worker that never comes: its own rank 0 is started and waits in the process group for
+    # the worker, and the timeout says so rather than listing rank 0 as missing beside it
+    port, key = free_port(), os.urandom(32)
+    with pytest.raises(LaunchError) as info:
+        ppkit.Cluster(2, listen=f"127.0.0.1:{port}", remote=["laptop"], key=key, start_timeout=3)
+    assert ("waiting for local rank(s) [0] (started, waiting in the process group for the remote rank(s) below), "
+            "laptop (rank 1 of 2) to connect") in str(info.value)
+
+
 def test_version_mismatch_is_refused_at_once(no_leftovers):
     port, key = free_port(), os.urandom(32)
     thread, box = start_in_thread(world_size=1, listen=f"127.0.0.1:{port}", remote=1, key=key,

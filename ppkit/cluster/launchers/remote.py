@@ -202,8 +202,10 @@ class RemoteLauncher(ForkServerLauncher):
         """What a start still waits for, e.g. "worker1 (rank 1 of 2) to connect"."""
         parts = []
         local = [r for r in self.local_ranks if r not in ready]
-        if local:
-            parts.append(f"local rank(s) {local}")
+        remote_missing = any(self.rank_of[n] not in ready for n in self.names)
+        if local:  # started; joining the process group, they wait for every remote rank too
+            parts.append(f"local rank(s) {local}" + (" (started, waiting in the process group for the remote "
+                                                     "rank(s) below)" if remote_missing else ""))
         joined = self._joined()
         for name in self.names:
             rank = self.rank_of[name]
