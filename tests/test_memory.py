@@ -128,6 +128,7 @@ def test_oom_watch_names_a_rise_in_the_count(tmp_path):
     assert watch.explain(signal.SIGTERM) == ""
     unknown = watch.explain(None)  # the exit status was not reported in time, but the count rose
     assert "rose by 1" in unknown and "most likely killed for lack of memory" in unknown and "2.0 GiB" in unknown
+    assert "OUT OF MEMORY" in unknown and "exit status was not reported" in unknown
 
 
 def test_parse_bytes_units():
