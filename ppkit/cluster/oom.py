@@ -60,9 +60,9 @@ class OomWatch:
         where = self.limit.cgroup
         if status is None and kills:  # e.g. the killer also ended the fork server, which reports exit statuses
             return (f"; the oom_kill count of cgroup {where} rose by {kills} since the workers started, so it was "
-                    f"most likely killed for lack of memory: it ran OUT OF MEMORY, as far as the count tells (its "
-                    "exit status was not reported: the out-of-memory killer may also have ended the process that "
-                    f"reports it, its fork server). The limit is {gib(self.limit.bytes)} "
+                    "most likely killed for lack of memory: it ran OUT OF MEMORY. (Its exit status was not reported: "
+                    "the out-of-memory killer may have ended the process that reports it too, a fork server.) "
+                    f"The limit is {gib(self.limit.bytes)} "
                     f"({self.limit.source}), for this kernel and all its workers together. {ADVICE}")
         if status is None or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
             return ""

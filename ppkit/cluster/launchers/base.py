@@ -145,11 +145,8 @@ class Launcher:
         """How ``rank`` ended, in words; a local rank's out-of-memory kill is named as such."""
         return diagnostics.describe_status(self.exit_status(rank), self.oom if rank in self.local_ranks else None)
 
-    def wait_exit_status(self, rank: int) -> None:
-        """Give the launcher's process a moment to report how ``rank`` ended. A local rank's status
-        always comes (its parent reaps it), only late when the machine is short of memory: a process
-        the OOM killer ended closes its sockets before it is reaped (seen taking over 1 s under load)."""
-        wait = 5.0 if rank in self.local_ranks else 1.0
+    def wait_exit_status(self, rank: int, wait: float = 1.0) -> None:
+        """Give the launcher's process a moment to report how ``rank`` ended."""
         self.await_reports(lambda: self.exit_status(rank) is not None, time.monotonic() + wait)
 
     def await_reports(self, done, deadline: float) -> bool:
