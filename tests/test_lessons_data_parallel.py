@@ -56,8 +56,10 @@ def test_shard_indices_are_distributed_sampler_strides():
 def test_data_parallel_is_a_no_op_without_gpus():
     info = dp.data_parallel_here()
     assert info["output_equals_plain_model"]
-    if not torch.cuda.is_available():
-        assert info["device_ids"] == []
+    if torch.cuda.is_available():  # run on the GPU machine: the outputs gathered on GPU 0
+        assert info["device_ids"] == list(range(torch.cuda.device_count())) and info["output_device"] == "cuda:0"
+    else:
+        assert info["device_ids"] == [] and info["output_device"] == "cpu"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from torch import nn
 import ppkit
 from ppkit.errors import ConfigError
 from ppkit.models.resnet import CUT_POINTS, resnet50, split_resnet50
-from ppkit.pipeline.rpc import PipelineModel, PipelineOptimizer
+from ppkit.pipeline.rpc import PipelineModel, PipelineOptimizer, verify
 
 ATOL = 1e-4  # eval mode: micro-batches change only the order of float sums (measured < 6e-5)
 
@@ -205,6 +205,11 @@ def test_microbatch_larger_than_batch_is_refused_before_sending(model):
 def test_shard_on_cuda(world, local):
     x = images(6, seed=7)
     with PipelineModel("worker1:cuda:0,worker2:cpu", microbatch_size=2) as model:
-        model.eval()
-        with torch.no_grad():
-            torch.testing.assert_close(model(x), local(x), atol=1e-3, rtol=0)
+        before = rpc.rpc_sync("worker1", _tf32)
+        worst, largest = verify.compare(model, [x], [2, 3])  # plain float32 on cuda:0 while comparing
+        assert worst <= verify.tolerance(largest), (worst, largest)
+        assert rpc.rpc_sync("worker1", _tf32) == before  # the worker's TF32 setting is given back
+
+
+def _tf32() -> tuple[bool, bool]:
+    return torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32

@@ -143,6 +143,19 @@ def set_train(stage_id: str, mode: bool) -> None:
     _get(stage_id).module.train(mode)
 
 
+def set_tf32(enabled: bool) -> tuple[bool, bool]:
+    """Let (or stop) this process's CUDA convolutions and matmuls use TF32; returns the previous
+    ``(cudnn, matmul)`` settings. TF32 (on by default for cuDNN) rounds inputs to 10 mantissa bits:
+    outputs then differ from a float32 CPU run by ~1e-2, which is TF32, not the pipeline."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = enabled
+    return before
+
+
+def restore_tf32(before: tuple[bool, bool]) -> None:
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def make_optimizer(stage_id: str, optimizer_class, kwargs: dict) -> None:
     stage = _get(stage_id)
     stage.optimizer = optimizer_class(stage.module.parameters(), **kwargs)

@@ -4,13 +4,19 @@ In eval mode the two compute the same function; only the order of floating-point
 (convolutions pick algorithms by batch size), so outputs agree to about 1e-5 (measured: up to
 ~5e-5 with 8+ micro-batches). In train mode they do *not* agree: BatchNorm normalises each
 micro-batch with that micro-batch's own mean and variance (see notebook 05).
+
+Shards on CUDA compute in plain float32 during the comparison: by default cuDNN convolutions use
+TF32, whose outputs differ from the CPU's by ~1e-2 (measured on an H100: 2.5e-2 with outputs of ~1),
+which would hide a pipeline error of that size. Their TF32 setting is restored afterwards.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed.rpc as rpc
 
 from ppkit.models.resnet import resnet50, split_resnet50
+from ppkit.pipeline.rpc import stages
 from ppkit.pipeline.rpc.model import PipelineModel
 
 EVAL_TOLERANCE = 1e-4  # eval mode, relative to the largest output (or 1): measured differences
@@ -37,6 +43,8 @@ def compare(model: PipelineModel, batches, microbatch_sizes=None) -> tuple[float
     local = local_copy(model).eval()
     was_training, size = model.training, model.microbatch_size
     worst, largest = 0.0, 0.0
+    cuda_processes = sorted({p.process for p in model.placement if p.device.startswith("cuda")})
+    tf32 = {name: rpc.rpc_sync(name, stages.set_tf32, args=(False,)) for name in cuda_processes}
     model.eval()
     try:
         with torch.no_grad():
@@ -49,6 +57,8 @@ def compare(model: PipelineModel, batches, microbatch_sizes=None) -> tuple[float
     finally:
         model.microbatch_size = size
         model.train(was_training)
+        for name, before in tf32.items():
+            rpc.rpc_sync(name, stages.restore_tf32, args=(before,))
     return worst, largest
 
 

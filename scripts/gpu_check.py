@@ -1,0 +1,95 @@
+"""What ppkit does on a real GPU, for a machine that has one (CI has none): run by hand there.
+
+    python scripts/gpu_check.py
+
+Checks, each printed with its result: the backend "auto" picks, an nccl all_reduce on a one-rank
+Cluster (local and spawn launchers), ppkit.spawn with nccl, DDP on cuda in a worker, and the RPC
+ResNet50 pipeline with cuda:0 shards (both on the GPU, and split cpu/cuda), checked against one process
+(--verify), and ppkit bench with nccl on one rank. Exits non-zero on the first failure.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import torch
+
+import ppkit
+
+
+def nccl_all_reduce(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((4,), float(rank + 1), device=f"cuda:{rank}")
+    dist.all_reduce(t)
+    return dist.get_backend(), str(t.device), t.tolist()
+
+
+def spawned(i, world_size):
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=i, world_size=world_size)
+    t = torch.ones(2, device="cuda:0")
+    dist.all_reduce(t)
+    print("nccl all_reduce on", t.device, t.tolist())
+    dist.destroy_process_group()
+
+
+def ddp_step(rank, world_size):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(8, 2).to(f"cuda:{rank}"), device_ids=[rank])
+    loss = model(torch.randn(16, 8, device=f"cuda:{rank}")).sum()
+    loss.backward()
+    return str(next(model.parameters()).grad.device), loss.item()
+
+
+def step(name, fn):
+    t0 = time.perf_counter()
+    result = fn()
+    print(f"OK   {name} ({time.perf_counter() - t0:.1f} s): {result}", flush=True)
+
+
+def main() -> int:
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count(),
+          torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-", flush=True)
+    if not torch.cuda.is_available():
+        print("no CUDA device here: nothing to check")
+        return 1
+    for launcher in ("local", "spawn"):
+        with ppkit.Cluster(1, launcher=launcher) as cluster:
+            step(f"Cluster(1, launcher={launcher!r}) backend auto", lambda c=cluster: c.backend)
+            step(f"nccl all_reduce ({launcher})", lambda c=cluster: c.run(nccl_all_reduce))
+            step(f"DDP step on cuda ({launcher})", lambda c=cluster: c.run(ddp_step))
+    step("ppkit.spawn with nccl", lambda: ppkit.spawn(spawned, args=(1,), nprocs=1))
+    for placement in ("worker1:cuda:0,worker2:cuda:0", "worker1:cpu,worker2:cuda:0", "master:cuda:0,worker1:cuda:0"):
+        cmd = [sys.executable, "-m", "ppkit", "pipeline", "--placement", placement, "--num-microbatches", "1", "4",
+               "--batch-size", "32", "--num-batches", "2", "--verify"]
+        print("$", " ".join(cmd[1:]), flush=True)
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, text=True, capture_output=True, timeout=300)
+        print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", flush=True)
+        print(f"{'OK  ' if done.returncode == 0 else 'FAIL'} pipeline {placement} "
+              f"(exit {done.returncode}, {time.perf_counter() - t0:.1f} s)", flush=True)
+        if done.returncode:
+            return 1
+    bench = [sys.executable, "-m", "ppkit", "bench", "-n", "1", "--backend", "nccl", "--ops",
+             "all_reduce,broadcast", "--no-tcp", "-e", "64M", "-f", "16", "-r", "1"]
+    print("$", " ".join(bench[1:]), flush=True)
+    done = subprocess.run(bench, text=True, capture_output=True, timeout=300)
+    print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", flush=True)
+    print(f"{'OK  ' if done.returncode == 0 else 'FAIL'} bench nccl (exit {done.returncode})", flush=True)
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
