@@ -114,3 +114,20 @@ def test_idle_workers_cost_almost_no_cpu(cluster2):
     after = [sum(p.cpu_times()[:2]) for p in procs]
     used = {p.pid: round((a - b) / IDLE_SECONDS, 4) for p, a, b in zip(procs, after, before)}
     assert all(fraction < IDLE_CPU_FRACTION for fraction in used.values()), used
+
+
+def _oom_score_adj(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as f:
+        return int(f.read())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/oom_score_adj"), reason="no /proc/PID/oom_score_adj (not Linux)")
+def test_workers_are_the_first_the_oom_killer_takes(cluster2):
+    """Out of memory, the kernel's OOM killer must take a worker (whose end ppkit explains), not the notebook
+    kernel or the fork server that reports the workers' exit statuses: only the workers raise their score."""
+    from ppkit.transport.procs import WORKER_OOM_SCORE_ADJ
+
+    ranks = [p for p in cluster2.processes() if p.rank is not None]
+    assert len(ranks) == 2 and all(_oom_score_adj(p.pid) == WORKER_OOM_SCORE_ADJ for p in ranks), ranks
+    mine = _oom_score_adj(os.getpid())
+    assert mine < WORKER_OOM_SCORE_ADJ and _oom_score_adj(pid_of(cluster2, "fork server")) == mine

@@ -1,5 +1,5 @@
-"""Process helpers: die with the parent (PR_SET_PDEATHSIG, or a parent watch alone), stop politely then
-firmly, bound a call that may hang."""
+"""Process helpers: die with the parent (PR_SET_PDEATHSIG, or a parent watch alone), go first when memory
+runs out, stop politely then firmly, bound a call that may hang."""
 
 from __future__ import annotations
 
@@ -68,6 +68,30 @@ def _watch_parent(ppid: int, interval: float) -> None:
         time.sleep(interval)
         if not _parent_alive(ppid):
             os._exit(1)
+
+
+WORKER_OOM_SCORE_ADJ = 500  # of -1000..1000; 0 is every process's default
+
+
+def volunteer_for_oom_kill(adj: int = WORKER_OOM_SCORE_ADJ) -> int | None:
+    """Raise this process's ``oom_score_adj`` to ``adj`` (never lower it) and return the value now set.
+
+    When a learner's memory limit is reached, the kernel's OOM killer ends the process with the highest
+    score, and a worker that just took 2 GB does not always outscore the notebook kernel or the fork
+    server (which reports every worker's exit status: measured in CI, the killer took rank 1, then the
+    fork server). A worker's raised score makes the workers go first. Raising needs no privilege;
+    None where there is no /proc (not Linux) or it refuses."""
+    try:
+        with open("/proc/self/oom_score_adj", "r+") as f:
+            current = int(f.read().strip() or 0)
+            if current < adj:
+                f.seek(0)
+                f.write(str(adj))
+                f.flush()
+                current = adj
+        return current
+    except (OSError, ValueError):
+        return None
 
 
 def pid_alive(pid: int) -> bool:

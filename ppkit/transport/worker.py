@@ -24,7 +24,7 @@ import traceback
 from datetime import timedelta
 from importlib import metadata
 
-from ppkit.transport import byvalue, channel, rendezvous
+from ppkit.transport import byvalue, channel, procs, rendezvous
 from ppkit.transport.capture import OutputPipe
 from ppkit.transport.messages import (
     AskStacks,
@@ -281,6 +281,7 @@ def exec_cell(rank: int, world_size: int, source: str, cell_id: str):
 
 def run(address: tuple[str, int], key: bytes, rank: int | None = None, name: str | None = None) -> None:
     """Connect to the controller at ``address`` and serve jobs until told to stop."""
+    procs.volunteer_for_oom_kill()  # out of memory: a worker goes before the kernel and the fork server
     conn = channel.connect(address, key)
     worker = Worker(conn, WorkerHello(rank, name, os.getpid(), socket.gethostname(), versions()))
     worker.setup()
