@@ -5,10 +5,10 @@ nbval collects each notebook as tests/solved_notebooks.py's SolvedNotebook: one 
 the registered solutions in its exercise cells, nbval's output checks and a check that every exercise passed.
 
 nbval's cells get no fixtures, and their kernel starts only when a notebook's first cell runs,
-inheriting this process's environment. So once collection is done, if a collected notebook
-mentions ``launcher="slurm"`` or ``sinfo``, the session's SLURM testbed (tests/slurm_session.py,
-the same one the `slurm` fixture of tests/conftest.py gives) is started and its SLURM_CONF put in
-os.environ, where that kernel finds it; pytest_sessionfinish stops it.
+inheriting this process's environment. So before the first cell of a notebook that mentions
+``launcher="slurm"`` or ``sinfo``, the session's SLURM testbed (tests/slurm_session.py, the same one
+the `slurm` fixture of tests/conftest.py gives) is started and its SLURM_CONF put in os.environ,
+where that kernel finds it; pytest_sessionfinish stops it.
 
 Without SLURM such a notebook runs anyway (its SLURM section only runs when `sinfo` answers),
 except under CI=true, where its first cell fails saying what to install; so it does, anywhere, when
@@ -30,7 +30,7 @@ from nbval.plugin import IPyNbFile  # noqa: E402
 from slurm_testbed import SlurmMissing, SlurmTestbedError  # noqa: E402
 from solved_notebooks import SolvedNotebook  # noqa: E402
 
-_failing_cells: dict[str, str] = {}  # nodeid of a notebook's first cell -> why it fails
+_slurm_first_cells: dict[str, Path] = {}  # nodeid of the first cell of a notebook that uses SLURM -> it
 
 
 @pytest.hookimpl(wrapper=True)
@@ -47,8 +47,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         path = Path(str(item.path))
         if path.suffix == ".ipynb":
             first_cells.setdefault(path, item.nodeid)
-    wanting = {path: nodeid for path, nodeid in first_cells.items() if slurm_session.notebook_uses_slurm(path)}
-    if not wanting or session.config.option.collectonly:
+    _slurm_first_cells.update({nodeid: path for path, nodeid in first_cells.items()
+                               if slurm_session.notebook_uses_slurm(path)})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the first cell of a notebook that uses SLURM (its kernel starts with that cell): the session's
+    testbed, started here and not at collection, so that of make test's two xdist workers (each collects every
+    test) only the one that runs such a notebook starts one."""
+    path = _slurm_first_cells.get(item.nodeid)
+    if path is None:
         return
     try:
         slurm_session.testbed()
@@ -56,20 +65,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     except SlurmMissing as exc:
         why = slurm_session.missing_message(exc)
         if not slurm_session.in_ci():
-            names = ", ".join(p.name for p in wanting)
-            _note(session, f"{names}: {exc} Their SLURM part runs only where sinfo answers.")
+            _note(item.session, f"{path.name}: {exc} Its SLURM part runs only where sinfo answers.")
             return
     except SlurmTestbedError as exc:
         why = f"the SLURM test cluster did not start: {exc}"
-    for nodeid in wanting.values():
-        _failing_cells[nodeid] = why
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    why = _failing_cells.get(item.nodeid)
-    if why is not None:
-        pytest.fail(f"{Path(str(item.path)).name} needs the SLURM test cluster: {why}", pytrace=False)
+    pytest.fail(f"{path.name} needs the SLURM test cluster: {why}", pytrace=False)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
