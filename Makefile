@@ -15,12 +15,8 @@ lab: $(STAMP)
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 # --durations=15: CI's log names the slowest tests, so the suite's time stays visible.
-# -n 2 --dist loadfile: two pytest-xdist workers, each test file whole on one (its module-scoped clusters start
-# once; a notebook's cells run in order in one kernel).
-TEST_WORKERS ?= 2
 test: $(STAMP) browser slurm hub
-	$(PY) -m pytest tests notebooks -n $(TEST_WORKERS) --dist loadfile --nbval-lax \
-	  --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
 
 # Everything not marked slow (pyproject.toml: markers), without the browser and SLURM tests, and notebook 00.
 FAST_NOTEBOOK ?= notebooks/00_start_here.ipynb

@@ -54,8 +54,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the first cell of a notebook that uses SLURM (its kernel starts with that cell): the session's
-    testbed, started here and not at collection, so that of make test's two xdist workers (each collects every
-    test) only the one that runs such a notebook starts one."""
+    testbed, started here and not at collection, so that a run that collects such a notebook but does not reach
+    it (-x, -k, a deselection) starts none."""
     path = _slurm_first_cells.get(item.nodeid)
     if path is None:
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import tempfile
@@ -57,16 +58,41 @@ def _mark_owner():
     yield
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(scope="session")
 def _rpc_capacity():
     """Start this test process's first RPC world with as many workers as any test uses.
 
     torch keeps the first RPC world's worker table for RRefs for the whole process, so a later,
     larger world is refused (see ppkit.cluster.rpc.world); tests run in one process, in any order.
+    Started once, before the first test of a module that uses RPC (``_rpc_first_world``), so a run
+    without such a module (one file, `-k`) does not pay its ~4 s.
     """
     with ppkit.start_rpc(2):
         pass
     yield
+
+
+def module_uses_rpc(module) -> bool:
+    """Whether a test module's source mentions RPC at all (start_rpc, torch.distributed.rpc, the RPC pipeline):
+    its tests may start an RPC world in this process, so the first one must be the capacity world."""
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return True  # unknown: be safe
+    return _source_mentions_rpc(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _source_mentions_rpc(path: str) -> bool:
+    with open(path, encoding="utf-8") as f:
+        return "rpc" in f.read().lower()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _rpc_first_world(request):
+    """Module scope and autouse: set up before the module's own fixtures, which may hold an RPC world open."""
+    module = getattr(request, "module", None)
+    if module is not None and module_uses_rpc(module):
+        request.getfixturevalue("_rpc_capacity")
 
 
 # Clusters that module-scoped fixtures keep open across tests: no_leftovers looks past their processes.

@@ -104,7 +104,6 @@ def test_make_test_runs_every_test_and_every_notebook():
     recipe = " ".join(make_target("test").replace("\\\n", " ").split())
     assert "pytest tests notebooks " in recipe
     assert "--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg" in recipe
-    assert "--dist loadfile" in recipe  # each file on one xdist worker: a notebook's cells in one kernel, in order
     assert "--durations=15" in recipe  # CI's log names the slowest tests
 
 
