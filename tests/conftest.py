@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -26,8 +27,23 @@ THREADS_END_WITHIN_S = 2.0  # what a module's ending threads get before its garb
 
 
 def pytest_configure(config):
+    _answer_interrupts()
     if os.environ.get("PPKIT_FAULT_LOG"):  # a crash log that survives the process (tests/faultlog.py)
         config.pluginmanager.register(FaultLog(os.environ["PPKIT_FAULT_LOG"]), "ppkit-faultlog")
+
+
+def _answer_interrupts() -> None:
+    """Let SIGINT raise KeyboardInterrupt in this process (and so in the kernels the tests start), even when
+    the suite was started with SIGINT ignored.
+
+    A shell without job control starts `make test &` (or `nohup ... &`) with SIGINT ignored, an ignored
+    signal stays ignored across exec, and Python then installs no handler for it. The tests of Kernel >
+    Interrupt (test_spawn.py, test_cluster_hardening.py interrupt this process; test_cluster_lifecycle.py
+    interrupts a kernel subprocess) then ran on to their 60 s job timeouts and failed. A Jupyter kernel always
+    turns SIGINT into KeyboardInterrupt, whatever it inherited; so does this, in the main thread only.
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="module")
