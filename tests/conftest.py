@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import gc
 import os
 import signal
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import slurm_session
@@ -88,26 +88,12 @@ def _rpc_capacity():
     yield
 
 
-def module_uses_rpc(module) -> bool:
-    """Whether a test module's source mentions RPC at all (start_rpc, torch.distributed.rpc, the RPC pipeline):
-    its tests may start an RPC world in this process, so the first one must be the capacity world."""
-    path = getattr(module, "__file__", None)
-    if path is None:
-        return True  # unknown: be safe
-    return _source_mentions_rpc(path)
-
-
-@functools.lru_cache(maxsize=None)
-def _source_mentions_rpc(path: str) -> bool:
-    with open(path, encoding="utf-8") as f:
-        return "rpc" in f.read().lower()
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _rpc_first_world(request):
-    """Module scope and autouse: set up before the module's own fixtures, which may hold an RPC world open."""
-    module = getattr(request, "module", None)
-    if module is not None and module_uses_rpc(module):
+    """Before a module whose source mentions RPC at all (start_rpc, torch.distributed.rpc, the RPC pipeline):
+    the capacity world. Module scope and autouse, so it comes before the module's own RPC fixtures."""
+    path = getattr(getattr(request, "module", None), "__file__", None)
+    if path is None or "rpc" in Path(path).read_text(encoding="utf-8").lower():
         request.getfixturevalue("_rpc_capacity")
 
 
