@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import slurm_session
 from faultlog import FaultLog
-from leftovers import ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
+from leftovers import end_leftovers, ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
 from slurm_testbed import SlurmMissing, SlurmTestbedError
 
 import ppkit
@@ -103,11 +103,12 @@ _shared: list[ppkit.Cluster] = []
 
 @pytest.fixture
 def no_leftovers():
-    """Fail the test if it leaves a ppkit worker or fork server running (a shared fixture's cluster aside)."""
+    """Fail the test if it leaves a ppkit worker or fork server running (a shared fixture's cluster aside); what
+    it left is then killed, so that the next test's check does not fail for it too."""
     yield
     kept = {p.pid for cluster in _shared for p in cluster.processes()}
-    left = wait_gone([p.pid for p in ppkit_children() if p.pid not in kept], timeout=5.0)
-    assert not left, f"leftover ppkit processes: {left}"
+    left = end_leftovers([p.pid for p in ppkit_children() if p.pid not in kept], timeout=5.0)
+    assert not left, f"leftover ppkit processes (now killed): {left}"
 
 
 def _shared_cluster(*args, **kwargs):

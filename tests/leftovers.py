@@ -11,33 +11,74 @@ import time
 
 import psutil
 
+from ppkit.cluster.launchers.base import LAUNCHED_BY_ENV
+
 SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd", "slurmscriptd")
 
 
+def runs_ppkit(argv: list[str]) -> bool:
+    """Whether a command line runs one of ppkit's programs: ``python [options] -m ppkit[.module] ...`` or the
+    ``ppkit`` console script. Workers a fork server or agent forked keep their parent's command line."""
+    if any(a == "-m" and (b == "ppkit" or b.startswith("ppkit.")) for a, b in zip(argv, argv[1:])):
+        return True
+    return len(argv) > 1 and os.path.basename(argv[0]).startswith("python") and os.path.basename(argv[1]) == "ppkit"
+
+
+def is_ppkit_process(argv: list[str], environ: dict[str, str]) -> bool:
+    """A process one of ppkit's launchers started (its environment carries their mark) or one of ppkit's
+    programs (``ppkit worker`` started by hand or over ssh). Not any process whose command line happens to
+    contain "ppkit": in a clone at ``.../ppkit/`` every program of the venv has that in its path."""
+    if argv and os.path.basename(argv[0]).startswith(SLURM_DAEMONS):
+        return False  # the SLURM test cluster's daemons, which pass the environment on to the jobs
+    return LAUNCHED_BY_ENV in environ or runs_ppkit(argv)
+
+
 def ppkit_children() -> list[psutil.Process]:
-    """Processes started by this test run that are ppkit workers or fork servers."""
+    """Processes started by this test run that are ppkit's own: workers, fork servers, agents, ``ppkit`` CLIs."""
     me = os.getpid()
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
         try:
-            cmd = " ".join(proc.info["cmdline"] or [])
+            argv = proc.info["cmdline"] or []
             env = proc.info["environ"] or {}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if cmd.split(" ")[0].rsplit("/", 1)[-1].startswith(SLURM_DAEMONS):
-            continue  # the SLURM test cluster's daemons (their files are in a ppkit-slurm-* folder)
-        if proc.pid != me and "ppkit" in cmd and env.get("PPKIT_TEST_OWNER") == str(me):
+        if proc.pid != me and env.get("PPKIT_TEST_OWNER") == str(me) and is_ppkit_process(argv, env):
             found.append(proc)
     return found
 
 
+def end_leftovers(pids, timeout: float = 5.0) -> list[str]:
+    """Wait up to ``timeout`` for ``pids`` to end; kill what is still there and describe it (pid and command).
+
+    A check that finds a leftover fails its own test and then kills it, so one leak fails one test, not
+    every later test that looks."""
+    described = []
+    for pid in wait_gone(pids, timeout):
+        try:
+            proc = psutil.Process(pid)
+            described.append(f"{pid} ({' '.join(proc.cmdline())[:120]})")
+            proc.kill()
+        except psutil.Error:
+            continue
+    return described
+
+
 def wait_gone(pids, timeout: float = 5.0) -> list[int]:
+    """The pids still running (zombies count as gone) after waiting up to ``timeout`` for them to end."""
     deadline = time.monotonic() + timeout
-    alive = list(pids)
+    alive = [p for p in pids if _running(p)]
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
     return alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def pid_of(cluster, role: str) -> int:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from leftovers import ppkit_children, wait_gone
+from leftovers import end_leftovers, ppkit_children
 from nbval.plugin import IPyNbFile
 
 from ppkit.exercises import catalog, workbook
@@ -106,8 +106,8 @@ class ExercisesPassed(pytest.Item):
             f"{name} with its solutions filled in: {outcome}")
         if notebook.kernel is not None and notebook.kernel.is_alive():
             notebook.kernel.stop()
-        left = wait_gone([p.pid for p in ppkit_children()], timeout=5.0)
-        assert not left, f"{name}: ppkit processes outlived its kernel: {left}"
+        left = end_leftovers([p.pid for p in ppkit_children()], timeout=5.0)
+        assert not left, f"{name}: ppkit processes outlived its kernel (now killed): {left}"
 
     def reportinfo(self):
         return self.path, 0, f"{self.path.name}: exercises passed"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from leftovers import ppkit_children, wait_gone
+from leftovers import end_leftovers, ppkit_children
 
 from ppkit import machine, preflight
 from ppkit.preflight import Preflight
@@ -32,7 +32,7 @@ def test_cli_runs_every_check_and_ends_with_one_summary_line():
     assert match, lines[-1]
     assert match.group(1) == match.group(2) == str(len(NAMES))
     assert "pipeline" in checks[-1] and "equal to the local model" in checks[-1]
-    assert not wait_gone([p.pid for p in ppkit_children()], timeout=5.0)
+    assert not end_leftovers([p.pid for p in ppkit_children()], timeout=5.0)
 
 
 def _quiet(**replaced) -> Preflight:
@@ -106,4 +106,4 @@ def test_notebook_runner_stops_a_run_that_takes_too_long(capsys):
     status = preflight.run_in_subprocess(timeout=0.3)
     assert status != 0
     assert "did not finish within 0.3 s" in capsys.readouterr().out
-    assert not wait_gone([p.pid for p in ppkit_children()], timeout=5.0)
+    assert not end_leftovers([p.pid for p in ppkit_children()], timeout=5.0)

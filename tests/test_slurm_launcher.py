@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from leftovers import ppkit_children, slurm_job_id, wait_gone
+from leftovers import end_leftovers, ppkit_children, slurm_job_id
 
 import ppkit
 
@@ -37,8 +37,8 @@ def wait_queue_empty(slurm, timeout: float = 20.0) -> float:
 def clean(slurm):
     yield slurm
     wait_queue_empty(slurm)
-    left = wait_gone([p.pid for p in ppkit_children()], timeout=10.0)
-    assert not left, f"leftover ppkit processes: {left}"
+    left = end_leftovers([p.pid for p in ppkit_children()], timeout=10.0)
+    assert not left, f"leftover ppkit processes (now killed): {left}"
 
 
 def test_start_run_ranks_and_close_leave_nothing_queued(clean, capsys):

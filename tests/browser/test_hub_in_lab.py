@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from exposure import OPEN, cluster_pids, counts, exposure, table
 from hub_testbed import SERVER_TIMEOUT, HubMissing, HubTestbed, find_components
-from leftovers import ppkit_children
+from leftovers import end_leftovers, ppkit_children
 
 from ppkit.room.kernel_exec import run_code
 
@@ -281,7 +281,8 @@ def test_two_learners_run_the_course_at_once(hub, browser, notebook_class):
         # The instructor stops the second learner's server: DELETE /hub/api/users/NAME/server.
         hub.stop_server(second)
         wait_nothing_runs_as(hub.learner(second))
-        assert not ppkit_children(), f"ppkit workers left: {[p.pid for p in ppkit_children()]}"
+        left = end_leftovers([p.pid for p in ppkit_children()], timeout=5.0)
+        assert not left, f"ppkit workers left (now killed): {left}"
     finally:
         for ctx in contexts:
             ctx.close()

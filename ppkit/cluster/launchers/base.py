@@ -182,6 +182,11 @@ class Launcher:
         return ""
 
 
+# Set on every process a launcher starts (and so on the workers a fork server forks): the pid of the process that
+# started it. Tools that look for ppkit's processes (the tests' leftover check) go by it, not by command lines.
+LAUNCHED_BY_ENV = "PPKIT_LAUNCHED_BY"
+
+
 def child_env(address: tuple[str, int] | str, key: bytes, **extra: str) -> dict[str, str]:
     """The environment of a process this kernel starts that connects back to ``address`` (a Unix
     socket's path, or host and port)."""
@@ -190,6 +195,7 @@ def child_env(address: tuple[str, int] | str, key: bytes, **extra: str) -> dict[
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     env.update(PPKIT_ADDR=channel.format_address(address), PPKIT_KEY=key.hex(),
                PPKIT_PARENT=str(os.getpid()), PYTHONUNBUFFERED="1", **extra)
+    env[LAUNCHED_BY_ENV] = str(os.getpid())
     # OpenMP threads that finish early spin-wait for the others by default. With more workers
     # than cores, a spinning thread steals the core its partner needs: a pipeline forward that
     # takes 0.1 s took 2-4 s on 2 cores. Passive waiting sleeps instead. Read once, at torch import.
