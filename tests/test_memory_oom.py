@@ -30,6 +30,9 @@ HOG = textwrap.dedent("""
     def hog(rank, world_size):
         import torch
         if rank == 1:
+            # The highest score there is: the OOM killer's first pick is certain, whatever else is in the group.
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
             chunks = [torch.ones(2**28, dtype=torch.uint8) for _ in range(16)]  # 4 GiB, touched
             return len(chunks)
         return 0
@@ -72,9 +75,10 @@ def run_in(group: MemoryCgroup, script: str, timeout: float = 240) -> subprocess
     return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def killed_for_memory(name: str, script: str, caught: str) -> tuple[str, Path]:
-    """Run ``script`` in a new limited cgroup; what the program printed after catching ``caught``, and the
-    cgroup's folder. Fails unless the kernel's OOM killer really killed something in it."""
+def killed_for_memory(name: str, script: str, caught: str) -> tuple[str, str, Path]:
+    """Run ``script`` in a new limited cgroup; the exit status it caught ("9" or "None"), what the program
+    printed after catching ``caught``, and the cgroup's folder. Fails unless the kernel's OOM killer really
+    killed something in it."""
     group = group_or_fail(name, LIMIT)
     try:
         done = run_in(group, script)
@@ -84,26 +88,36 @@ def killed_for_memory(name: str, script: str, caught: str) -> tuple[str, Path]:
     output = done.stdout + done.stderr
     assert kills >= 1, f"the kernel's OOM killer killed nothing in {group.path}:\n{output[-3000:]}"
     assert done.returncode == 0 and f"CAUGHT {caught} " in done.stdout, output[-3000:]
-    # 9: SIGKILL's status, reported by the fork server. Before workers raised their oom_score_adj, ppkit.spawn's
-    # fork server was killed too, a second after rank 1 (seen in CI and in the kernel's log here), and no status came
-    assert f"CAUGHT {caught} 9" in done.stdout, output[-3000:]
-    return done.stdout.split("CAUGHT", 1)[1], group.path
+    status = done.stdout.split(f"CAUGHT {caught} ", 1)[1].split(None, 1)[0]
+    return status, done.stdout.split("CAUGHT", 1)[1], group.path
+
+
+def assert_explains_out_of_memory(status: str, message: str) -> None:
+    """The message is right for the outcome the kernel chose. The hog is its first pick (oom_score_adj 1000),
+    but once memory is short the killer may go on to other processes of the group: a second worker, and the
+    fork server that reports exit statuses (seen in CI: three kills, no status). Either way the message must
+    say OUT OF MEMORY for the reason it can know."""
+    assert "OUT OF MEMORY" in message and "2.5 GiB" in message and "docs/memory.md" in message, message
+    if status == "9":  # SIGKILL's status, reported by the fork server
+        assert "killed by signal SIGKILL" in message and "out-of-memory killer ended it" in message, message
+    else:
+        assert status == "None", f"an OOM kill must end with SIGKILL's status or none reported:\n{message}"
+        assert "Its exit status was not reported" in message and "oom_kill count" in message, message
 
 
 @pytest.mark.slow
 def test_a_rank_killed_by_the_oom_killer_is_reported_as_out_of_memory(no_leftovers):
-    message, where = killed_for_memory("oom", IN_CLUSTER, "WorkerDiedError")
-    assert "rank 1" in message and "killed by signal SIGKILL" in message
-    assert "OUT OF MEMORY" in message and "out-of-memory killer" in message
+    status, message, where = killed_for_memory("oom", IN_CLUSTER, "WorkerDiedError")
+    assert_explains_out_of_memory(status, message)
+    assert "rank 1" in message or "rank 0" in message, message
     assert str(where) in message and "oom_kill count" in message
-    assert "2.5 GiB" in message, message  # the limit the learner had
-    assert "ask the instructor for more" in message and "docs/memory.md" in message
+    assert "ask the instructor for more" in message
 
 
 @pytest.mark.slow
 def test_ppkit_spawn_says_out_of_memory_too(no_leftovers):
-    message, _ = killed_for_memory("oom-spawn", IN_SPAWN, "ProcessExitedError")
-    assert "OUT OF MEMORY" in message and "2.5 GiB" in message and "docs/memory.md" in message
+    status, message, _ = killed_for_memory("oom-spawn", IN_SPAWN, "ProcessExitedError")
+    assert_explains_out_of_memory(status, message)
     assert "is the machine short of memory?" not in message  # the guess is replaced by what the cgroup said
 
 
