@@ -14,9 +14,9 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-# --durations=15: CI's log names the slowest tests, so the suite's time stays visible.
+# The run ends with a table of where the time went, by kind, file and test (tests/timing.py).
 test: $(STAMP) browser slurm hub
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg $(PYTEST_ARGS)
 
 # Everything not marked slow (pyproject.toml: markers), without the browser and SLURM tests, and notebook 00.
 FAST_NOTEBOOK ?= notebooks/00_start_here.ipynb

@@ -29,8 +29,13 @@ import slurm_session  # noqa: E402
 from nbval.plugin import IPyNbFile  # noqa: E402
 from slurm_testbed import SlurmMissing, SlurmTestbedError  # noqa: E402
 from solved_notebooks import SolvedNotebook  # noqa: E402
+from timing import TimeTable  # noqa: E402
 
 _slurm_first_cells: dict[str, Path] = {}  # nodeid of the first cell of a notebook that uses SLURM -> it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TimeTable(), "ppkit-time-table")  # tests/timing.py: where the time went
 
 
 @pytest.hookimpl(wrapper=True)
