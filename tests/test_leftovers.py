@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -47,7 +48,10 @@ def test_an_unrelated_program_run_from_a_ppkit_folder_is_not_a_leftover(tmp_path
     server.write_text("import time\ntime.sleep(60)\n")
     proc = subprocess.Popen([str(folder / "python"), str(server), "--root", str(tmp_path / "ppkit")])
     try:
-        assert "ppkit" in " ".join(psutil.Process(proc.pid).cmdline())
+        deadline = time.monotonic() + 10
+        while str(server) not in psutil.Process(proc.pid).cmdline():  # until it has exec'd its program
+            assert time.monotonic() < deadline, psutil.Process(proc.pid).cmdline()
+            time.sleep(0.02)
         assert proc.pid not in {p.pid for p in ppkit_children()}
     finally:
         proc.kill()

@@ -104,7 +104,11 @@ def test_make_test_runs_every_test_and_every_notebook():
     recipe = " ".join(make_target("test").replace("\\\n", " ").split())
     assert "pytest tests notebooks " in recipe
     assert "--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg" in recipe
-    assert "--durations=15" in recipe  # CI's log names the slowest tests
+    assert "--durations" not in recipe  # the table of tests/timing.py names the slowest tests, files and kinds
+
+
+def test_the_time_table_is_registered_for_every_run():
+    assert "TimeTable()" in (REPO / "conftest.py").read_text()
 
 
 def test_make_test_fast_leaves_out_the_slow_tests_and_readme_names_it():
