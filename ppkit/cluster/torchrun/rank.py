@@ -1,0 +1,72 @@
+"""What each ``%%torchrun`` process runs: the environment, folder, ``sys.argv`` and ``sys.path`` of a
+torchrun worker, then the script as ``__main__`` (or a cell's function).
+
+The frames of ``run_as_rank`` and ``_run_target`` are left out of tracebacks (spawn/explain.py), so
+that a learner's traceback starts at the cell's own line.
+"""
+
+from __future__ import annotations
+
+import builtins
+import linecache
+import os
+import sys
+import types
+from dataclasses import dataclass
+
+from ppkit.cluster.torchrun.environ import rank_env
+
+
+@dataclass(frozen=True)
+class Script:
+    """A script's text, run as ``__main__``: a cell's (``filename`` like ``<%%torchrun cell 3>``,
+    shown in tracebacks through linecache) or a file's (read by the kernel, its path as filename)."""
+
+    source: str
+    filename: str
+    argv0: str
+
+    def module(self):
+        """The compiled code and a fresh ``__main__`` module to run it in."""
+        if self.filename.startswith("<"):
+            linecache.cache[self.filename] = (len(self.source), None, self.source.splitlines(True), self.filename)
+        module = types.ModuleType("__main__")
+        module.__dict__.update(__file__=self.argv0, __builtins__=builtins)
+        return compile(self.source, self.filename, "exec"), module
+
+
+@dataclass(frozen=True)
+class Call:
+    """``fn(*args, **kwargs)``: ppkit.torchrun's function, taking no rank."""
+
+    fn: object
+    args: tuple
+    kwargs: dict
+
+
+def run_as_rank(rank: int, env: dict, cwd: str, path0: str, argv: list, target) -> None:
+    """Called as ``fn(i, *args)`` by ppkit.spawn's machinery, in a fresh fork of the fork server."""
+    os.environ.update(env)
+    os.environ.update(rank_env(rank))
+    os.chdir(cwd)
+    sys.path.insert(0, path0)  # a script's folder, or the notebook's, comes first as under python
+    sys.argv = list(argv)
+    _run_target(target)
+
+
+def _run_target(target) -> None:
+    try:
+        if isinstance(target, Call):
+            target.fn(*target.args, **target.kwargs)
+            return
+        code, module = target.module()
+        saved = sys.modules.get("__main__")
+        sys.modules["__main__"] = module  # pickle and dataclasses find the script's classes, as under torchrun
+        try:
+            exec(code, module.__dict__)
+        finally:
+            if saved is not None:
+                sys.modules["__main__"] = saved
+    except SystemExit as exc:  # sys.exit(0) or exit() at the end of a script is a success, as under torchrun
+        if exc.code not in (None, 0):
+            raise
