@@ -14,6 +14,15 @@ LEFT_OUT = {
     "TORCHELASTIC_ERROR_FILE": "torchrun's agent reads a failed worker's error from that file; here the "
                                "traceback reaches the cell directly, and @record writes no file without it",
 }
+# Set here but not by torchrun: ppkit's local launcher sets them on every worker (launchers/base.py).
+ADDED = {
+    "PPKIT_*": "the worker's way back to the kernel, and the mark by which ppkit finds its processes",
+    "PYTHONPATH": "ppkit's folder first, so a worker imports the same ppkit as the kernel",
+    "PYTHONUNBUFFERED": "each rank's output reaches the cell as it is printed",
+    "OMP_WAIT_POLICY": "PASSIVE: more ranks than cores, and spinning OpenMP threads stole their partners' cores",
+    "GLOO_SOCKET_IFNAME": "gloo on the interface that reaches the master (loopback on one machine)",
+    "TP_SOCKET_IFNAME": "the same for RPC's TensorPipe",
+}
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default --signals-to-handle
 
 
