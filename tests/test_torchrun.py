@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -245,3 +248,40 @@ def test_torchruns_spellings_are_accepted():
 def test_bad_arguments_to_ppkit_torchrun_are_refused_before_anything_starts(call, message):
     with pytest.raises(ppkit.ConfigError, match=message):
         call()
+
+
+@pytest.mark.slow
+def test_kernel_interrupt_stops_every_rank_and_says_where_each_waited(shell, tmp_path):
+    from ppkit.cluster.torchrun import magic
+
+    def interrupt_when_both_started():
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)  # what Kernel > Interrupt does
+
+    threading.Thread(target=interrupt_when_both_started, daemon=True).start()
+    with pytest.raises(ppkit.JobInterrupted) as info:
+        magic.torchrun(f"--nproc-per-node 2 -- {tmp_path}", "import os, sys\n"
+                       "open(os.path.join(sys.argv[1], 'started-' + os.environ['RANK']), 'w').close()\n"
+                       "while True:\n    sum(range(1000))\n")
+    err = info.value
+    assert str(err).startswith("interrupted. Every process of this call has been stopped. The next %%torchrun")
+    assert all("sum(range(1000))" in err.stacks[r] for r in (0, 1))
+    assert_ranks_gone()
+
+
+@pytest.mark.slow
+def test_what_cannot_be_pickled_is_named(shell):
+    with pytest.raises(ppkit.ConfigError, match=r"ppkit.torchrun cannot send args\[1\] \(lock\)"):
+        ppkit.torchrun(lambda a, b: None, args=(1, threading.Lock()), nproc_per_node=2)
+    assert_ranks_gone()
+
+
+def test_a_missing_script_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    from ppkit.cluster.torchrun import magic
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ppkit.ConfigError, match=rf"cannot read the script 'missing.py' .* folder, {tmp_path}"):
+        magic.torchrun("--nproc-per-node 2 missing.py --epochs 3")

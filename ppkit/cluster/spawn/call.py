@@ -114,6 +114,7 @@ class _Call:
     def __init__(self, cluster: Cluster, fn, args: tuple, timeout: float, environ: dict,
                  caller: explain.Caller = explain.SPAWN):
         self.cluster, self.fn, self.args, self.timeout, self.caller = cluster, fn, args, timeout, caller
+        self.shown = (fn, args)  # the learner's function and arguments, named when one cannot be pickled
         self.pids = {rank: worker.get("pid") for rank, worker in cluster.workers.items()}
         changed = {k: v for k, v in os.environ.items() if environ.get(k) != v}
         self.environ = (changed, [k for k in environ if k not in os.environ])
@@ -122,7 +123,7 @@ class _Call:
         try:
             self.cluster.run(_call_rank, self.fn, self.args, self.environ, timeout=self.timeout)
         except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
-            raise explain.cannot_send(self.fn, self.args, exc) from None
+            raise explain.cannot_send(*self.shown, exc, self.caller) from None
         except (WorkerError, JobInterrupted) as exc:
             raise explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, self.caller) from None
         finally:
@@ -147,15 +148,18 @@ def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> N
             raise
 
 
-def run_fresh(fn, args: tuple, nprocs: int, timeout: float, caller: explain.Caller) -> None:
+def run_fresh(fn, args: tuple, nprocs: int, timeout: float, caller: explain.Caller, shown: tuple | None = None) -> None:
     """``fn(i, *args)`` on ``nprocs`` fresh forks of the fork server, as ``spawn(..., join=True)``
-    runs it, its errors worded for ``caller`` (``%%torchrun`` runs its ranks with this)."""
+    runs it, its errors worded for ``caller`` (``%%torchrun`` runs its ranks with this). ``shown``:
+    the learner's ``(fn, args)`` to name if something cannot be pickled, where ``fn`` wraps them."""
     key = (nprocs, "auto")  # the fork server that ppkit.spawn's default start method uses
     if key in _running:
         raise ClusterStateError(
             f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running, on the processes {caller.name} "
             "needs. Call its join() first (context.join()).")
-    _Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller).run()
+    call = _Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller)
+    call.shown = shown or call.shown
+    call.run()
 
 
 def _fresh_cluster(key: tuple) -> Cluster:

@@ -155,7 +155,7 @@ def interrupted(exc: JobInterrupted, caller: Caller = SPAWN) -> JobInterrupted:
     return JobInterrupted(f"interrupted{stuck}. {caller.stopped}{where}", exc.ranks, exc.stacks)
 
 
-def cannot_send(fn, args: tuple, exc: ConfigError) -> ConfigError:
+def cannot_send(fn, args: tuple, exc: ConfigError, caller: Caller = SPAWN) -> ConfigError:
     """``fn`` or one of ``args`` cannot be pickled: say which."""
     culprit, cause = "fn and its args", exc.__cause__ or exc
     for name, value in [(getattr(fn, "__name__", "fn"), fn), *((f"args[{i}]", a) for i, a in enumerate(args))]:
@@ -165,8 +165,8 @@ def cannot_send(fn, args: tuple, exc: ConfigError) -> ConfigError:
             culprit, cause = f"{name} ({type(value).__name__})", err
             break
     return ConfigError(
-        f"ppkit.spawn cannot send {culprit} to the new processes: {cause}. fn and args are pickled, "
-        "as mp.spawn pickles them (functions and classes from notebook cells by value). Pass data "
+        f"{caller.name} cannot send {culprit} to the new processes: {cause}. fn and args are pickled, "
+        f"as {caller.mimics} pickles them (functions and classes from notebook cells by value). Pass data "
         "(tensors, numbers, lists, file paths) and create what cannot be pickled (locks, open files, "
         "process groups) inside fn. A multiprocessing queue or manager cannot reach these processes "
         "either (they are not children of this kernel): to get results back, write them to files, or "

@@ -82,7 +82,9 @@ def run(launch: Launch, target, caller: Caller) -> None:
     env = environ.common(launch.nproc_per_node, addr, port, launch.run_id, launch.role)
     path0 = os.path.dirname(os.path.abspath(target.argv0)) if isinstance(target, Script) else cwd
     argv = [target.argv0 if isinstance(target, Script) else launch.script, *launch.script_args]
-    spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node, launch.timeout, caller)
+    shown = (target.fn, (*target.args, *target.kwargs.values())) if isinstance(target, Call) else None
+    spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node, launch.timeout,
+                         caller, shown)
 
 
 def _run_id() -> str:
