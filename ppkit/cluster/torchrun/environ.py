@@ -42,9 +42,9 @@ def common(nproc: int, master_addr: str, master_port: int, run_id: str, role: st
         "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": role,
         "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
-        # torchrun's agent hosts the store and its workers join it; here no agent runs, so rank 0
-        # hosts it in init_process_group, as without torchrun
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        # torchrun's agent hosts the store and its workers join it; here rank 0 hosts it before the
+        # script starts (rank.host_store), and every rank joins it the same way
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS,
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }

@@ -75,10 +75,10 @@ def run_file(launch: Launch) -> None:
 
 def run(launch: Launch, target, caller: Caller) -> None:
     cwd = os.getcwd()
-    if launch.master_port is None:  # torchrun then picks a free port and names the master localhost
-        addr, port = "localhost", environ.free_port()
-    else:
-        addr, port = launch.master_addr, launch.master_port
+    # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
+    # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s
+    port = launch.master_port or environ.free_port()
+    addr = launch.master_addr
     env = environ.common(launch.nproc_per_node, addr, port, launch.run_id, launch.role)
     path0 = os.path.dirname(os.path.abspath(target.argv0)) if isinstance(target, Script) else cwd
     argv = [target.argv0 if isinstance(target, Script) else launch.script, *launch.script_args]

@@ -14,7 +14,12 @@ import sys
 import types
 from dataclasses import dataclass
 
+from ppkit.cluster import worker_setup
 from ppkit.cluster.torchrun.environ import rank_env
+from ppkit.errors import ConfigError
+
+STORE_TIMEOUT_S = 300.0  # what a rank's store request may wait; the run's own timeout stops a hang first
+_store = None  # rank 0's store, kept for the life of the process as torchrun's agent keeps its own
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,28 @@ class Call:
 
 def run_as_rank(rank: int, env: dict, cwd: str, path0: str, argv: list, target) -> None:
     """Called as ``fn(i, *args)`` by ppkit.spawn's machinery, in a fresh fork of the fork server."""
+    global _store
     os.environ.update(env)
     os.environ.update(rank_env(rank))
+    if rank == 0:
+        _store = host_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]))
     os.chdir(cwd)
     sys.path.insert(0, path0)  # a script's folder, or the notebook's, comes first as under python
     sys.argv = list(argv)
     _run_target(target)
+
+
+def host_store(host: str, port: int, world_size: int):
+    """The rendezvous store that torchrun's agent would host, on ``host`` only, before the script
+    starts: every rank's ``init_process_group`` joins it as a client (TORCHELASTIC_USE_AGENT_STORE),
+    so none of them races rank 0 to a port that is not listening yet and backs off."""
+    try:
+        return worker_setup.tcp_store(host, world_size, STORE_TIMEOUT_S, port=port, multi_tenant=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"rank 0 cannot host the rendezvous store on {host}:{port}: {exc.strerror}. Another program (or "
+            "a run that is still going) holds that port. Leave --master-port out, so that a free port is "
+            "picked for each run, or give another one.") from None
 
 
 def _run_target(target) -> None:
