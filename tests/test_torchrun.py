@@ -43,7 +43,8 @@ def main():
     logging.basicConfig(level=logging.INFO)
     logging.info("rank %d logged", dist.get_rank())
     facts = {"keys": sorted(os.environ), "name": __name__, "args": sys.argv[1:], "dcp_api": args.dcp_api,
-             "sum": total.item(), "word": WORD, "cwd": os.getcwd(), "pid": os.getpid()}
+             "sum": total.item(), "word": WORD, "cwd": os.getcwd(), "pid": os.getpid(),
+             "threads": torch.get_num_threads()}
     with open(os.path.join(args.out, os.environ["RANK"] + ".json"), "w") as file:
         json.dump(facts, file)
     dist.destroy_process_group()
@@ -104,7 +105,7 @@ def test_a_torchrun_script_runs_as_in_torchrun_in_the_cell_and_from_its_file(she
     for run in (cell, again, file):
         assert sorted(run) == [0, 1]
         for rank in (0, 1):
-            same = ("name", "dcp_api", "sum", "word", "cwd")
+            same = ("name", "dcp_api", "sum", "word", "cwd", "threads")
             assert {k: run[rank][k] for k in same} == {k: real[rank][k] for k in same}
             assert run[rank]["args"] == ["--out", run[rank]["args"][1], "--dcp-api"]
     assert cell[0]["name"] == "__main__" and cell[0]["sum"] == 3.0

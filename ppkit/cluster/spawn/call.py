@@ -152,6 +152,7 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float, caller: explain.Call
     """``fn(i, *args)`` on ``nprocs`` fresh forks of the fork server, as ``spawn(..., join=True)``
     runs it, its errors worded for ``caller`` (``%%torchrun`` runs its ranks with this). ``shown``:
     the learner's ``(fn, args)`` to name if something cannot be pickled, where ``fn`` wraps them."""
+    __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback
     key = (nprocs, "auto")  # the fork server that ppkit.spawn's default start method uses
     if key in _running:
         raise ClusterStateError(

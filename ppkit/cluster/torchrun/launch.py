@@ -50,6 +50,7 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, timeout: floa
     if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
         raise ConfigError(f"nproc_per_node must be a whole number of processes, at least 1, got {nproc_per_node!r}: "
                           "ppkit.torchrun(main, nproc_per_node=2).")
+    __tracebackhide__ = True  # noqa: F841
     launch = Launch(nproc_per_node, "127.0.0.1", master_port, _run_id(), "default", positive(timeout, "timeout"),
                     getattr(fn, "__name__", "fn"), ())
     run(launch, Call(fn, args, kwargs), FUNCTION)
@@ -57,12 +58,14 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, timeout: floa
 
 def run_cell(launch: Launch, source: str, cell_id: str) -> None:
     """A cell's text as the ``__main__`` script; its folder is the notebook's (the kernel's cwd)."""
+    __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback
     filename = f"<%%torchrun cell {cell_id}>"
     run(launch, Script(source, filename, os.path.join(os.getcwd(), filename)), CELL_MAGIC)
 
 
 def run_file(launch: Launch) -> None:
     """A script file, as ``torchrun [options] script.py [args]`` runs it."""
+    __tracebackhide__ = True  # noqa: F841
     path = os.path.abspath(launch.script)
     try:
         with open(path, encoding="utf-8") as file:
@@ -74,6 +77,7 @@ def run_file(launch: Launch) -> None:
 
 
 def run(launch: Launch, target, caller: Caller) -> None:
+    __tracebackhide__ = True  # noqa: F841
     cwd = os.getcwd()
     # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
     # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s

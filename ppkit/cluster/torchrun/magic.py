@@ -23,6 +23,7 @@ def torchrun(line: str, cell: str | None = None):
     ``%torchrun [torchrun options] script.py [script args]`` runs a file. ppkit adds ``--timeout S``."""
     from IPython.core.error import UsageError
 
+    __tracebackhide__ = True  # noqa: F841 - IPython then shows the message, not the frames that passed it on
     try:
         parsed = options.parse(shlex.split(line), cell=cell is not None)
         if parsed is None:  # -h printed torchrun's help

@@ -54,12 +54,22 @@ def run_as_rank(rank: int, env: dict, cwd: str, path0: str, argv: list, target) 
     global _store
     os.environ.update(env)
     os.environ.update(rank_env(rank))
+    _threads_as_at_import(os.environ.get("OMP_NUM_THREADS", ""))
     if rank == 0:
         _store = host_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]))
     os.chdir(cwd)
     sys.path.insert(0, path0)  # a script's folder, or the notebook's, comes first as under python
     sys.argv = list(argv)
     _run_target(target)
+
+
+def _threads_as_at_import(value: str) -> None:
+    """torch reads OMP_NUM_THREADS when it is imported, and the fork server imported it before: set
+    what a fresh interpreter under torchrun would have (1 thread per process by default)."""
+    if value.isdigit() and int(value) > 0:
+        import torch
+
+        torch.set_num_threads(int(value))
 
 
 def host_store(host: str, port: int, world_size: int):
