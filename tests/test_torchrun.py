@@ -245,6 +245,7 @@ def test_torchruns_spellings_are_accepted():
     (lambda: ppkit.torchrun(3), "needs the function"),
     (lambda: ppkit.torchrun(train_fsdp2, nproc_per_node=2), "cannot be called as train_fsdp2"),
     (lambda: ppkit.torchrun(train_fsdp2, args=("x",), nproc_per_node=0), "nproc_per_node must be"),
+    (lambda: ppkit.torchrun(train_fsdp2, args=("x",), master_port="29500"), "master_port must be a TCP port"),
 ])
 def test_bad_arguments_to_ppkit_torchrun_are_refused_before_anything_starts(call, message):
     with pytest.raises(ppkit.ConfigError, match=message):

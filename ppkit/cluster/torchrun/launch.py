@@ -50,6 +50,10 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, timeout: floa
     if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
         raise ConfigError(f"nproc_per_node must be a whole number of processes, at least 1, got {nproc_per_node!r}: "
                           "ppkit.torchrun(main, nproc_per_node=2).")
+    if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
+                                    or not 0 < master_port < 65536):
+        raise ConfigError(f"master_port must be a TCP port, 1 to 65535, or None for a free one; got {master_port!r}: "
+                          "ppkit.torchrun(main, nproc_per_node=2, master_port=29500).")
     __tracebackhide__ = True  # noqa: F841
     launch = Launch(nproc_per_node, "127.0.0.1", master_port, _run_id(), "default", positive(timeout, "timeout"),
                     getattr(fn, "__name__", "fn"), ())
