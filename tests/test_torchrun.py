@@ -303,3 +303,5 @@ def test_a_taken_master_port_says_so_and_what_to_do():
         with pytest.raises(ppkit.ConfigError, match=f"rank 0 cannot host the rendezvous store on 127.0.0.1:{port}: "
                                                     "Address already in use.* Leave --master-port out"):
             rank.host_store("127.0.0.1", port, 2)
+    with pytest.raises(ppkit.ConfigError, match="on 192.0.2.1:29500: .* leave --master-addr out"):
+        rank.host_store("192.0.2.1", 29500, 2)  # an address of no interface here (TEST-NET-1)

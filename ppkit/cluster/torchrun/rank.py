@@ -8,6 +8,7 @@ that a learner's traceback starts at the cell's own line.
 from __future__ import annotations
 
 import builtins
+import errno
 import linecache
 import os
 import sys
@@ -79,10 +80,13 @@ def host_store(host: str, port: int, world_size: int):
     try:
         return worker_setup.tcp_store(host, world_size, STORE_TIMEOUT_S, port=port, multi_tenant=True)
     except OSError as exc:
-        raise ConfigError(
-            f"rank 0 cannot host the rendezvous store on {host}:{port}: {exc.strerror}. Another program (or "
-            "a run that is still going) holds that port. Leave --master-port out, so that a free port is "
-            "picked for each run, or give another one.") from None
+        if exc.errno == errno.EADDRINUSE:
+            hint = ("Another program (or a run that is still going) holds that port. Leave --master-port out, "
+                    "so that a free port is picked for each run, or give another one.")
+        else:
+            hint = ("All ranks run on this machine: leave --master-addr out (127.0.0.1), or name an address "
+                    "of this machine.")
+        raise ConfigError(f"rank 0 cannot host the rendezvous store on {host}:{port}: {exc.strerror}. {hint}") from None
 
 
 def _run_target(target) -> None:
