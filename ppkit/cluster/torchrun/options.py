@@ -20,6 +20,9 @@ CELL = "<%%torchrun cell>"  # stands for the script when the cell is the script
 AGENT_ONLY = {"rdzv_backend", "rdzv_endpoint", "rdzv_conf", "monitor_interval", "start_method",
               "event_log_handler", "log_line_prefix_template", "signals_to_handle", "shutdown_timeout",
               "run_path"}
+# options this run reads (nnodes only as 1: refuse() says so for more)
+HONOURED = {"nproc_per_node", "master_addr", "master_port", "rdzv_id", "role", "timeout", "standalone", "nnodes",
+            "training_script", "training_script_args"}
 WHY_NOT = {
     "nnodes": "more than one node (machine) is not supported yet; on one machine leave it out or write --nnodes 1 "
               "(ppkit.start(n, launcher='slurm') runs ranks on several SLURM nodes)",
@@ -68,10 +71,9 @@ def parse(argv: list[str], cell: bool) -> Launch | None:
     """``argv``: torchrun's arguments; for a cell, its options then ``--`` and the script's arguments.
 
     Returns None when ``-h`` printed the help."""
-    if cell:
-        options, _, script_args = (argv[:argv.index("--")], None, argv[argv.index("--") + 1:]) \
-            if "--" in argv else (argv, None, [])
-        argv = [*options, CELL, *script_args]
+    if cell:  # the cell stands where torchrun's script would: options, CELL, the script's arguments
+        split = argv.index("--") if "--" in argv else len(argv)
+        argv = [*argv[:split], CELL, *argv[split + 1:]]
     try:
         args = parser().parse_args(argv)
     except SystemExit:  # -h: argparse printed the help
@@ -92,10 +94,7 @@ def refuse(args) -> None:
     if str(args.nnodes) not in ("1", "1:1"):
         raise ConfigError(f"--nnodes {args.nnodes}: {WHY_NOT['nnodes']}.")
     for name, value in vars(args).items():
-        if name in AGENT_ONLY or name in ("nnodes", "training_script", "training_script_args") \
-                or value == getattr(defaults, name):
-            continue
-        if name in ("nproc_per_node", "master_addr", "master_port", "rdzv_id", "role", "timeout", "standalone"):
+        if name in AGENT_ONLY or name in HONOURED or value == getattr(defaults, name):
             continue
         flag = "--" + name.replace("_", "-")
         why = WHY_NOT.get(name, "this option of torchrun is not supported by ppkit's %%torchrun")
