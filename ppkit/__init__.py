@@ -5,6 +5,10 @@
     cluster.run(fn)                     # fn(rank, world_size) on every rank, results by rank
     cluster.close()
     ppkit.spawn(fn, args=(2,), nprocs=2)  # mp.spawn's fn(i, *args), fresh processes every call
+    ppkit.torchrun(main, nproc_per_node=2)  # a torchrun script's main(): RANK, WORLD_SIZE... in os.environ
+
+    %load_ext ppkit                     # then a cell that starts with %%torchrun --nproc-per-node 2
+                                        # runs as a torchrun script (__main__, argparse after --)
 """
 
 from ppkit.cluster.controller import Cluster
@@ -12,6 +16,7 @@ from ppkit.cluster.rpc.world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
 from ppkit.cluster.spawn.call import SpawnContext, spawn
 from ppkit.cluster.tools.env import read_launch_env
+from ppkit.cluster.torchrun.launch import torchrun
 from ppkit.errors import (
     AuthenticationError,
     ClusterStateError,
@@ -35,10 +40,12 @@ __version__ = ppkit_version()  # pyproject.toml is the one place it is written
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext ppkit`` registers the ``%%ranks`` cell magic."""
+    """``%load_ext ppkit`` registers the ``%%ranks`` cell magic and ``%%torchrun`` / ``%torchrun``."""
     from ppkit.cluster import session
+    from ppkit.cluster.torchrun import magic
 
     session.register(ipython)
+    magic.register(ipython)
 
 
 __all__ = [
@@ -66,4 +73,5 @@ __all__ = [
     "spawn",
     "start",
     "start_rpc",
+    "torchrun",
 ]

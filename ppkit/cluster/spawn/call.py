@@ -111,8 +111,10 @@ class SpawnContext:
 class _Call:
     """One call: ``fn(i, *args)`` on each fresh process, then every process stopped."""
 
-    def __init__(self, cluster: Cluster, fn, args: tuple, timeout: float, environ: dict):
-        self.cluster, self.fn, self.args, self.timeout = cluster, fn, args, timeout
+    def __init__(self, cluster: Cluster, fn, args: tuple, timeout: float, environ: dict,
+                 caller: explain.Caller = explain.SPAWN):
+        self.cluster, self.fn, self.args, self.timeout, self.caller = cluster, fn, args, timeout, caller
+        self.shown = (fn, args)  # the learner's function and arguments, named when one cannot be pickled
         self.pids = {rank: worker.get("pid") for rank, worker in cluster.workers.items()}
         changed = {k: v for k, v in os.environ.items() if environ.get(k) != v}
         self.environ = (changed, [k for k in environ if k not in os.environ])
@@ -121,11 +123,11 @@ class _Call:
         try:
             self.cluster.run(_call_rank, self.fn, self.args, self.environ, timeout=self.timeout)
         except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
-            raise explain.cannot_send(self.fn, self.args, exc) from None
+            raise explain.cannot_send(*self.shown, exc, self.caller) from None
         except (WorkerError, JobInterrupted) as exc:
-            raise explain.translate(exc, self.pids, self.cluster.world_size, self.timeout) from None
+            raise explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, self.caller) from None
         finally:
-            self.cluster.stop_workers("ppkit.spawn stops its processes when a call ends.")
+            self.cluster.stop_workers(f"{self.caller.name} stops its processes when a call ends.")
 
 
 def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> None:
@@ -144,6 +146,21 @@ def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> N
     except SystemExit as exc:  # sys.exit(0) ends a process of mp.spawn successfully
         if exc.code not in (None, 0):
             raise
+
+
+def run_fresh(fn, args: tuple, nprocs: int, timeout: float, caller: explain.Caller, shown: tuple | None = None) -> None:
+    """``fn(i, *args)`` on ``nprocs`` fresh forks of the fork server, as ``spawn(..., join=True)``
+    runs it, its errors worded for ``caller`` (``%%torchrun`` runs its ranks with this). ``shown``:
+    the learner's ``(fn, args)`` to name if something cannot be pickled, where ``fn`` wraps them."""
+    __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback
+    key = (nprocs, "auto")  # the fork server that ppkit.spawn's default start method uses
+    if key in _running:
+        raise ClusterStateError(
+            f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running, on the processes {caller.name} "
+            "needs. Call its join() first (context.join()).")
+    call = _Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller)
+    call.shown = shown or call.shown
+    call.run()
 
 
 def _fresh_cluster(key: tuple) -> Cluster:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 
 from ppkit.cluster.diagnostics import describe_status, format_stacks, reinit_note
 from ppkit.errors import (
@@ -24,18 +25,39 @@ from ppkit.errors import (
 from ppkit.transport import byvalue
 
 STOPPED = "Every process of this call has been stopped. The next ppkit.spawn starts fresh ones."
+# the frames of ppkit's own that run the learner's code in a process: a traceback starts after them
+OWN_FRAMES = (", in _call_rank", ", in run_as_rank", ", in _run_target")
 
 
-def translate(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: float) -> BaseException:
+@dataclass(frozen=True)
+class Caller:
+    """Who called, in the words of the messages: ppkit.spawn's processes, or %%torchrun's ranks."""
+
+    name: str = "ppkit.spawn"
+    unit: str = "process"
+    timeout_hint: str = "Pass ppkit.spawn(..., timeout=SECONDS)"
+    work: str = "fn"  # what ran: "fn returned", "the script returned"
+    mimics: str = "mp.spawn"
+
+    @property
+    def stopped(self) -> str:
+        return f"Every process of this call has been stopped. The next {self.name} starts fresh ones."
+
+
+SPAWN = Caller()
+
+
+def translate(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: float,
+              caller: Caller = SPAWN) -> BaseException:
     """The hidden cluster's error ``exc`` as ppkit.spawn's own (``exc`` itself if it has none)."""
     if isinstance(exc, RemoteError):
-        return raised(exc, pids, nprocs)
+        return raised(exc, pids, nprocs, caller)
     if isinstance(exc, WorkerDiedError) and exc.ranks:
-        return exited(exc.ranks[0], pids, nprocs, exc.status, exc.how)
+        return exited(exc.ranks[0], pids, nprocs, exc.status, exc.how, caller)
     if isinstance(exc, JobTimeoutError):
-        return timed_out(exc, timeout)
+        return timed_out(exc, timeout, caller)
     if isinstance(exc, JobInterrupted):
-        return interrupted(exc)
+        return interrupted(exc, caller)
     return exc
 
 
@@ -44,7 +66,7 @@ def from_fn(text: str) -> str:
     job loop, ``_call_rank``) say nothing to a learner who called mp.spawn."""
     lines = text.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.startswith("  File ")]
-    ours = [i for i in starts if lines[i].rstrip().endswith(", in _call_rank")]
+    ours = [i for i in starts if lines[i].rstrip().endswith(OWN_FRAMES)]
     if not ours:
         return text
     after = [i for i in starts if i > ours[-1]]
@@ -56,8 +78,8 @@ def _stacks(stacks: dict) -> str:
     return format_stacks({rank: from_fn(text) for rank, text in stacks.items()})
 
 
-def _who(rank: int, pids: dict[int, int], nprocs: int) -> str:
-    return f"process {rank} of {nprocs} (pid {pids.get(rank)})"
+def _who(rank: int, pids: dict[int, int], nprocs: int, caller: Caller = SPAWN) -> str:
+    return f"{caller.unit} {rank} of {nprocs} (pid {pids.get(rank)})"
 
 
 def _reinit(rendezvous: dict) -> str:
@@ -65,7 +87,7 @@ def _reinit(rendezvous: dict) -> str:
     return f" {note.rstrip()}" if note else ""
 
 
-def raised(exc: RemoteError, pids: dict[int, int], nprocs: int) -> BaseException:
+def raised(exc: RemoteError, pids: dict[int, int], nprocs: int, caller: Caller = SPAWN) -> BaseException:
     failed = exc.ranks
     first = failed[0]
     if all(exc.exc_types.get(r) == "SystemExit" for r in failed):  # sys.exit(code), code not 0
@@ -73,27 +95,28 @@ def raised(exc: RemoteError, pids: dict[int, int], nprocs: int) -> BaseException
         number = message.lstrip("-").isdigit()
         code = int(message) if number else 1  # sys.exit("text") prints it and exits with 1
         return ProcessExitedError(
-            f"{_who(first, pids, nprocs)} called sys.exit({message if number else repr(message)}) before fn "
-            "returned: exit code "
-            f"{code}, which mp.spawn reports as a failure too. {STOPPED}\n\n--- traceback in process "
-            f"{first} ---\n{from_fn(exc.tracebacks.get(first, ''))}", first, pids.get(first), exit_code=code)
+            f"{_who(first, pids, nprocs, caller)} called sys.exit({message if number else repr(message)}) before "
+            f"{caller.work} returned: exit code {code}, which {caller.mimics} reports as a failure too. "
+            f"{caller.stopped}\n\n--- traceback in {caller.unit} {first} ---\n"
+            f"{from_fn(exc.tracebacks.get(first, ''))}", first, pids.get(first), exit_code=code)
     what = f"{exc.exc_types.get(first)}: {exc.messages.get(first, '')}"
-    text = (f"{_who(first, pids, nprocs)} raised {what}" if len(failed) == 1 else
-            f"processes {failed} raised an exception ({_who(first, pids, nprocs)}: {what})")
-    text += f". {STOPPED}"
+    text = (f"{_who(first, pids, nprocs, caller)} raised {what}" if len(failed) == 1 else
+            f"processes {failed} raised an exception ({_who(first, pids, nprocs, caller)}: {what})")
+    text += f". {caller.stopped}"
     waiting = sorted(exc.stacks)
     if waiting:
         text += (f" Process(es) {waiting} were still running, probably waiting for process {first}: "
                  "where each waited is at the end.")
     text += _reinit(exc.rendezvous)
     for r in failed:
-        text += f"\n\n--- traceback in process {r} ---\n{from_fn(exc.tracebacks.get(r, ''))}"
+        text += f"\n\n--- traceback in {caller.unit} {r} ---\n{from_fn(exc.tracebacks.get(r, ''))}"
     if waiting:
         text += "\n" + _stacks(exc.stacks)
     return ProcessRaisedError(text, exc, first, pids.get(first))
 
 
-def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None, how: str = "") -> ProcessExitedError:
+def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None, how: str = "",
+           caller: Caller = SPAWN) -> ProcessExitedError:
     """``how``: the launcher's words for the end, where it knew more than ``status`` (an out-of-memory kill)."""
     code = sig = None
     if status is not None and os.WIFSIGNALED(status):
@@ -108,30 +131,31 @@ def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None, how
     if sig == "SIGKILL" and "out-of-memory killer" in how:  # the cgroup said whether it was
         hint = ""
     return ProcessExitedError(
-        f"{_who(rank, pids, nprocs)} ended before fn returned: {how or describe_status(status)}{hint}. The "
-        f"other processes may have been waiting for it. {STOPPED}", rank, pids.get(rank), code, sig, status)
+        f"{_who(rank, pids, nprocs, caller)} ended before {caller.work} returned: "
+        f"{how or describe_status(status)}{hint}. The other processes may have been waiting for it. "
+        f"{caller.stopped}", rank, pids.get(rank), code, sig, status)
 
 
-def timed_out(exc: JobTimeoutError, timeout: float) -> JobTimeoutError:
+def timed_out(exc: JobTimeoutError, timeout: float, caller: Caller = SPAWN) -> JobTimeoutError:
     mute = [r for r in exc.ranks if exc.stacks.get(r) == "(no answer)"]
     reinit = _reinit(exc.rendezvous)
     return JobTimeoutError(
-        f"the processes did not finish within {timeout:g} s (ppkit.spawn's timeout): process(es) "
+        f"the processes did not finish within {timeout:g} s ({caller.name}'s timeout): process(es) "
         f"{exc.ranks} were still running" + (f" (process(es) {exc.done} had finished)" if exc.done else "")
         + (f"; process(es) {mute} did not even say where they wait: stopped, frozen or overloaded" if mute else "")
-        + f". {STOPPED}" + (reinit or " Usually a send without a matching recv, or a collective that not "
+        + f". {caller.stopped}" + (reinit or " Usually a send without a matching recv, or a collective that not "
                             "every process called.")
-        + " Pass ppkit.spawn(..., timeout=SECONDS) if the work is just slow. Where each process "
+        + f" {caller.timeout_hint} if the work is just slow. Where each process "
         "waited:\n" + _stacks(exc.stacks), exc.ranks, exc.stacks, exc.done, exc.rendezvous)
 
 
-def interrupted(exc: JobInterrupted) -> JobInterrupted:
+def interrupted(exc: JobInterrupted, caller: Caller = SPAWN) -> JobInterrupted:
     stuck = f" (process(es) {exc.ranks} were blocked outside Python, e.g. in a collective)" if exc.ranks else ""
     where = (" Where each process was:\n" + _stacks(exc.stacks)) if exc.stacks else ""
-    return JobInterrupted(f"interrupted{stuck}. {STOPPED}{where}", exc.ranks, exc.stacks)
+    return JobInterrupted(f"interrupted{stuck}. {caller.stopped}{where}", exc.ranks, exc.stacks)
 
 
-def cannot_send(fn, args: tuple, exc: ConfigError) -> ConfigError:
+def cannot_send(fn, args: tuple, exc: ConfigError, caller: Caller = SPAWN) -> ConfigError:
     """``fn`` or one of ``args`` cannot be pickled: say which."""
     culprit, cause = "fn and its args", exc.__cause__ or exc
     for name, value in [(getattr(fn, "__name__", "fn"), fn), *((f"args[{i}]", a) for i, a in enumerate(args))]:
@@ -141,8 +165,8 @@ def cannot_send(fn, args: tuple, exc: ConfigError) -> ConfigError:
             culprit, cause = f"{name} ({type(value).__name__})", err
             break
     return ConfigError(
-        f"ppkit.spawn cannot send {culprit} to the new processes: {cause}. fn and args are pickled, "
-        "as mp.spawn pickles them (functions and classes from notebook cells by value). Pass data "
+        f"{caller.name} cannot send {culprit} to the new processes: {cause}. fn and args are pickled, "
+        f"as {caller.mimics} pickles them (functions and classes from notebook cells by value). Pass data "
         "(tensors, numbers, lists, file paths) and create what cannot be pickled (locks, open files, "
         "process groups) inside fn. A multiprocessing queue or manager cannot reach these processes "
         "either (they are not children of this kernel): to get results back, write them to files, or "

@@ -1,0 +1,58 @@
+"""The environment torchrun gives each worker, built without torchrun's agent.
+
+Compared with a real ``python -m torch.distributed.run`` on the same script by
+tests/test_torchrun.py: the same keys, but for those in ``LEFT_OUT``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+# Set by torchrun for its workers but not here, and why.
+LEFT_OUT = {
+    "TORCHELASTIC_ERROR_FILE": "torchrun's agent reads a failed worker's error from that file; here the "
+                               "traceback reaches the cell directly, and @record writes no file without it",
+}
+# Set here but not by torchrun: ppkit's local launcher sets them on every worker (launchers/base.py).
+ADDED = {
+    "PPKIT_*": "the worker's way back to the kernel, and the mark by which ppkit finds its processes",
+    "PYTHONPATH": "ppkit's folder first, so a worker imports the same ppkit as the kernel",
+    "PYTHONUNBUFFERED": "each rank's output reaches the cell as it is printed",
+    "OMP_WAIT_POLICY": "PASSIVE: more ranks than cores, and spinning OpenMP threads stole their partners' cores",
+    "GLOO_SOCKET_IFNAME": "gloo on the interface that reaches the master (loopback on one machine)",
+    "TP_SOCKET_IFNAME": "the same for RPC's TensorPipe",
+}
+SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default --signals-to-handle
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now, as torchrun picks one when no --master-port is given."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def common(nproc: int, master_addr: str, master_port: int, run_id: str, role: str = "default",
+           environ: dict | None = None) -> dict[str, str]:
+    """What every rank of one run sees (``rank_env`` adds the rank's own)."""
+    environ = os.environ if environ is None else environ
+    env = {
+        "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": role,
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
+        # torchrun's agent hosts the store and its workers join it; here rank 0 hosts it before the
+        # script starts (rank.host_store), and every rank joins it the same way
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+    if nproc > 1 and "OMP_NUM_THREADS" not in environ:  # torchrun's default for more than one process
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def rank_env(rank: int) -> dict[str, str]:
+    """One process's own variables: on one node its rank, local rank and role rank are the same."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}

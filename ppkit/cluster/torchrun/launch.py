@@ -1,0 +1,101 @@
+"""Start a torchrun-style run on fresh forks of ppkit.spawn's fork server, and ``ppkit.torchrun``."""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+from ppkit.checks import positive
+from ppkit.cluster.spawn import call as spawn_call
+from ppkit.cluster.spawn.explain import Caller
+from ppkit.cluster.spec import DEFAULT_TIMEOUT_S
+from ppkit.cluster.torchrun import environ
+from ppkit.cluster.torchrun.options import Launch
+from ppkit.cluster.torchrun.rank import Call, Script, run_as_rank
+from ppkit.errors import ConfigError
+
+CELL_MAGIC = Caller("%%torchrun", "rank", "Write %%torchrun --timeout SECONDS ...", "the script", "torchrun")
+LINE_MAGIC = Caller("%torchrun", "rank", "Write %torchrun --timeout SECONDS ...", "the script", "torchrun")
+FUNCTION = Caller("ppkit.torchrun", "rank", "Pass ppkit.torchrun(..., timeout=SECONDS)", "fn", "torchrun")
+
+
+def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, timeout: float = DEFAULT_TIMEOUT_S,
+             master_port: int | None = None) -> None:
+    """Run ``fn(*args, **kwargs)`` in ``nproc_per_node`` fresh processes, each with the environment
+    torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
+
+    >>> def main():                          # a torchrun script's main(), defined in a cell
+    ...     dist.init_process_group("gloo")  # no rank arguments: they come from the environment
+    ...     ...
+    >>> ppkit.torchrun(main, nproc_per_node=2)
+
+    ``fn`` takes no rank (read it from ``os.environ["RANK"]`` or ``dist.get_rank()``). Output appears
+    as ``[rank i] ...``; a failure raises ``ProcessRaisedError`` naming the rank and stops the others;
+    after ``timeout`` seconds ``JobTimeoutError`` says where each rank waited. ``master_port``: None
+    picks a free port for each run, as torchrun does without ``--master-port``. Returns None.
+    """
+    if not callable(fn):
+        raise ConfigError(f"ppkit.torchrun needs the function each rank runs, got {type(fn).__name__} {fn!r:.60}. "
+                          "Pass the function itself: ppkit.torchrun(main, nproc_per_node=2), not main().")
+    args, kwargs = tuple(args), dict(kwargs or {})
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as exc:
+        name = getattr(fn, "__name__", "fn")
+        raise ConfigError(f"{name} cannot be called as {name}(*args, **kwargs) with args={args!r}, kwargs={kwargs!r}: "
+                          f"{exc}. ppkit.torchrun passes no rank: each rank reads RANK from its environment "
+                          "(or dist.get_rank()).") from None
+    except ValueError:  # a builtin without a signature to read: the call decides
+        pass
+    if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
+        raise ConfigError(f"nproc_per_node must be a whole number of processes, at least 1, got {nproc_per_node!r}: "
+                          "ppkit.torchrun(main, nproc_per_node=2).")
+    if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
+                                    or not 0 < master_port < 65536):
+        raise ConfigError(f"master_port must be a TCP port, 1 to 65535, or None for a free one; got {master_port!r}: "
+                          "ppkit.torchrun(main, nproc_per_node=2, master_port=29500).")
+    __tracebackhide__ = True  # noqa: F841
+    launch = Launch(nproc_per_node, "127.0.0.1", master_port, _run_id(), "default", positive(timeout, "timeout"),
+                    getattr(fn, "__name__", "fn"), ())
+    run(launch, Call(fn, args, kwargs), FUNCTION)
+
+
+def run_cell(launch: Launch, source: str, cell_id: str) -> None:
+    """A cell's text as the ``__main__`` script; its folder is the notebook's (the kernel's cwd)."""
+    __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback
+    filename = f"<%%torchrun cell {cell_id}>"
+    run(launch, Script(source, filename, os.path.join(os.getcwd(), filename)), CELL_MAGIC)
+
+
+def run_file(launch: Launch) -> None:
+    """A script file, as ``torchrun [options] script.py [args]`` runs it."""
+    __tracebackhide__ = True  # noqa: F841
+    path = os.path.abspath(launch.script)
+    try:
+        with open(path, encoding="utf-8") as file:
+            source = file.read()
+    except OSError as exc:
+        raise ConfigError(f"%torchrun cannot read the script {launch.script!r} ({exc.strerror}); it looks in the "
+                          f"notebook's folder, {os.getcwd()}. Give the script's path from there.") from None
+    run(launch, Script(source, path, launch.script), LINE_MAGIC)
+
+
+def run(launch: Launch, target, caller: Caller) -> None:
+    __tracebackhide__ = True  # noqa: F841
+    cwd = os.getcwd()
+    # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
+    # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s
+    port = launch.master_port or environ.free_port()
+    addr = launch.master_addr
+    env = environ.common(launch.nproc_per_node, addr, port, launch.run_id, launch.role)
+    path0 = os.path.dirname(os.path.abspath(target.argv0)) if isinstance(target, Script) else cwd
+    argv = [target.argv0 if isinstance(target, Script) else launch.script, *launch.script_args]
+    shown = (target.fn, (*target.args, *target.kwargs.values())) if isinstance(target, Call) else None
+    spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node, launch.timeout,
+                         caller, shown)
+
+
+def _run_id() -> str:
+    import uuid
+
+    return str(uuid.uuid4())

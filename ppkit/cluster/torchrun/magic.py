@@ -1,0 +1,40 @@
+"""``%%torchrun`` and ``%torchrun``: torchrun's command line in a notebook, registered by ``%load_ext ppkit``.
+
+    %%torchrun --nproc-per-node 2 -- --epochs 3
+    import argparse, torch.distributed as dist
+    ...                                  # a torchrun script, run as __main__ on every rank
+
+    %torchrun --nproc-per-node 2 train.py --epochs 3
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+
+from ppkit.cluster.torchrun import launch, options
+from ppkit.errors import ConfigError
+
+_cell_ids = itertools.count(1)
+
+
+def torchrun(line: str, cell: str | None = None):
+    """``%%torchrun [torchrun options] [-- script args]`` runs the cell as the script on every rank;
+    ``%torchrun [torchrun options] script.py [script args]`` runs a file. ppkit adds ``--timeout S``."""
+    from IPython.core.error import UsageError
+
+    __tracebackhide__ = True  # noqa: F841 - IPython then shows the message, not the frames that passed it on
+    try:
+        parsed = options.parse(shlex.split(line), cell=cell is not None)
+        if parsed is None:  # -h printed torchrun's help
+            return
+    except (ConfigError, ValueError) as exc:  # ValueError: shlex's unbalanced quotes
+        raise UsageError(f"{'%%' if cell is not None else '%'}torchrun: {exc}") from None
+    if cell is not None:
+        launch.run_cell(parsed, cell, str(next(_cell_ids)))
+    else:
+        launch.run_file(parsed)
+
+
+def register(ipython) -> None:
+    ipython.register_magic_function(torchrun, magic_kind="line_cell", magic_name="torchrun")
