@@ -192,6 +192,21 @@ class SlurmTestbed:
                 )
             time.sleep(0.2)
 
+    def wait_job(self, job_id: str, timeout: float = 180.0) -> dict[str, str]:
+        """Wait until job ``job_id`` has ended; ``scontrol show job``'s fields (JobState, ExitCode, ...).
+
+        What ``sbatch --wait`` does, but polled every 0.2 s: sbatch's own poll sleeps longer and longer (a job of
+        a few seconds cost 40 s in the suite)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self.run(["scontrol", "-o", "show", "job", job_id], timeout=30)
+            fields = dict(word.split("=", 1) for word in done.stdout.split() if "=" in word)
+            if fields.get("JobState", "PENDING") not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+                return fields
+            if time.monotonic() > deadline:
+                raise SlurmTestbedError(f"job {job_id} did not end within {timeout:g} s: {fields or done.stderr}")
+            time.sleep(0.2)
+
     def node_state(self, node: str) -> str:
         """scontrol's State of ``node``: IDLE, ALLOCATED, IDLE+NOT_RESPONDING, DOWN+NOT_RESPONDING, ..."""
         return self._node_info(node).get("State", "")

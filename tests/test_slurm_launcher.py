@@ -203,8 +203,10 @@ def test_slurm_script_writes_what_sbatch_runs(clean, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --ntasks-per-node=2" in path.read_text()
-    submitted = clean.run(["sbatch", "--parsable", "--wait", str(path)], cwd=tmp_path, timeout=180)
+    submitted = clean.run(["sbatch", "--parsable", str(path)], cwd=tmp_path, timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
+    ended = clean.wait_job(job)  # as `sbatch --wait`, sooner
+    assert (ended["JobState"], ended["ExitCode"]) == ("COMPLETED", "0:0"), ended
     lines = (tmp_path / f"seed002-{job}.out").read_text().splitlines()
     assert sorted(line.split('"rank": ')[1].split(",")[0] for line in lines if line.startswith("{")) == list("0123")
