@@ -156,6 +156,7 @@ class Lab:
             JUPYTER_CONFIG_DIR=str(self.root / "config"),
             JUPYTER_RUNTIME_DIR=str(self.root / "runtime"),
             IPYTHONDIR=str(self.root / "ipython"),
+            PPKIT_TEST_LAB=str(self.port),  # what this server's kernels start inherits it: see stop()
         )
         cmd = [
             sys.executable, "-m", "jupyterlab",
@@ -244,7 +245,7 @@ class Lab:
                     self.proc.wait(timeout=5)
         tracked = list(self.seen.values())
         left = _wait_gone(tracked, timeout=10)
-        owned = [p for p in self._ppkit_children() if p.pid != self.proc.pid]
+        owned = [p for p in self._ppkit_children() if p.pid != self.proc.pid and _from_lab(p, self.port)]
         left += _wait_gone(owned, timeout=5)
         report = _describe(left)
         for p in left:
@@ -297,9 +298,17 @@ def chromium() -> str:
     return path
 
 
-# Module scope: the server and the browser are gone before the rest of the suite runs (its no_leftovers checks
-# would otherwise count a server whose command line names the checkout).
-@pytest.fixture(scope="module")
+def _from_lab(proc: psutil.Process, port: int) -> bool:
+    """Whether ``proc`` was started under the lab server on ``port`` (the others are other tests' business)."""
+    try:
+        return proc.environ().get("PPKIT_TEST_LAB") == str(port)
+    except psutil.Error:
+        return False
+
+
+# One server and one browser for every browser test of the session (each test shuts its kernels down after it,
+# so what runs beside them is the server alone, which the leftover checks do not count).
+@pytest.fixture(scope="session")
 def lab(chromium, tmp_path_factory, request):
     server = Lab(tmp_path_factory.mktemp("lab"), request.config)
     try:
@@ -310,7 +319,7 @@ def lab(chromium, tmp_path_factory, request):
         assert not left, f"processes left after JupyterLab stopped: {left}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser(chromium, tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
@@ -567,11 +576,9 @@ def widget_notebooks() -> list[str]:
     return found
 
 
-def pytest_generate_tests(metafunc):
-    """`widget_notebook` runs over every widget notebook that has no learner test of its own in the module."""
-    if "widget_notebook" in metafunc.fixturenames:
-        own = getattr(metafunc.module, "LEARNER_TESTED", set())
-        metafunc.parametrize("widget_notebook", [n for n in widget_notebooks() if n not in own])
+@pytest.fixture(scope="session")
+def widget_notebook_names() -> list[str]:
+    return widget_notebooks()
 
 
 @pytest.fixture(scope="session")
