@@ -22,7 +22,7 @@ test: $(STAMP) browser slurm hub
 FAST_NOTEBOOK ?= notebooks/00_start_here.ipynb
 test-fast: $(STAMP)
 	$(PY) -m pytest tests $(FAST_NOTEBOOK) --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
-	  --ignore=tests/browser -m "not slow and not slurm" --durations=10 $(PYTEST_ARGS)
+	  --ignore=tests/browser -m "not slow and not slurm" $(PYTEST_ARGS)
 
 setup: $(STAMP)
 
