@@ -26,6 +26,7 @@ STEPS = 3
 def main() -> dict:
     import torch
     import torch.distributed as dist
+    import torch.distributed.nn  # noqa: F401  -- before init_process_group: see the end of main()
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ppkit
@@ -49,9 +50,14 @@ def main() -> dict:
               "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()), "master_addr": env.master_addr,
               "loss": round(loss.item(), 6), "same_weights_everywhere": all(torch.equal(g, weights) for g in gathered)}
     print(json.dumps(record), flush=True)
-    # Leave together and in order: every rank done with the store (barrier), DDP's reducer (which holds the group)
-    # gone before the group is. Without both, a rank sometimes aborted at exit in a CI run after printing its line
-    # ("terminate called without an active exception", srun: task 1: Aborted).
+    # Leave together (barrier), DDP's reducer (which holds the group) gone, then the group: destroy_process_group()
+    # frees it, which joins gloo's worker threads while Python still runs. That needs the import of
+    # torch.distributed.nn above: DDP's constructor imports torch._dynamo, which imports
+    # torch.distributed.nn.functional, whose functions take `group=group.WORLD` as a default -- evaluated at
+    # import, so imported after init_process_group they pin the live group and destroy_process_group() cannot
+    # free it. Its gloo threads then outlive Python: one still releasing the last all_gather's tensors when the
+    # interpreter shuts down takes the GIL, is ended by Python (pthread_exit) inside a C++ destructor, and the
+    # rank aborts after printing its line ("terminate called without an active exception"; issue 30).
     dist.barrier()
     del model, optimizer
     dist.destroy_process_group()
