@@ -89,6 +89,56 @@ def test_widget_round_trip(lab, open_notebook):
     nb.assert_console_clean()
 
 
+TORCHRUN_SCRIPT = """%%torchrun --nproc-per-node 2 -- --greeting hello
+import argparse
+import logging
+
+import torch.distributed as dist
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--greeting")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    logging.info("%s from rank %d of %d", args.greeting, dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+TORCHRUN_FAILS = """%%torchrun --nproc-per-node 2
+import os
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if os.environ["RANK"] == "1":
+    raise ValueError("rank 1 cannot go on")
+dist.barrier()
+"""
+
+
+def test_a_torchrun_cell_as_the_learner_sees_it(lab, open_notebook):
+    """%%torchrun in real JupyterLab: each rank's output (logging's too) under the cell, labelled; a failing rank's
+    error names the rank and shows the cell's own line; the others are stopped and the kernel stays usable."""
+    name = write_notebook(lab.notebook_dir, "torchrun_cell.ipynb", "%load_ext ppkit", TORCHRUN_SCRIPT, TORCHRUN_FAILS)
+    nb = open_notebook(name)
+    nb.run_all(timeout=180)
+    cells = nb.page.locator(".jp-CodeCell")
+    said = cells.nth(1).locator(".jp-OutputArea").inner_text()
+    for rank in (0, 1):
+        assert f"[rank {rank}] INFO hello from rank {rank} of 2" in said, said
+    error = cells.nth(2).locator(".jp-OutputArea").inner_text()
+    nb.screenshot("rank-error", cells.nth(2))
+    assert "ProcessRaisedError" in error and "rank 1 of 2" in error, error
+    assert "ValueError: rank 1 cannot go on" in error and 'raise ValueError("rank 1 cannot go on")' in error, error
+    assert "rank 0 is waiting here" in error and "dist.barrier()" in error, error
+    assert not nb.page.locator(".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']").filter(
+        has_text="Error displaying widget").count()
+
+
 def test_checks_catch_what_they_exist_for(lab, open_notebook):
     """The render check and the leftover-process check must fail on the breakage they exist for."""
     name = write_notebook(lab.notebook_dir, "browser_broken.ipynb", MISSING_MODEL_CODE, STRAY_PROCESS_CODE)
