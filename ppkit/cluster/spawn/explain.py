@@ -40,6 +40,16 @@ class Caller:
     mimics: str = "mp.spawn"
 
     @property
+    def units(self) -> str:
+        """The plural: processes, ranks."""
+        return self.unit + ("es" if self.unit.endswith("s") else "s")
+
+    @property
+    def some(self) -> str:
+        """One or more: process(es), rank(s)."""
+        return self.unit + ("(es)" if self.unit.endswith("s") else "(s)")
+
+    @property
     def stopped(self) -> str:
         return f"Every process of this call has been stopped. The next {self.name} starts fresh ones."
 
@@ -105,8 +115,8 @@ def raised(exc: RemoteError, pids: dict[int, int], nprocs: int, caller: Caller =
     text += f". {caller.stopped}"
     waiting = sorted(exc.stacks)
     if waiting:
-        text += (f" Process(es) {waiting} were still running, probably waiting for process {first}: "
-                 "where each waited is at the end.")
+        text += (f" {caller.some.capitalize()} {waiting} were still running, probably waiting for {caller.unit} "
+                 f"{first}: where each waited is at the end.")
     text += _reinit(exc.rendezvous)
     for r in failed:
         text += f"\n\n--- traceback in {caller.unit} {r} ---\n{from_fn(exc.tracebacks.get(r, ''))}"
@@ -132,7 +142,7 @@ def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None, how
         hint = ""
     return ProcessExitedError(
         f"{_who(rank, pids, nprocs, caller)} ended before {caller.work} returned: "
-        f"{how or describe_status(status)}{hint}. The other processes may have been waiting for it. "
+        f"{how or describe_status(status)}{hint}. The other {caller.units} may have been waiting for it. "
         f"{caller.stopped}", rank, pids.get(rank), code, sig, status)
 
 
@@ -140,12 +150,13 @@ def timed_out(exc: JobTimeoutError, timeout: float, caller: Caller = SPAWN) -> J
     mute = [r for r in exc.ranks if exc.stacks.get(r) == "(no answer)"]
     reinit = _reinit(exc.rendezvous)
     return JobTimeoutError(
-        f"the processes did not finish within {timeout:g} s ({caller.name}'s timeout): process(es) "
-        f"{exc.ranks} were still running" + (f" (process(es) {exc.done} had finished)" if exc.done else "")
-        + (f"; process(es) {mute} did not even say where they wait: stopped, frozen or overloaded" if mute else "")
+        f"the {caller.units} did not finish within {timeout:g} s ({caller.name}'s timeout): {caller.some} "
+        f"{exc.ranks} were still running" + (f" ({caller.some} {exc.done} had finished)" if exc.done else "")
+        + (f"; {caller.some} {mute} did not even say where they wait: stopped, frozen or overloaded" if mute
+           else "")
         + f". {caller.stopped}" + (reinit or " Usually a send without a matching recv, or a collective that not "
                             "every process called.")
-        + f" {caller.timeout_hint} if the work is just slow. Where each process "
+        + f" {caller.timeout_hint} if the work is just slow. Where each {caller.unit} "
         "waited:\n" + _stacks(exc.stacks), exc.ranks, exc.stacks, exc.done, exc.rendezvous)
 
 
