@@ -1,7 +1,7 @@
 """ppkit's launchers against accelerate's ``notebook_launcher``: the first call of a session and warm calls.
 
     python benchmarks/bench_launchers.py                       # 12 calls, pauses 0 and 2 s
-    python benchmarks/bench_launchers.py --accelerate /tmp/accel --calls 12 --pauses 0 2
+    python benchmarks/bench_launchers.py --accelerate /tmp/accel --calls 12 --pauses 0 5 --without-prestart
 
 Each tool runs alone in a fresh interpreter, as in a fresh kernel: ``import torch``, its own setup
 (``import ppkit`` and ``%load_ext ppkit`` through IPython's InteractiveShell; ``from accelerate import
@@ -92,19 +92,23 @@ def child(tool: str, calls: int, pause: float, accelerate: str | None) -> None:
             def call():
                 ppkit.spawn(main, args=(free_port(),), nprocs=2)
     time.sleep(pause)
+    import threading
+
+    starting = any(t.name == "ppkit-spawn-prestart" for t in threading.enumerate())
     times = []
     for _ in range(calls):
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    print("RESULT " + json.dumps(times), flush=True)
+    print("RESULT " + json.dumps({"times": times, "starting": starting}), flush=True)
 
 
-def run_child(tool: str, calls: int, pause: float, accelerate: str | None) -> list[float]:
+def run_child(tool: str, calls: int, pause: float, accelerate: str | None, prestart: bool = True) -> dict:
+    env = {**os.environ, "PPKIT_PRESTART": "1" if prestart else "0"}
     command = [sys.executable, __file__, "--child", tool, "--calls", str(calls), "--pauses", str(pause)]
     if accelerate:
         command += ["--accelerate", accelerate]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         raise SystemExit(f"{tool} failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -117,6 +121,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--pauses", type=float, nargs="+", default=[0.0, 2.0],
                         help="seconds between the setup and the first call (default 0 and 2)")
     parser.add_argument("--accelerate", help="folder holding accelerate (pip install --target DIR accelerate)")
+    parser.add_argument("--without-prestart", action="store_true",
+                        help="also run ppkit's tools with PPKIT_PRESTART=0 (%%load_ext ppkit starts nothing ahead)")
     parser.add_argument("--tools", nargs="+", choices=list(TOOLS), default=list(TOOLS))
     parser.add_argument("--child", choices=list(TOOLS), help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -130,17 +136,23 @@ def report() -> None:
     tools = [t for t in options.tools if t != "accelerate" or options.accelerate]
     rows = []
     for pause in options.pauses:
-        for tool in tools:
-            times = run_child(tool, options.calls, pause, options.accelerate)
-            rows.append((pause, tool, times[0], statistics.median(times[1:] or times)))
+        for tool, prestart in [(t, True) for t in tools] + [(t, False) for t in tools
+                                                              if options.without_prestart and t != "accelerate"]:
+            found = run_child(tool, options.calls, pause, options.accelerate, prestart)
+            times, starting = found["times"], found["starting"]
+            name = tool if prestart else f"{tool} (PPKIT_PRESTART=0)"
+            rows.append((pause, name, times[0], statistics.median(times[1:] or times), starting))
     load = os.getloadavg()[0]
     print(f"\n{options.calls} calls per fresh interpreter, 2 processes, init + all_reduce + destroy; Python "
           f"{platform.python_version()}, {os.cpu_count()} CPUs, load average {load:.1f} at the end\n")
-    print("| pause before the first call (s) | tool | first call (s) | median warm call (s) |\n|---|---|---|---|")
-    for pause, tool, first, warm in rows:
-        print(f"| {pause:g} | {TOOLS[tool]} | {first:.2f} | {warm:.3f} |")
-    peer = {pause: first for pause, tool, first, _ in rows if tool == "accelerate"}
-    for pause, tool, first, _ in rows:
+    print("| pause before the first call (s) | tool | first call (s) | median warm call (s) | "
+          "fork server still starting at the first call |\n|---|---|---|---|---|")
+    for pause, tool, first, warm, starting in rows:
+        still = "-" if tool == "accelerate" or "=0" in tool else ("yes" if starting else "no")
+        label = TOOLS[tool.split(" (")[0]] + (", PPKIT_PRESTART=0" if "=0" in tool else "")
+        print(f"| {pause:g} | {label} | {first:.2f} | {warm:.3f} | {still} |")
+    peer = {pause: first for pause, tool, first, _, _ in rows if tool == "accelerate"}
+    for pause, tool, first, _, _ in rows:
         if tool != "accelerate" and pause in peer:
             print(f"pause {pause:g} s: {tool}'s first call is {first / peer[pause]:.1f}x accelerate's (target <= 2x)")
 

@@ -34,6 +34,8 @@ _environ: dict[tuple, dict] = {}  # the kernel's os.environ when that cluster's 
 _running: set[tuple] = set()  # clusters running a join=False call
 _starting = threading.RLock()  # held while a hidden cluster starts: a call or close() waits for prestart's
 _closes = [0]  # close() calls so far: a prestart that had not begun when close() ran starts nothing
+_waiting: dict[tuple, int] = {}  # calls waiting for _starting, by key: prestart hands them its new processes
+_unused: set[tuple] = set()  # clusters whose processes, started by prestart, no call has used yet
 
 
 def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False, start_method: str = "auto",
@@ -185,15 +187,30 @@ def _prestart(key: tuple, closes: int) -> None:
         if key in _kept or _closes[0] != closes:  # a call came first, or close() did
             return
         try:
-            _fresh_cluster(key).stop_workers("ppkit.spawn started its fork server ahead of the first call.")
+            cluster = _start(key)
+            if _waiting.get(key):  # a call is waiting: its processes are ready, stopping them would cost a start
+                _unused.add(key)
+            else:
+                cluster.stop_workers("ppkit.spawn started its fork server ahead of the first call.")
         except Exception:  # noqa: BLE001 - the first call starts it again and reports what fails
             pass
 
 
 def _fresh_cluster(key: tuple) -> Cluster:
     """The hidden cluster for ``key``, with processes started for this call."""
-    with _starting:
+    _waiting[key] = _waiting.get(key, 0) + 1
+    try:
+        _starting.acquire()
+    finally:
+        _waiting[key] -= 1
+    try:
+        cluster = _kept.get(key) if key in _unused else None
+        _unused.discard(key)
+        if cluster is not None and cluster.state != "closed":
+            return cluster  # prestart's processes, started while this call waited
         return _start(key)
+    finally:
+        _starting.release()
 
 
 def _start(key: tuple) -> Cluster:
@@ -203,6 +220,7 @@ def _start(key: tuple) -> Cluster:
         cluster.restart()
         return cluster
     for old in [k for k in _kept if k not in _running][:max(0, len(_kept) - KEEP + 1)]:
+        _unused.discard(old)
         _kept.pop(old).close()
     _environ[key] = dict(os.environ)
     os.environ[PRELOAD_ENV] = ",".join(PRELOAD)  # read by the fork server when it starts
@@ -222,6 +240,7 @@ def close() -> None:
 
 
 def _close_kept() -> None:
+    _unused.clear()
     while _kept:
         _kept.popitem()[1].close()
 
