@@ -40,12 +40,15 @@ __version__ = ppkit_version()  # pyproject.toml is the one place it is written
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext ppkit`` registers the ``%%ranks`` cell magic and ``%%torchrun`` / ``%torchrun``."""
+    """``%load_ext ppkit`` registers the ``%%ranks`` cell magic and ``%%torchrun`` / ``%torchrun``, and
+    starts in the background the fork server their first 2-process run uses (PPKIT_PRESTART=0: not)."""
     from ppkit.cluster import session
+    from ppkit.cluster.spawn import call as spawn_call
     from ppkit.cluster.torchrun import magic
 
     session.register(ipython)
     magic.register(ipython)
+    spawn_call.prestart()
 
 
 __all__ = [

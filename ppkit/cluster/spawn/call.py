@@ -27,9 +27,15 @@ from ppkit.transport.zygote import PRELOAD_ENV
 PRELOAD = ("torch._dynamo",)  # DDP, FSDP and DTensor import it on first use: 1-2 s in each new process
 START_METHODS = {"auto": "auto", "forkserver": "forkserver", "fork": "forkserver", "spawn": "spawn"}
 KEEP = 2  # hidden clusters (fork servers) kept between calls, the most recently used ones
+PRESTART_NPROCS = 2  # the fork server %load_ext ppkit starts ahead: the tutorials' world_size
+PRESTART_ENV = "PPKIT_PRESTART"  # "0": %load_ext ppkit starts nothing ahead
 _kept: OrderedDict[tuple, Cluster] = OrderedDict()  # (nprocs, start method) -> its hidden cluster
 _environ: dict[tuple, dict] = {}  # the kernel's os.environ when that cluster's processes began
 _running: set[tuple] = set()  # clusters running a join=False call
+_starting = threading.RLock()  # held while a hidden cluster starts: a call or close() waits for prestart's
+_closes = [0]  # close() calls so far: a prestart that had not begun when close() ran starts nothing
+_waiting: dict[tuple, int] = {}  # calls waiting for _starting, by key: prestart hands them its new processes
+_unused: set[tuple] = set()  # clusters whose processes, started by prestart, no call has used yet
 
 
 def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False, start_method: str = "auto",
@@ -163,14 +169,58 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float, caller: explain.Call
     call.run()
 
 
+def prestart(nprocs: int = PRESTART_NPROCS) -> threading.Thread | None:
+    """Start, in a background thread, the fork server that a first ``ppkit.spawn(..., nprocs=nprocs)``
+    or ``%%torchrun --nproc-per-node nprocs`` uses (``%load_ext ppkit`` calls this), so that the call
+    finds torch imported and costs a few forks. Quiet: if it fails, the first call starts it and says why.
+    Other process counts start their own fork server on first use, as before."""
+    key = (nprocs, "auto")
+    if os.environ.get(PRESTART_ENV) == "0" or key in _kept:
+        return None
+    thread = threading.Thread(target=_prestart, args=(key, _closes[0]), name="ppkit-spawn-prestart", daemon=True)
+    thread.start()
+    return thread
+
+
+def _prestart(key: tuple, closes: int) -> None:
+    with _starting:
+        if key in _kept or _closes[0] != closes:  # a call came first, or close() did
+            return
+        try:
+            cluster = _start(key)
+            if _waiting.get(key):  # a call is waiting: its processes are ready, stopping them would cost a start
+                _unused.add(key)
+            else:
+                cluster.stop_workers("ppkit.spawn started its fork server ahead of the first call.")
+        except Exception:  # noqa: BLE001 - the first call starts it again and reports what fails
+            pass
+
+
 def _fresh_cluster(key: tuple) -> Cluster:
     """The hidden cluster for ``key``, with processes started for this call."""
+    _waiting[key] = _waiting.get(key, 0) + 1
+    try:
+        _starting.acquire()
+    finally:
+        _waiting[key] -= 1
+    try:
+        cluster = _kept.get(key) if key in _unused else None
+        _unused.discard(key)
+        if cluster is not None and cluster.state != "closed":
+            return cluster  # prestart's processes, started while this call waited
+        return _start(key)
+    finally:
+        _starting.release()
+
+
+def _start(key: tuple) -> Cluster:
     cluster = _kept.pop(key, None)
     if cluster is not None and cluster.state != "closed":
         _kept[key] = cluster
         cluster.restart()
         return cluster
     for old in [k for k in _kept if k not in _running][:max(0, len(_kept) - KEEP + 1)]:
+        _unused.discard(old)
         _kept.pop(old).close()
     _environ[key] = dict(os.environ)
     os.environ[PRELOAD_ENV] = ",".join(PRELOAD)  # read by the fork server when it starts
@@ -184,6 +234,13 @@ def _fresh_cluster(key: tuple) -> Cluster:
 
 def close() -> None:
     """Stop the fork servers that ppkit.spawn keeps between calls (the kernel's exit does too)."""
+    _closes[0] += 1
+    with _starting:  # one that prestart is starting, once started
+        _close_kept()
+
+
+def _close_kept() -> None:
+    _unused.clear()
     while _kept:
         _kept.popitem()[1].close()
 
