@@ -77,6 +77,13 @@ def worker_config(rank: int, world_size: int, backend: str, process_group: bool,
     )
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def tcp_store(host: str, world_size: int, timeout: float, port: int = 0, multi_tenant: bool = False):
     """A TCPStore served by this process on ``host`` only, on ``port`` (0: any free one; the
     store's ``.port`` says which).

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from ppkit.cluster import worker_setup
+from ppkit.cluster.worker_setup import free_port  # noqa: F401 (the lessons' and notebooks' name)
 from ppkit.errors import ConfigError
 from ppkit.transport import ifaces
 
@@ -135,13 +136,6 @@ def train(rank, world_size, steps: int = 5, lr: float = 0.5, batch_size: int = 2
 
 
 # -- init methods -------------------------------------------------------------------------------
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def port_is_open(port: int, host: str = "127.0.0.1", cluster=None) -> bool:
     """Whether something still listens on ``port`` (a store left behind, say): on this machine's

@@ -2,9 +2,9 @@
 
 A machine that loses power, a process that is SIGSTOPped or a network link that goes down closes
 no connection, so the other end would wait in ``recv()`` forever. The controller and each remote
-agent therefore send each other a ``Heartbeat`` every ``HEARTBEAT_EVERY_S`` (a sixth of it) from a thread of
+agent therefore send each other a ``Heartbeat`` every ``HEARTBEAT_EVERY_S`` from a thread of
 their own (``Pulse``), and read with ``receive``, which gives up once nothing at all arrived for
-``SILENT_AFTER_S``. Jobs run in the ranks' processes, never in these two, so a long job cannot
+``SILENT_AFTER_S`` (six heartbeats). Jobs run in the ranks' processes, never in these two, so a long job cannot
 delay a heartbeat; and between heartbeats both threads sleep (no polling).
 """
 

@@ -7,7 +7,6 @@ tests/test_torchrun.py: the same keys, but for those in ``LEFT_OUT``.
 from __future__ import annotations
 
 import os
-import socket
 
 # Set by torchrun for its workers but not here, and why.
 LEFT_OUT = {
@@ -24,13 +23,6 @@ ADDED = {
     "TP_SOCKET_IFNAME": "the same for RPC's TensorPipe",
 }
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default --signals-to-handle
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now, as torchrun picks one when no --master-port is given."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def common(nproc: int, master_addr: str, master_port: int, run_id: str, role: str = "default",

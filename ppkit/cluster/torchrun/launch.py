@@ -10,8 +10,9 @@ from ppkit.cluster.spawn import call as spawn_call
 from ppkit.cluster.spawn.explain import Caller
 from ppkit.cluster.spec import DEFAULT_TIMEOUT_S
 from ppkit.cluster.torchrun import environ
-from ppkit.cluster.torchrun.options import Launch
+from ppkit.cluster.torchrun.options import Launch, new_run_id
 from ppkit.cluster.torchrun.rank import Call, Script, run_as_rank
+from ppkit.cluster.worker_setup import free_port
 from ppkit.errors import ConfigError
 
 CELL_MAGIC = Caller("%%torchrun", "rank", "Write %%torchrun --timeout SECONDS ...", "the script", "torchrun")
@@ -55,7 +56,7 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, timeout: floa
         raise ConfigError(f"master_port must be a TCP port, 1 to 65535, or None for a free one; got {master_port!r}: "
                           "ppkit.torchrun(main, nproc_per_node=2, master_port=29500).")
     __tracebackhide__ = True  # noqa: F841
-    launch = Launch(nproc_per_node, "127.0.0.1", master_port, _run_id(), "default", positive(timeout, "timeout"),
+    launch = Launch(nproc_per_node, "127.0.0.1", master_port, new_run_id(), "default", positive(timeout, "timeout"),
                     getattr(fn, "__name__", "fn"), ())
     run(launch, Call(fn, args, kwargs), FUNCTION)
 
@@ -85,7 +86,7 @@ def run(launch: Launch, target, caller: Caller) -> None:
     cwd = os.getcwd()
     # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
     # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s
-    port = launch.master_port or environ.free_port()
+    port = launch.master_port or free_port()
     addr = launch.master_addr
     env = environ.common(launch.nproc_per_node, addr, port, launch.run_id, launch.role)
     path0 = os.path.dirname(os.path.abspath(target.argv0)) if isinstance(target, Script) else cwd
@@ -94,8 +95,3 @@ def run(launch: Launch, target, caller: Caller) -> None:
     spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node, launch.timeout,
                          caller, shown)
 
-
-def _run_id() -> str:
-    import uuid
-
-    return str(uuid.uuid4())

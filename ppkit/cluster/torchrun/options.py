@@ -129,5 +129,10 @@ def _port(args) -> int | None:
     return args.master_port
 
 
+def new_run_id() -> str:
+    """A run id of its own, as torchrun --standalone makes one."""
+    return str(uuid.uuid4())
+
+
 def _run_id(args) -> str:
-    return str(uuid.uuid4()) if args.standalone or args.rdzv_id == "none" else args.rdzv_id
+    return new_run_id() if args.standalone or args.rdzv_id == "none" else args.rdzv_id
