@@ -3,7 +3,7 @@
     python scripts/gpu_check.py
 
 Checks, each printed with its result: the backend "auto" picks, an nccl all_reduce on a one-rank
-Cluster (local and spawn launchers), ppkit.spawn with nccl, DDP on cuda in a worker, and the RPC
+Cluster (local and spawn launchers), ppkit.spawn with nccl, ppkit.torchrun (nccl, FSDP2), DDP on cuda in a worker, and the RPC
 ResNet50 pipeline with cuda:0 shards (both on the GPU, and split cpu/cuda), checked against one process
 (--verify), and ppkit bench with nccl on one rank. Exits non-zero on the first failure.
 """
@@ -53,6 +53,28 @@ def ddp_step(rank, world_size):
     return str(next(model.parameters()).grad.device), loss.item()
 
 
+def torchrun_main():
+    """A torchrun script's main(): no rank arguments, the device from LOCAL_RANK, then FSDP2 on a 1-D mesh."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    t = torch.ones(2, device="cuda")
+    dist.all_reduce(t)
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    model = fully_shard(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).cuda(),
+                        mesh=mesh)
+    model(torch.randn(8, 16, device="cuda")).sum().backward()
+    print("torchrun nccl all_reduce", t.tolist(), "FSDP2 grad on", next(model.parameters()).grad.device, flush=True)
+    dist.destroy_process_group()
+
+
 def step(name, fn):
     t0 = time.perf_counter()
     result = fn()
@@ -71,6 +93,7 @@ def main() -> int:
             step(f"nccl all_reduce ({launcher})", lambda c=cluster: c.run(nccl_all_reduce))
             step(f"DDP step on cuda ({launcher})", lambda c=cluster: c.run(ddp_step))
     step("ppkit.spawn with nccl", lambda: ppkit.spawn(spawned, args=(1,), nprocs=1))
+    step("ppkit.torchrun with nccl and FSDP2", lambda: ppkit.torchrun(torchrun_main, nproc_per_node=1))
     for placement in ("worker1:cuda:0,worker2:cuda:0", "worker1:cpu,worker2:cuda:0", "master:cuda:0,worker1:cuda:0"):
         cmd = [sys.executable, "-m", "ppkit", "pipeline", "--placement", placement, "--num-microbatches", "1", "4",
                "--batch-size", "32", "--num-batches", "2", "--verify"]
