@@ -1,10 +1,9 @@
 """The Cluster: a world of worker processes driven from the notebook kernel.
 
-The kernel is the *controller*: it listens on an authenticated control channel, a launcher
-(ppkit/cluster/launchers/, chosen by name) starts one worker per rank, and every worker connects back. What the
-connections say arrives in one inbox (inbox.py), read in the thread that called ``start``/``run``,
-so output lands in the right notebook cell. This module keeps the state machine (starting, ready,
-broken, closed) and the public methods; diagnostics.py words the errors.
+The kernel is the *controller*: it listens on an authenticated control channel, a launcher (ppkit/cluster/launchers/,
+chosen by name) starts one worker per rank, and every worker connects back. What the connections say arrives in one
+inbox (inbox.py), read in the thread that called ``start``/``run``, so output lands in the right notebook cell. This
+module keeps the state machine (starting, ready, broken, closed) and the public methods; diagnostics.py words errors.
 """
 
 from __future__ import annotations
@@ -270,6 +269,7 @@ class Cluster:
     def _check_usable(self) -> None:
         if self.state == "closed":
             raise ClusterStateError("this cluster is closed. Start a new one: cluster = ppkit.start(N).")
+        self._launcher.settle()
         self._drain()
         if self.state == "broken":
             raise diagnostics.needs_restart(self._broken_reason)

@@ -101,6 +101,10 @@ class Launcher:
     def end_start(self) -> None:
         """Every rank is ready."""
 
+    def settle(self) -> None:
+        """Before a job: wait briefly for the news of a process of this launcher that has exited and
+        whose closed connection the reader threads have not queued yet. Here: nothing to wait for."""
+
     def stop(self, workers: dict[int, dict]) -> None:
         """Stop this generation's workers (``workers``: rank -> what its Ready said, pid included)."""
         procs.stop_pids(self.local_pids(workers), grace=0.5)

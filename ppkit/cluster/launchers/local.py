@@ -21,6 +21,7 @@ from ppkit.transport import channel, procs
 from ppkit.transport.messages import ForkServerHello, Kill, Shutdown, Spawn
 
 STOP_WAIT_S = 4.0  # how long the fork server gets to stop its workers (SIGTERM, 0.5 s, SIGKILL)
+SETTLE_S = 1.0  # how long a job waits for the closed connection of a fork server that has exited
 
 
 class ForkServerLauncher(Launcher):
@@ -37,6 +38,7 @@ class ForkServerLauncher(Launcher):
         self._mode, self._required, self._off_reason = isolation.resolve(spec.isolation, self.name)
         self._refused = ""  # why the running fork server has no private network ("" if it has one)
         self._unix_server: channel.ChannelServer | None = None
+        self._read_all = threading.Event()  # the running fork server's connection has closed and been queued
 
     def bind(self, address, on_connect=None) -> None:
         super().bind(address, on_connect)
@@ -101,8 +103,19 @@ class ForkServerLauncher(Launcher):
             self.inbox.put(Item(FORK_SERVER, LaunchFailed(None, isolation.refused(self._refused))))
             return True
         self.inbox.put(Item(FORK_SERVER, first))  # wakes a start() waiting for it
-        self.inbox.read(conn, FORK_SERVER)
+        self._read_all.clear()
+        try:
+            self.inbox.read(conn, FORK_SERVER)
+        finally:
+            self._read_all.set()
         return True
+
+    def settle(self) -> None:
+        """A fork server that exited between jobs breaks the cluster with its own reason, not with the
+        first rank whose closed connection a job would meet: wait (at most a second) until the reader
+        thread has queued its connection's close."""
+        if self._hello and self.process is not None and self.process.poll() is not None:
+            self._read_all.wait(SETTLE_S)
 
     def begin(self) -> None:
         super().begin()

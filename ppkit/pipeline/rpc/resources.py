@@ -86,6 +86,17 @@ def _want(threads: int | None) -> None:
     sync_threads()
 
 
+def want_threads(threads: int) -> int:
+    """Give every computing thread of this process ``threads`` torch threads from its next
+    :func:`sync_threads` on; return the count they had (setting it on one RPC thread would not do)."""
+    import torch
+
+    with _lock:
+        previous = _wanted_threads if _wanted_threads is not None else torch.get_num_threads()
+        _want(threads)
+    return previous
+
+
 def current() -> dict:
     """This process's pid, torch threads (as its computing threads get them) and affinity."""
     import torch

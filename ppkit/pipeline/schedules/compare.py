@@ -35,9 +35,11 @@ def run_schedule(cluster, x: torch.Tensor, y: torch.Tensor, schedule: str = "gpi
 
 
 def _set_num_threads(num_threads: int) -> int:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    return previous
+    """On a stage's process: its stages compute with ``num_threads`` (each stage thread takes it
+    before its next micro-batch, resources.sync_threads); returns the count they had."""
+    from ppkit.pipeline.rpc.resources import want_threads
+
+    return want_threads(num_threads)
 
 
 def rpc_step(model, x: torch.Tensor, y: torch.Tensor, num_microbatches: int = 4, *, steps: int = 1,
