@@ -11,6 +11,7 @@ import time
 
 import psutil
 
+from ppkit.cluster.launchers import spare
 from ppkit.cluster.launchers.base import LAUNCHED_BY_ENV
 
 SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd", "slurmscriptd")
@@ -34,8 +35,11 @@ def is_ppkit_process(argv: list[str], environ: dict[str, str]) -> bool:
 
 
 def ppkit_children() -> list[psutil.Process]:
-    """Processes started by this test run that are ppkit's own: workers, fork servers, agents, ``ppkit`` CLIs."""
+    """Processes started by this test run that are ppkit's own: workers, fork servers, agents, ``ppkit`` CLIs.
+    Not this process's spare fork server (ppkit/cluster/launchers/spare.py), which waits for the next cluster
+    and leaves by itself; those of other processes (kernels, CLIs) end with them."""
     me = os.getpid()
+    waiting = spare.pid()
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
         try:
@@ -43,7 +47,7 @@ def ppkit_children() -> list[psutil.Process]:
             env = proc.info["environ"] or {}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if proc.pid != me and env.get("PPKIT_TEST_OWNER") == str(me) and is_ppkit_process(argv, env):
+        if proc.pid not in (me, waiting) and env.get("PPKIT_TEST_OWNER") == str(me) and is_ppkit_process(argv, env):
             found.append(proc)
     return found
 
@@ -64,10 +68,14 @@ def end_leftovers(pids, timeout: float = 5.0) -> list[str]:
     return described
 
 
-def wait_gone(pids, timeout: float = 5.0) -> list[int]:
-    """The pids still running (zombies count as gone) after waiting up to ``timeout`` for them to end."""
+def wait_gone(pids, timeout: float = 5.0, *, spare_too: bool = False) -> list[int]:
+    """The pids still running (zombies count as gone) after waiting up to ``timeout`` for them to end.
+
+    A closed cluster's fork server, parked as this process's spare for the next cluster
+    (ppkit/cluster/launchers/spare.py), counts as gone unless ``spare_too``: closing did end its part."""
     deadline = time.monotonic() + timeout
-    alive = [p for p in pids if _running(p)]
+    waiting = None if spare_too else spare.pid()
+    alive = [p for p in pids if p != waiting and _running(p)]
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
         alive = [p for p in alive if _running(p)]

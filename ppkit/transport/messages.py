@@ -225,8 +225,10 @@ class Stacks:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Exit now (workers, fork server, agents); ``reason`` is for an agent to print."""
+    """Exit now (workers, fork server, agents); ``reason`` is for an agent to print. ``park_s`` > 0, to a fork
+    server: leave this controller and wait that long for the next (ppkit/cluster/launchers/spare.py)."""
     reason: str = ""
+    park_s: float = 0.0
 
 
 # -- starting workers: the fork server and remote agents ---------------------------------------

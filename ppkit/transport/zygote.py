@@ -13,6 +13,9 @@ it then reaches the controller through a Unix socket (PPKIT_ADDR=unix:PATH).
 PPKIT_PRELOAD (comma-separated modules, optional) is imported once the first workers are forked,
 so that later forks start with it (ppkit.spawn forks anew for every call; DDP's first use imports
 torch._dynamo, one to two seconds in every fresh process).
+``Shutdown(park_s=S)`` parks it instead of ending it: it leaves its controller and waits S seconds for one line of
+JSON on stdin ({"addr", "key", "preload", "log"}) that hands it to the next cluster (ppkit/cluster/launchers/spare.py),
+and exits if none comes.
 """
 
 from __future__ import annotations
@@ -79,12 +82,44 @@ def stop_children(children: dict, have_children: threading.Condition, grace: flo
                 return
 
 
+class _Link:
+    """The fork server's connection to its controller, for the reaper thread: None while parked (no one to tell)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def send(self, msg) -> None:
+        if self.conn is not None:
+            self.conn.send(msg)
+
+
+def _wait_to_be_handed_on(seconds: float) -> dict:
+    """A parked fork server's wait for its next controller: one line of JSON on stdin, or exit after ``seconds``
+    (or at EOF: the kernel stopped it, or ended). Its output then goes to the new cluster's log."""
+    import json
+    import select
+
+    ready, _, _ = select.select([sys.stdin], [], [], seconds)
+    line = sys.stdin.readline() if ready else ""
+    if not line:
+        os._exit(0)
+    told = json.loads(line)
+    log = os.open(told["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    os.close(log)
+    return told
+
+
 def _child(conn, address, key, rank: int, zygote_pid: int) -> None:
     from ppkit.transport import procs, worker
 
     code = 0
     try:
         conn.close()  # the zygote's connection is not ours to use
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)  # stdin: the fork server's is the kernel's pipe for handing it on (spare.py)
+        os.close(devnull)
         procs.die_with_parent(zygote_pid)
         worker.run(address, key, rank=rank)
     except SystemExit as exc:
@@ -123,7 +158,8 @@ def main() -> None:
     children: dict[int, int] = {}
     have_children = threading.Condition()
     conn.send(ForkServerHello(os.getpid(), isolation))
-    threading.Thread(target=_reap, args=(conn, children, lock, have_children), daemon=True).start()
+    link = _Link(conn)
+    threading.Thread(target=_reap, args=(link, children, lock, have_children), daemon=True).start()
     while True:
         try:
             msg = conn.recv()
@@ -147,6 +183,18 @@ def main() -> None:
             preload = []
         elif isinstance(msg, Kill):
             stop_children(children, have_children)
+        elif isinstance(msg, Shutdown) and msg.park_s > 0:  # parked: wait for the next cluster
+            stop_children(children, have_children)
+            with lock:
+                link.conn = None
+                conn.close()
+            told = _wait_to_be_handed_on(msg.park_s)
+            address, key = channel.parse_address(told["addr"]), bytes.fromhex(told["key"])
+            preload = [name for name in told["preload"].split(",") if name]
+            conn = channel.connect(address, key)
+            with lock:
+                link.conn = conn
+            conn.send(ForkServerHello(os.getpid(), isolation))
         elif isinstance(msg, Shutdown):
             os._exit(0)
 

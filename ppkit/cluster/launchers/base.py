@@ -207,14 +207,14 @@ def child_env(address: tuple[str, int] | str, key: bytes, **extra: str) -> dict[
     return env
 
 
-def start_module(module: str, env: dict[str, str], log_path: Path) -> subprocess.Popen:
+def start_module(module: str, env: dict[str, str], log_path: Path, stdin=subprocess.DEVNULL) -> subprocess.Popen:
     """``python -m module`` in its own session (own process group on Windows), so Kernel >
     Interrupt does not reach it; its output goes to ``log_path``."""
     session = ({"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if sys.platform == "win32"
                else {"start_new_session": True})
     log = open(log_path, "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", module], env=env, stdin=subprocess.DEVNULL,
+        return subprocess.Popen([sys.executable, "-m", module], env=env, stdin=stdin,
                                 stdout=log, stderr=subprocess.STDOUT, close_fds=True, **session)
     finally:
         log.close()

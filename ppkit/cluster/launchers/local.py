@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ppkit.cluster import isolation
 from ppkit.cluster.inbox import FORK_SERVER, Closed, Item, LaunchFailed
+from ppkit.cluster.launchers import spare
 from ppkit.cluster.launchers.base import Launcher, Process, child_env, start_module
 from ppkit.errors import LaunchError
 from ppkit.transport import channel, procs
@@ -38,6 +39,7 @@ class ForkServerLauncher(Launcher):
         self._mode, self._required, self._off_reason = isolation.resolve(spec.isolation, self.name)
         self._refused = ""  # why the running fork server has no private network ("" if it has one)
         self._unix_server: channel.ChannelServer | None = None
+        self._started_as: tuple = ()  # spare.fingerprint() of where the running fork server started
         self._read_all = threading.Event()  # the running fork server's connection has closed and been queued
 
     def bind(self, address, on_connect=None) -> None:
@@ -76,9 +78,13 @@ class ForkServerLauncher(Launcher):
                 self._conn.close()
                 self._conn = None
             self._hello = False
-            # from a thread that outlives the caller's: see procs.in_lasting_thread
-            self.process = procs.in_lasting_thread(lambda: start_fork_server(
-                self.fork_server_address, self.key, self.log_path, self._mode))
+            taken = spare.take(self._mode, self.fork_server_address, self.key, self.log_path)  # a closed one's
+            if taken is not None:
+                self.process, self._started_as = taken
+            else:  # from a thread that outlives the caller's: see procs.in_lasting_thread
+                self._started_as = spare.fingerprint(self._mode)
+                self.process = procs.in_lasting_thread(lambda: start_fork_server(
+                    self.fork_server_address, self.key, self.log_path, self._mode))
             threading.Thread(target=self._watch, args=(self.process,), name="ppkit-fork-server-wait",
                              daemon=True).start()
 
@@ -168,7 +174,7 @@ class ForkServerLauncher(Launcher):
 
     def close(self) -> None:
         self._closing = True
-        if self.process is not None:
+        if self.process is not None and not self._park():
             try:
                 self._conn and self._conn.send(Shutdown())
             except OSError:
@@ -179,6 +185,24 @@ class ForkServerLauncher(Launcher):
         if self._unix_server is not None:
             self._unix_server.close()
         super().close()
+
+    def _park(self) -> bool:
+        """Leave the fork server, its workers stopped, for the next cluster to fork from (spare.py)."""
+        seconds = spare.park_seconds()
+        if not (seconds and self._hello and self._conn is not None and self.process.poll() is None
+                and self._exit_status_complete()):
+            return False
+        try:
+            self._conn.send(Shutdown(park_s=seconds))
+        except OSError:
+            return False
+        spare.keep(self.process, self._started_as, seconds)
+        return True
+
+    def _exit_status_complete(self) -> bool:
+        """Every process it forked has been reported gone (stop() waited for that, or it was killed)."""
+        forked = {pid for source, pid in self._spawned.values() if source == FORK_SERVER}
+        return all((FORK_SERVER, pid) in self._exit_status for pid in forked)
 
     @property
     def log_path(self) -> Path:
@@ -196,4 +220,5 @@ class ForkServerLauncher(Launcher):
 
 def start_fork_server(address, key: bytes, log_path: Path, mode: str = "off") -> subprocess.Popen:
     """Start the fork server (ppkit/transport/zygote.py); ``mode`` "netns": in a private network."""
-    return start_module("ppkit.transport.zygote", child_env(address, key, PPKIT_ISOLATION=mode), log_path)
+    return start_module("ppkit.transport.zygote", child_env(address, key, PPKIT_ISOLATION=mode), log_path,
+                        stdin=subprocess.PIPE)  # for handing it on to another cluster (spare.py)
