@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 from slurm_session import in_ci
 
 import ppkit
-from ppkit.kernel import DISPLAY_NAME, KERNEL_NAME, PROVISIONER
-from ppkit.kernel import offline
+from ppkit.kernel import DISPLAY_NAME, KERNEL_NAME, PROVISIONER, offline
 from ppkit.transport import private_net
 
 REPO = Path(__file__).parents[1]
 DRIVER = Path(__file__).with_name("isolated_kernel_driver.py")
+ENTRY_POINTS = '[project.entry-points."jupyter_client.kernel_provisioners"]'
+
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -43,8 +44,8 @@ def jupyter_env(tmp_path_factory):
     dist = root / "site" / "ppkit_kernel_entry_point-0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ppkit-kernel-entry-point\nVersion: 0\n")
-    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
-    group = declared["jupyter_client.kernel_provisioners"]
+    block = (REPO / "pyproject.toml").read_text().split(ENTRY_POINTS)[-1].split("\n[")[0]
+    group = dict(re.findall(r'^([\w-]+)\s*=\s*"([^"]+)"', block, re.M))  # (tomllib is 3.11's; 3.10 is supported)
     assert PROVISIONER in group, "pyproject.toml declares ppkit's kernel provisioner"
     (dist / "entry_points.txt").write_text("[jupyter_client.kernel_provisioners]\n"
                                            + "".join(f"{name} = {target}\n" for name, target in group.items()))
