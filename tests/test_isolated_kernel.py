@@ -145,3 +145,14 @@ def test_slurm_and_remote_are_refused_in_the_kernel_as_it_has_no_network(jupyter
     assert len(lines) == 2 and all("this kernel has no network: it is the isolated kernel" in x for x in lines), \
         done.stdout + done.stderr
     assert ppkit.ConfigError  # the error a notebook catches
+
+
+@pytest.mark.slow
+def test_notebook_04_runs_in_the_isolated_kernel_with_the_committed_outputs(jupyter_env, installed):
+    """The RPC notebook, its exercises solved (the repository's conftest.py), run by nbval in this kernel:
+    every cell whose output nbval checks shows what the committed notebook shows."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "notebooks/04_rpc_rref.ipynb", "--nbval-lax", "--nbval-sanitize-with",
+                           "tests/nbval_sanitize.cfg", "--nbval-kernel-name", KERNEL_NAME],
+                          cwd=REPO, env=jupyter_env, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
