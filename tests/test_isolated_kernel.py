@@ -3,20 +3,19 @@
 `ppkit kernel install --isolated` writes the kernelspec under a temporary prefix; a subprocess
 (tests/isolated_kernel_driver.py) starts it with jupyter_server's AsyncMappingKernelManager, runs
 ppkit.start, ppkit.spawn, ppkit.start_rpc and `!pip install` in it, and shuts it down. One kernel
-for the module: every test reads what that run saw. Jupyter finds ppkit's provisioner by its entry
-point (pyproject.toml); the checkout under test may not be the one installed, so the run declares
-the same entry point in a folder of its own on PYTHONPATH.
+for the module: every test reads what that run saw. tests/isolated_kernel.py installs the kernel
+where Jupyter finds it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+import isolated_kernel
 import pytest
 from slurm_session import in_ci
 
@@ -26,7 +25,6 @@ from ppkit.transport import private_net
 
 REPO = Path(__file__).parents[1]
 DRIVER = Path(__file__).with_name("isolated_kernel_driver.py")
-ENTRY_POINTS = '[project.entry-points."jupyter_client.kernel_provisioners"]'
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -41,27 +39,14 @@ def jupyter_env(tmp_path_factory):
     if refused:
         (pytest.fail if in_ci() else pytest.skip)(f"this machine refuses a private network ({refused})")
     root = tmp_path_factory.mktemp("isolated-kernel")
-    dist = root / "site" / "ppkit_kernel_entry_point-0.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ppkit-kernel-entry-point\nVersion: 0\n")
-    block = (REPO / "pyproject.toml").read_text().split(ENTRY_POINTS)[-1].split("\n[")[0]
-    group = dict(re.findall(r'^([\w-]+)\s*=\s*"([^"]+)"', block, re.M))  # (tomllib is 3.11's; 3.10 is supported)
-    assert PROVISIONER in group, "pyproject.toml declares ppkit's kernel provisioner"
-    (dist / "entry_points.txt").write_text("[jupyter_client.kernel_provisioners]\n"
-                                           + "".join(f"{name} = {target}\n" for name, target in group.items()))
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(root / "site")]),
-            "JUPYTER_PATH": str(root / "share" / "jupyter"), "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
-            "PPKIT_PREFIX": str(root)}
+    found = isolated_kernel.prepare(root)
+    return {**os.environ, **found, "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "PPKIT_PREFIX": str(root)}
 
 
 @pytest.fixture(scope="module")
 def installed(jupyter_env):
-    done = subprocess.run([sys.executable, "-m", "ppkit", "kernel", "install", "--isolated",
-                           "--prefix", jupyter_env["PPKIT_PREFIX"]],
-                          env=jupyter_env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout, json.loads((Path(jupyter_env["JUPYTER_PATH"]) / "kernels" / KERNEL_NAME / "kernel.json")
-                                   .read_text())
+    return jupyter_env["INSTALLED"], json.loads(
+        (Path(jupyter_env["JUPYTER_PATH"]) / "kernels" / KERNEL_NAME / "kernel.json").read_text())
 
 
 @pytest.fixture(scope="module")
