@@ -21,7 +21,6 @@ from slurm_session import in_ci
 
 import ppkit
 from ppkit.kernel import DISPLAY_NAME, KERNEL_NAME, PROVISIONER, offline
-from ppkit.transport import private_net
 
 REPO = Path(__file__).parents[1]
 DRIVER = Path(__file__).with_name("isolated_kernel_driver.py")
@@ -29,13 +28,9 @@ DRIVER = Path(__file__).with_name("isolated_kernel_driver.py")
 pytestmark = pytest.mark.timeout(600)
 
 
-def _private_networks_refused() -> str | None:
-    return private_net._trial() if sys.platform.startswith("linux") else f"this is {sys.platform}"
-
-
 @pytest.fixture(scope="module")
 def jupyter_env(tmp_path_factory):
-    refused = _private_networks_refused()
+    refused = isolated_kernel.refused_here()
     if refused:
         (pytest.fail if in_ci() else pytest.skip)(f"this machine refuses a private network ({refused})")
     root = tmp_path_factory.mktemp("isolated-kernel")
