@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from exposure import HOLD_UNTIL_PROBED, cluster_pids, exposure
+
 from ppkit.kernel import PROVISIONER
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,10 +64,7 @@ import os, time, ppkit
 from torch.distributed import rpc
 world = ppkit.start_rpc(2)
 assert rpc.rpc_sync("worker1", max, args=(3, 4)) == 4
-open({pid_file!r}, "w").write(str(os.getpid()))
-deadline = time.monotonic() + 300
-while not os.path.exists({done_file!r}) and time.monotonic() < deadline:
-    time.sleep(0.2)
+""" + HOLD_UNTIL_PROBED + """
 print("isolation:", world.isolation)
 world.close()
 """
@@ -79,8 +78,6 @@ def probe_rpc_worlds_at_once(hub, names: list[str], folder: Path, kernel_name: s
     import pwd
     import threading
     import time
-
-    from exposure import cluster_pids, exposure
 
     from ppkit.room.kernel_exec import run_code
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from exposure import OPEN, cluster_pids, counts, exposure, table
+from exposure import HOLD_UNTIL_PROBED, OPEN, cluster_pids, counts, exposure, table
 from hub_testbed import SERVER_TIMEOUT, HubMissing, HubTestbed, find_components
 from isolated_kernel import open_to_all, prepare, probe_rpc_worlds_at_once, refused_here, shared_folder
 from leftovers import end_leftovers, ppkit_children
@@ -156,10 +156,7 @@ HOLD_A_CLUSTER = """
 import os, time, torch.distributed as dist, ppkit
 cluster = ppkit.start(2)
 cluster.run(lambda rank, world_size: dist.all_reduce(__import__("torch").ones(1)))
-open({pid_file!r}, "w").write(str(os.getpid()))
-deadline = time.monotonic() + 300
-while not os.path.exists({done_file!r}) and time.monotonic() < deadline:
-    time.sleep(0.2)
+""" + HOLD_UNTIL_PROBED + """
 print("isolation:", cluster.isolation)
 cluster.close()
 """
