@@ -51,6 +51,14 @@ async def main() -> dict:
         said[name] = "".join(out)
     pid = int(said["where"].split()[-1])
     seen["kernel_netns"] = os.readlink(f"/proc/{pid}/ns/net")
+    await mkm.restart_kernel(kernel_id)  # Kernel > Restart: the same folder and socket names, a new namespace
+    await kc.wait_for_ready(timeout=120)
+    out = []
+    await kc.execute_interactive(CELLS["where"], timeout=60, output_hook=lambda msg: out.append(
+        msg["content"].get("text", "")))
+    seen["restarted"] = {"said": "".join(out), "folder": os.path.dirname(km.ip) == folder,
+                         "old_kernel_left": os.path.exists(f"/proc/{pid}")}
+    pid = int("".join(out).split()[-1])
     kc.stop_channels()
     await mkm.shutdown_kernel(kernel_id)
     seen["folder_left"] = os.path.exists(folder)

@@ -85,6 +85,12 @@ def test_pip_install_fails_with_a_message_that_says_why(run):
     assert "Install from a terminal instead" in pip
 
 
+def test_a_restarted_kernel_is_isolated_again_over_the_same_folder(run):
+    restarted = run["seen"]["restarted"]
+    assert restarted["said"].startswith("[(1, 'lo')]") and restarted["folder"], restarted
+    assert not restarted["old_kernel_left"], restarted
+
+
 def test_shutdown_leaves_neither_the_kernel_nor_its_socket_folder(run):
     assert not run["seen"]["folder_left"] and not run["seen"]["kernel_left"], run["seen"]
 
