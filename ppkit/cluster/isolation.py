@@ -82,11 +82,13 @@ def check_isolation(value, launcher: str) -> str:
 
 
 def resolve(mode: str, launcher: str) -> tuple[str, bool, str]:
-    """(``"netns"`` or ``"off"``, whether a private network is required, the reason when off)."""
+    """(``"netns"``, ``"off"`` or ``"kernel"``, whether a private network is required, the reason when off).
+    ``"kernel"``: the kernel's own private network holds the workers already (even with "off": there is no
+    other network to put them on), so the fork server makes none."""
     if launcher != "local":
         return "off", False, f"launcher={launcher!r} keeps its ranks on the machine's network"
-    if kernel_isolated() and mode != "off":
-        return "kernel", False, ""  # the kernel's own private network holds the workers already
+    if kernel_isolated():
+        return "kernel", False, ""
     where = f'isolation="{mode}"'
     if mode == "auto" and os.environ.get(ISOLATION_ENV, "auto") != "auto":
         mode, where = os.environ[ISOLATION_ENV], f"{ISOLATION_ENV}={os.environ[ISOLATION_ENV]}"
