@@ -175,7 +175,7 @@ class Preflight(Checklist):
         if not machine.port_free(PPKIT_PORT):
             return Check("ports", "warn", f"127.0.0.1 free ports ok; {PPKIT_PORT} (ppkit master's default) is "
                          "in use", fix=f"stop what listens on {PPKIT_PORT}, or give ppkit master another port")
-        return Check("ports", "ok", f"127.0.0.1 takes new listeners; {PPKIT_PORT} is free")
+        return Check("ports", "ok", f"127.0.0.1 takes new listeners; {PPKIT_PORT} is free; {isolation.kernel_words()}")
 
     # -- what the notebooks start -----------------------------------------------------------
     def cluster(self) -> Check:

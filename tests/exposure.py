@@ -55,6 +55,16 @@ def probe(endpoints, uid: int, gid: int) -> list[Finding]:
     return findings
 
 
+# What a kernel's code does, with what it started, while a test probes it: writes its pid to pid_file, then
+# waits until done_file appears (formatted with both paths, after code that starts something).
+HOLD_UNTIL_PROBED = """
+open({pid_file!r}, "w").write(str(os.getpid()))
+deadline = time.monotonic() + 300
+while not os.path.exists({done_file!r}) and time.monotonic() < deadline:
+    time.sleep(0.2)
+"""
+
+
 def cluster_pids(kernel_pid: int) -> list[int]:
     """The processes ppkit started under a notebook kernel (fork servers, workers), for ``exposure``.
 

@@ -56,11 +56,13 @@ def held_by_anyone(namespaces: set[str]) -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and netns_of([int(p)]) & namespaces]
 
 
-def measure(learners, mode: str, **env: str):
+def measure(learners, mode: str, kernel: bool = False, **env: str):
     """Run the learner as A in ``mode``, probe it as B; (what the learner said, findings, its
-    namespaces other than this one), after checking that it ended cleanly and left nothing."""
+    namespaces other than this one), after checking that it ended cleanly and left nothing.
+    ``kernel``: the learner runs as the isolated kernel does (ppkit/kernel/), in a private network."""
     a, b = learners
-    proc = run_as(a, [sys.executable, LEARNER, mode], env=env, stdin=subprocess.PIPE,
+    isolated = [sys.executable, "-m", "ppkit.kernel.netns", "--"] if kernel else []
+    proc = run_as(a, [*isolated, sys.executable, LEARNER, mode], env=env, stdin=subprocess.PIPE,
                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         before = []  # what it printed before its JSON line (warnings)
@@ -81,7 +83,7 @@ def measure(learners, mode: str, **env: str):
     assert proc.returncode == 0, rest
     assert not processes_of(a), [p.cmdline() for p in processes_of(a)]
     assert not held_by_anyone(private), "a namespace of the learner outlived its processes"
-    print(f"\n{mode} {env or ''}: {counts(found)}\n{table(found)}")
+    print(f"\n{mode}{' in the isolated kernel' * kernel} {env or ''}: {counts(found)}\n{table(found)}")
     return said, found, private
 
 
@@ -124,6 +126,19 @@ def test_an_rpc_world_cannot_be_isolated_and_says_so(learners):
     assert "an RPC world cannot be kept from the other users" in said["printed"], said["printed"]
     assert not private
     assert counts(found)[OPEN] >= 3, table(found)  # TensorPipe on the kernel and each worker
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["cluster", "spawn", "rpc"])
+def test_in_the_isolated_kernel_nothing_is_open_to_another_user_rpc_included(learners, mode):
+    """Issue 33: the learner's kernel in a private network of its own (as the isolated kernel starts it)."""
+    said, found, private = measure(learners, mode, kernel=True)
+    assert said["isolation"] == "private network (the isolated kernel's)", said
+    assert len(private) == 1 and said["cluster_netns"] <= private  # one network: the kernel's, no second one
+    assert counts(found)[OPEN] == 0, table(found)
+    if mode == "rpc":
+        assert "cannot be kept from the other users" not in said["printed"], said["printed"]
+        assert len(found) >= 3, table(found)  # TensorPipe's listeners are there, out of B's reach
 
 
 def _in_a_namespace_that_forbids_more(code: str) -> subprocess.CompletedProcess:

@@ -157,24 +157,50 @@ def test_a_node_lost_mid_job_is_reported_as_a_dying_rank(clean, slurm_restore_no
 
 
 ALLOCATED = textwrap.dedent("""
-    import os, ppkit
-    cluster = ppkit.start(4, launcher="slurm", nodes=2)
+    import os, subprocess, time, ppkit
+    job = os.environ["SLURM_JOB_ID"]
+    def said(*args):
+        return subprocess.run(args, capture_output=True, text=True, timeout=60).stdout.split()
+    def steps():
+        return said("squeue", "-h", "-s", "-j", job, "-o", "%i")
+    before = steps()
+    srun = sorted(said("srun", "--overlap", "-l", "-n4", "printenv", "SLURMD_NODENAME")[1::2])  # '0:' 'n1' ...
+    print("SRUN", srun)
+    cluster = ppkit.start(4, launcher="slurm")
     print("SCRIPT", cluster.slurm_script)
-    print("RESULT", cluster.run(lambda rank, world_size: (os.environ["SLURM_JOB_ID"], os.environ["SLURM_PROCID"])))
+    print("RESULT", cluster.run(lambda rank, world_size: (os.environ["SLURM_JOB_ID"], os.environ["SLURM_PROCID"],
+                                                         os.environ["SLURMD_NODENAME"])))
+    print("QUEUE", said("squeue", "-h", "-o", "%i"))
     cluster.restart()
     print("AGAIN", cluster.run(lambda rank, world_size: rank))
     cluster.close()
+    deadline = time.monotonic() + 15
+    while steps() != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print("STEPS", steps() == before, before, steps())
+    try:
+        ppkit.start(4, launcher="slurm", nodes=3)
+    except ppkit.ConfigError as exc:
+        print("REFUSED", exc)
 """)
 
 
-def test_inside_an_allocation_the_ranks_are_a_step_of_it(clean):
+def test_inside_an_allocation_the_ranks_are_a_step_over_all_its_nodes_as_srun_spreads_them(clean):
     proc = clean.run(["salloc", "-N", "2", "-n", "4", sys.executable, "-c", ALLOCATED], timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines() if " " in line}
-    assert lines["SCRIPT"].startswith("srun --overlap --jobid=")
     job = lines["SCRIPT"].split("--jobid=")[1].split()[0]
-    assert lines["RESULT"] == repr([(job, str(rank)) for rank in range(4)])
+    assert lines["SCRIPT"].startswith("srun --overlap --whole --jobid=") and "--nodes=2" in lines["SCRIPT"]
+    assert f"SLURM job {job}: a step of your allocation {job} (2 nodes, 4 tasks)" in proc.stdout
+    assert "submitted" not in proc.stdout
+    placed = eval(lines["RESULT"])  # noqa: S307 - our own script's repr of a list of tuples
+    assert [(j, p) for j, p, _ in placed] == [(job, str(rank)) for rank in range(4)]
+    srun = eval(lines["SRUN"])  # noqa: S307 - srun -n4's own placement in this allocation, by rank
+    assert [node for _, _, node in placed] == srun and set(srun) == {"n1", "n2"}, (placed, srun)
+    assert lines["QUEUE"] == repr([job])  # no job of its own: a step of the allocation
     assert lines["AGAIN"] == "[0, 1, 2, 3]"
+    assert lines["STEPS"].startswith("True"), lines["STEPS"]  # the allocation is left as it was
+    assert lines["REFUSED"].startswith(f"nodes=3 is more than the 2 node(s) of your allocation {job}")
 
 
 def test_the_rpc_pipeline_runs_and_verifies_on_two_nodes(clean):

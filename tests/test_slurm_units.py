@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import ppkit
-from ppkit.cluster.slurm import commands, script
-from ppkit.cluster.slurm.options import SlurmOptions, check_slurm_options
+from ppkit.cluster.slurm import commands, layout, script
+from ppkit.cluster.slurm.options import SlurmOptions, allocation_nodes, check_slurm_options
 from ppkit.cluster.slurm.watch import JobUpdate, describe
 from ppkit.cluster.spec import cluster_spec
 
@@ -66,8 +66,24 @@ def test_the_batch_script_holds_every_option_and_no_key():
 
 def test_inside_an_allocation_a_step_overlaps_the_notebooks():
     command = script.srun_command(SlurmOptions(nodes=2), 4, "77", ["python", "-m", "ppkit", "worker"])
-    assert command[:7] == ["srun", "--overlap", "--jobid=77", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-                           "--kill-on-bad-exit=1"]
+    assert command[:8] == ["srun", "--overlap", "--whole", "--jobid=77", "--nodes=2", "--ntasks=2",
+                           "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+
+
+@pytest.mark.parametrize("world_size, cpus, spread", [
+    (4, [3, 1], "3,1"), (3, [3, 1], "2,1"), (4, [4, 4], "2,2"), (4, [1, 1], "2,2"), (1, [4, 4], "1"),
+    (5, [1, 1, 1], "2,2,1"),
+])
+def test_inside_an_allocation_ranks_are_dealt_as_srun_deals_tasks_over_the_cpus(world_size, cpus, spread):
+    assert layout.like_srun(world_size, cpus) == spread
+
+
+def test_inside_an_allocation_nodes_default_to_all_of_it_and_more_are_refused_with_both_numbers():
+    env = {"SLURM_JOB_ID": "12", "SLURM_JOB_NUM_NODES": "3"}
+    assert allocation_nodes(None, 8, env) == 3 and allocation_nodes(None, 2, env) == 2
+    assert allocation_nodes(2, 8, env) == 2 and allocation_nodes(None, 8, {}) is None
+    with pytest.raises(ppkit.ConfigError, match=r"nodes=4 is more than the 3 node\(s\) of your allocation 12.*salloc"):
+        allocation_nodes(4, 8, env)
 
 
 def test_the_training_script_is_seed002s_pattern():

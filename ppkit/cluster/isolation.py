@@ -16,7 +16,9 @@ channel on a Unix socket in a folder only this user can open.
 
 What cannot be isolated: an RPC world (``ppkit.start_rpc``) makes the kernel itself rank 0, and the
 kernel stays on the machine's network, so its workers must too; the other launchers (spawn, remote,
-slurm) run as before.
+slurm) run as before. Unless the kernel itself was started in a private network (the isolated
+kernel, ppkit/kernel/): then everything it starts, an RPC world and the spawn launcher included, is
+in that network already, and no cluster adds a second one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import warnings
 from dataclasses import dataclass
 
 from ppkit.errors import ConfigError
+from ppkit.transport import private_net
 from ppkit.transport.zygote import ISOLATION_ENV
 
 MODES = ("auto", "netns", "off")
@@ -41,9 +44,21 @@ class Isolation:
     """How a cluster's workers are kept from other users: ``private`` or not, and why not."""
     private: bool
     reason: str = ""
+    whose: str = ""  # "": the cluster's own private network; else whose it shares
 
     def __str__(self) -> str:
-        return "private network" if self.private else f"none: {self.reason}"
+        if self.private:
+            return f"private network ({self.whose})" if self.whose else "private network"
+        return f"none: {self.reason}"
+
+
+KERNEL = Isolation(True, whose="the isolated kernel's")
+NETWORK_LAUNCHERS = ("remote", "slurm")  # their ranks are on other machines: they need a network
+
+
+def kernel_isolated() -> bool:
+    """Whether this process (the notebook kernel) runs in a private network of its own already."""
+    return private_net.inside()
 
 
 def check_isolation(value, launcher: str) -> str:
@@ -52,6 +67,12 @@ def check_isolation(value, launcher: str) -> str:
             f"unknown isolation {value!r}; the choices are {', '.join(map(repr, MODES))}: 'auto' runs the "
             "workers in a private network where this machine allows it, 'netns' insists on one, 'off' keeps "
             "them on the machine's loopback.")
+    if launcher in NETWORK_LAUNCHERS and kernel_isolated():
+        raise ConfigError(
+            f"launcher={launcher!r} runs ranks on other machines, and this kernel has no network: it is the "
+            "isolated kernel (\"Python 3 (ppkit, isolated, no network)\"), whose only network is a private "
+            "loopback. Use the local launcher here (ppkit.start(n)), or switch the notebook to the ordinary "
+            "\"Python 3\" kernel (Kernel > Change Kernel) for SLURM and remote workers.")
     if value == "netns" and launcher != "local":
         raise ConfigError(
             f"isolation='netns' needs launcher='local' (a fork server on this machine); launcher={launcher!r} "
@@ -61,9 +82,13 @@ def check_isolation(value, launcher: str) -> str:
 
 
 def resolve(mode: str, launcher: str) -> tuple[str, bool, str]:
-    """(``"netns"`` or ``"off"``, whether a private network is required, the reason when off)."""
+    """(``"netns"``, ``"off"`` or ``"kernel"``, whether a private network is required, the reason when off).
+    ``"kernel"``: the kernel's own private network holds the workers already (even with "off": there is no
+    other network to put them on), so the fork server makes none."""
     if launcher != "local":
         return "off", False, f"launcher={launcher!r} keeps its ranks on the machine's network"
+    if kernel_isolated():
+        return "kernel", False, ""
     where = f'isolation="{mode}"'
     if mode == "auto" and os.environ.get(ISOLATION_ENV, "auto") != "auto":
         mode, where = os.environ[ISOLATION_ENV], f"{ISOLATION_ENV}={os.environ[ISOLATION_ENV]}"
@@ -138,6 +163,14 @@ def cluster_words(found: Isolation) -> tuple[str, str, str]:
         "ask the administrator to allow unprivileged user namespaces (docs/isolation.md)")
 
 
+def kernel_words() -> str:
+    """For ``ppkit preflight``'s ports line: does this process (a kernel) run isolated?"""
+    if kernel_isolated():
+        return ("kernel isolated: a private network of its own, its 127.0.0.1 its own (other users cannot reach "
+                "what it starts, an RPC world included; no network, so no pip install here)")
+    return "kernel not isolated (on the machine's network)"
+
+
 def rpc_words(pids, channel: tuple[str, int]) -> tuple[str, str, str]:
     """(status, words, fix) for the RPC world check: its processes' listening sockets besides ppkit's
     ``channel``, counted from /proc. Only counted: TensorPipe's short-lived listeners take the first
@@ -145,18 +178,25 @@ def rpc_words(pids, channel: tuple[str, int]) -> tuple[str, str, str]:
     from ppkit.cluster.exposure import listeners
 
     found = [e for e in listeners(pids) if e.kind == "tcp" and (e.address, e.port) != tuple(channel)]
+    if kernel_isolated():
+        return "ok", (f"{len(found)} listening sockets of torch's, all in the isolated kernel's private network "
+                      "(other users cannot reach them)"), ""
     words = f"{len(found)} listening sockets of torch's on the machine's loopback, none with authentication"
     shared = shared_machine()
     if not shared:
         return "ok", words, ""
     return "warn", (f"{words}, and this machine is shared ({shared}): the kernel is RPC rank 0, so an RPC world "
                     "cannot be isolated; any user here can reach it while it runs (notebooks 04-06)"), (
-        "on a shared machine, run the RPC notebooks only where you trust the other users (docs/isolation.md)")
+        "on a shared machine, run the RPC notebooks in the kernel \"Python 3 (ppkit, isolated, no network)\" "
+        "(`ppkit kernel install --isolated`; docs/isolation.md)")
 
 
 def rpc_isolation() -> Isolation:
-    """An RPC world's isolation: none (the kernel is rank 0); on a shared machine, a warning once."""
+    """An RPC world's isolation: none (the kernel is rank 0), unless the kernel is the isolated one;
+    on a shared machine, a warning once."""
     global _warned_rpc
+    if kernel_isolated():
+        return KERNEL
     shared = shared_machine()
     if shared and not _warned_rpc:
         _warned_rpc = True

@@ -20,7 +20,7 @@ from ppkit.checks import check_env, check_labels, positive
 from ppkit.cluster import start_methods, worker_setup
 from ppkit.cluster.admission import master_interface, parse_key, parse_listen, remote_names
 from ppkit.cluster.isolation import check_isolation
-from ppkit.cluster.slurm.options import SlurmOptions, check_slurm_options
+from ppkit.cluster.slurm.options import SlurmOptions, allocation_nodes, check_slurm_options
 from ppkit.errors import ConfigError
 
 LAUNCHERS = ("local", "spawn", "remote", "slurm")
@@ -51,7 +51,7 @@ class ClusterSpec:
         return dict(self.env)
 
 
-def _check_slurm(launcher: str, nodes, partition, time, sbatch_args) -> SlurmOptions | None:
+def _check_slurm(launcher: str, nodes, partition, time, sbatch_args, world_size: int) -> SlurmOptions | None:
     given = [n for n, v in (("nodes", nodes), ("partition", partition), ("time", time)) if v is not None]
     if sbatch_args:
         given.append("sbatch_args")
@@ -61,7 +61,7 @@ def _check_slurm(launcher: str, nodes, partition, time, sbatch_args) -> SlurmOpt
                 f"{', '.join(n + '=' for n in given)} only apply to launcher='slurm' (ranks on a SLURM "
                 f"cluster's nodes); this cluster uses launcher={launcher!r}. Add launcher='slurm' or drop them.")
         return None
-    return check_slurm_options(nodes, partition, time, sbatch_args)
+    return check_slurm_options(allocation_nodes(nodes, world_size), partition, time, sbatch_args)
 
 
 def _launcher_name(launcher, start_method, listen) -> str:
@@ -157,7 +157,7 @@ def cluster_spec(world_size, backend: str = "auto", *, timeout: float = DEFAULT_
     if name == "remote":
         names = tuple(remote_names(world_size, remote))
         ssh_hosts = tuple((n, h) for n, h in remote.items() if h) if isinstance(remote, dict) else ()
-    slurm = _check_slurm(name, nodes, partition, time, tuple(sbatch_args) if sbatch_args else ())
+    slurm = _check_slurm(name, nodes, partition, time, tuple(sbatch_args) if sbatch_args else (), world_size)
     if slurm is not None and slurm.nodes > world_size:
         raise ConfigError(f"nodes={slurm.nodes} is more than the {world_size} rank(s) asked for: each node runs "
                           f"at least one rank. Ask for nodes <= {world_size}, or more ranks.")

@@ -4,8 +4,8 @@
     # KernelOutput(stdout="2\n", error=None)
 
 The kernel is started with the server's default kernel spec (the learner's own Python, with the learner's
-CPU and memory limits), and shut down afterwards whatever happened. Uses tornado, which every Jupyter server
-install has.
+CPU and memory limits), or the one ``kernel_name`` names, and shut down afterwards whatever happened. Uses
+tornado, which every Jupyter server install has.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ async def _rest(client, method: str, url: str, token: str, body: dict | None = N
     return json.loads(resp.body) if resp.body else None
 
 
-async def run_code(server_url: str, token: str, code: str, timeout: float) -> KernelOutput:
+async def run_code(server_url: str, token: str, code: str, timeout: float,
+                   kernel_name: str | None = None) -> KernelOutput:
     """Start a kernel on the server at `server_url`, run `code`, collect its stdout, shut the kernel down."""
     from tornado.httpclient import AsyncHTTPClient, HTTPRequest
     from tornado.websocket import websocket_connect
@@ -60,7 +61,7 @@ async def run_code(server_url: str, token: str, code: str, timeout: float) -> Ke
     base = server_url.rstrip("/")
     client = AsyncHTTPClient(force_instance=True)
     try:
-        kernel = await _rest(client, "POST", f"{base}/api/kernels", token, {})
+        kernel = await _rest(client, "POST", f"{base}/api/kernels", token, {"name": kernel_name} if kernel_name else {})
         try:
             session = uuid.uuid4().hex
             ws_url = base.replace("http", "ws", 1) + f"/api/kernels/{kernel['id']}/channels?session_id={session}"

@@ -16,6 +16,8 @@ AppArmor (kernel.apparmor_restrict_unprivileged_userns) may allow the namespace 
 capabilities needed to bring its loopback up. ``enter()`` first tries every step in a forked child,
 so a machine that refuses one leaves this process as it was, and says which step failed.
 It must be called while the process has one thread (unshare of a user namespace requires it).
+A process already in such a network (``inside()``: the isolated Jupyter kernel, ppkit/kernel/) is
+left where it is: a second namespace would only split it from the processes it talks to.
 """
 
 from __future__ import annotations
@@ -117,12 +119,30 @@ def _trial() -> str | None:
     return None
 
 
+def inside() -> bool:
+    """Whether this process already runs in a private network of this user's, as the isolated kernel
+    does: a user namespace that maps some users only (the machine's own maps every uid), and a network
+    with no interface but its loopback."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open("/proc/self/uid_map") as f:
+            if f.read().split()[:3] == ["0", "0", "4294967295"]:
+                return False
+        return [name for _, name in socket.if_nameindex()] == ["lo"]
+    except OSError:
+        return False
+
+
 def enter() -> str | None:
-    """Move this process into a new user+network namespace with its loopback up.
+    """Move this process into a new user+network namespace with its loopback up (already in one,
+    ``inside()``: stay there).
 
     Returns None when done, else why not, in words (this process is then unchanged)."""
     if not sys.platform.startswith("linux"):
         return f"private networks need Linux namespaces (this is {sys.platform})"
+    if inside():
+        return None
     if threading.active_count() != 1:
         return "this process already runs several threads (unshare of a user namespace needs one)"
     reason = _trial()

@@ -8,6 +8,8 @@ checks must show the same output as the committed notebook. Before they log in, 
 server) and the other's server is stopped by the instructor through the hub's REST API (what the admin page's
 Stop button calls); after each, nothing may run as that user. While both are logged in, each learner's cluster is
 probed as the other learner (tests/exposure.py): nothing of it may accept a connection without ppkit's key.
+Then both learners hold notebook 04's RPC world at once, each in the isolated kernel (ppkit/kernel/), and probe
+each other: nothing of either, kernel included, may accept a connection at all.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import time
 from pathlib import Path
 
 import pytest
-from exposure import OPEN, cluster_pids, counts, exposure, table
+from exposure import HOLD_UNTIL_PROBED, OPEN, cluster_pids, counts, exposure, table
 from hub_testbed import SERVER_TIMEOUT, HubMissing, HubTestbed, find_components
+from isolated_kernel import open_to_all, prepare, probe_rpc_worlds_at_once, refused_here, shared_folder
 from leftovers import end_leftovers, ppkit_children
 
+from ppkit.kernel import KERNEL_NAME
 from ppkit.room.kernel_exec import run_code
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,8 +60,17 @@ def hub(chromium, tmp_path_factory):
         if in_ci():
             pytest.fail(f"{exc} CI=true, so the JupyterHub test must run: `make hub` installs the proxy.")
         pytest.skip(f"{exc} Until then the JupyterHub test is skipped.")
-    with HubTestbed(tmp_path_factory.mktemp("hub"), learners=2) as testbed:  # raises if anything is left
-        yield testbed
+    kernels = shared_folder()  # the isolated kernel, where every learner's server finds it
+    try:
+        env = {}
+        if refused_here() is None or in_ci():  # under CI a machine that refuses it fails the test here
+            isolated = prepare(kernels)
+            open_to_all(kernels)
+            env = {"PYTHONPATH": isolated["PYTHONPATH"], "JUPYTER_PATH": isolated["JUPYTER_PATH"]}
+        with HubTestbed(tmp_path_factory.mktemp("hub"), learners=2, extra_env=env) as testbed:  # raises if left
+            yield testbed
+    finally:
+        shutil.rmtree(kernels, ignore_errors=True)
 
 
 class LearnerLab:
@@ -146,10 +159,7 @@ HOLD_A_CLUSTER = """
 import os, time, torch.distributed as dist, ppkit
 cluster = ppkit.start(2)
 cluster.run(lambda rank, world_size: dist.all_reduce(__import__("torch").ones(1)))
-open({pid_file!r}, "w").write(str(os.getpid()))
-deadline = time.monotonic() + 300
-while not os.path.exists({done_file!r}) and time.monotonic() < deadline:
-    time.sleep(0.2)
+""" + HOLD_UNTIL_PROBED + """
 print("isolation:", cluster.isolation)
 cluster.close()
 """
@@ -267,6 +277,15 @@ def test_two_learners_run_the_course_at_once(hub, browser, notebook_class):
                 print(f"{owner}'s cluster probed as {prober}: {counts(found)}")
                 assert counts(found)[OPEN] == 0, \
                     f"{prober} reaches {owner}'s cluster without ppkit's key:\n{table(found)}"
+            # Notebook 04's RPC world cannot be isolated in an ordinary kernel; in the isolated one, both at once:
+            started = time.monotonic()
+            found = {} if refused_here() else probe_rpc_worlds_at_once(hub, [first, second], probes, KERNEL_NAME)
+            if refused_here():
+                print(f"note: no isolated kernel step, this machine refuses a private network: {refused_here()}")
+            for owner, listeners in found.items():
+                print(f"{owner}'s RPC world in the isolated kernel, probed: {counts(listeners)} "
+                      f"({time.monotonic() - started:.0f} s)")
+                assert listeners and counts(listeners)[OPEN] == counts(listeners)["challenge"] == 0, table(listeners)
         finally:
             shutil.rmtree(probes, ignore_errors=True)
 

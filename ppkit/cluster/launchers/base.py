@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ppkit.cluster import diagnostics, worker_setup
 from ppkit.cluster.inbox import Inbox, Item, LaunchFailed
-from ppkit.cluster.isolation import Isolation
+from ppkit.cluster.isolation import KERNEL, Isolation, kernel_isolated
 from ppkit.cluster.oom import OomWatch
 from ppkit.cluster.spec import ClusterSpec
 from ppkit.transport import channel, procs
@@ -65,6 +65,8 @@ class Launcher:
 
     def isolation(self) -> Isolation:
         """Whether other users of this machine can reach the workers (ppkit/cluster/isolation.py)."""
+        if kernel_isolated():  # the isolated kernel: what it starts on this machine shares its network
+            return KERNEL
         return Isolation(False, f"launcher={self.name!r} keeps its ranks on the machine's network")
 
     def local_env(self) -> dict[str, str]:

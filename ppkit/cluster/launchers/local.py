@@ -58,6 +58,8 @@ class ForkServerLauncher(Launcher):
         return self._unix_server.address if self._unix_server is not None else self.address
 
     def isolation(self) -> isolation.Isolation:
+        if self._mode == "kernel":
+            return isolation.KERNEL
         if self._mode == "off":
             return isolation.Isolation(False, self._off_reason)
         if self._refused:

@@ -3,9 +3,10 @@
 ``ppkit.start(4, launcher="slurm", nodes=2)`` from a login node (no allocation) submits one batch
 job with ``sbatch`` whose 4 tasks run ``ppkit worker`` and connect back over the authenticated
 channel that remote workers use (remote.py); rank = SLURM_PROCID. Inside an allocation
-(``SLURM_JOB_ID`` set: salloc, Open OnDemand) it starts the tasks with ``srun --overlap`` as a step
-of that allocation instead. Every restart and close cancels what it started (scancel), and a
-reaper process cancels it if the kernel dies without closing (ppkit/cluster/slurm/reaper.py).
+(``SLURM_JOB_ID`` set: salloc, Open OnDemand) it submits nothing: the tasks are a step of that
+allocation (``srun --overlap``), over all of its nodes and spread as ``srun -n4`` would spread them.
+Every restart and close cancels what it started (scancel), and a reaper process cancels it if the
+kernel dies without closing (ppkit/cluster/slurm/reaper.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ppkit.cluster.launchers.base import Process, child_env
 from ppkit.cluster.launchers.remote import RemoteLauncher
 from ppkit.cluster.slurm import commands, hosts, layout, script
 from ppkit.cluster.slurm.watch import JobUpdate, JobWatch, PendingView, describe
-from ppkit.errors import LaunchError
+from ppkit.errors import ConfigError, LaunchError
 from ppkit.transport import channel, procs
 from ppkit.transport.messages import AgentHello, AgentInfo, JoinConfig, Shutdown
 
@@ -33,7 +34,7 @@ class SlurmLauncher(RemoteLauncher):
         self.options = spec.slurm
         self.allocation = commands.inside_allocation()
         super().__init__(spec, inbox, key)
-        self._layout = layout.even(self.world_size, self.options.nodes)  # SLURM's own, once the job runs
+        self._layout = self._first_layout()  # SLURM's own, once a batch job runs
         self.lay_out({name: tuple(layout.node_ranks(self._layout, i)) for i, name in enumerate(self.names)})
         self.job_id: str | None = None  # this generation's job (inside an allocation: the allocation's)
         self.slurm_script = ""  # what was submitted, or the srun command inside an allocation
@@ -43,6 +44,15 @@ class SlurmLauncher(RemoteLauncher):
         self._view: PendingView | None = None
         self._last: JobUpdate | None = None
         self._master_addr: str | None = None
+
+    def _first_layout(self) -> str:
+        cpus = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
+        if self.allocation and cpus:  # as srun -n would deal them over the allocation's CPUs
+            try:
+                return layout.like_srun(self.world_size, layout.tasks_per_node(cpus)[:self.options.nodes])
+            except ConfigError:
+                pass  # a form SLURM does not write: spread them evenly instead
+        return layout.even(self.world_size, self.options.nodes)
 
     # -- where, and who -----------------------------------------------------------------------
     def listen_address(self) -> tuple[str, int]:
@@ -92,8 +102,10 @@ class SlurmLauncher(RemoteLauncher):
              *([str(self._srun.pid)] if self._srun is not None else [])],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, env=env)
-        self._view = PendingView(self.job_id, f"SLURM job {self.job_id}: submitted ({self.options.nodes} "
-                                              f"node(s), {self.world_size} task(s))")
+        nodes, tasks = self.options.nodes, self.world_size
+        what = f"a step of your allocation {self.job_id}" if self.allocation else "submitted"
+        self._view = PendingView(self.job_id, f"SLURM job {self.job_id}: {what} ({nodes} node{'s' * (nodes > 1)}, "
+                                              f"{tasks} task{'s' * (tasks > 1)})")
         self._watch = JobWatch(self.job_id.split(".")[0], self.inbox, submitted)
 
     def _start_step(self, command: list[str], env: dict) -> None:
@@ -114,7 +126,7 @@ class SlurmLauncher(RemoteLauncher):
         if item.msg.job_id != (self.job_id or "").split(".")[0]:
             return True  # an earlier generation's job
         self._last = item.msg
-        if self._view is not None:
+        if self._view is not None and not self.allocation:  # an allocation runs already: nothing to wait for
             self._view.show(describe(item.msg))
         return self.lost(item) is None
 

@@ -39,3 +39,22 @@ def even(world_size: int, nodes: int) -> str:
     """``world_size`` ranks over ``nodes`` nodes in SLURM's block form (the first get the extra)."""
     base, extra = divmod(world_size, nodes)
     return ",".join(str(base + (i < extra)) for i in range(nodes))
+
+
+def like_srun(world_size: int, cpus_per_node: list[int]) -> str:
+    """What ``srun -n world_size`` would give each node of an allocation whose nodes hold ``cpus_per_node``
+    CPUs (SLURM_JOB_CPUS_PER_NODE): SLURM's block layout deals the tasks out a node at a time, each node
+    taking one while it has a CPU left, then (past the CPUs, as --overcommit) one each round again.
+    ``[3, 1]``, 4 tasks -> ``"3,1"``; ``[4, 4]``, 4 -> ``"2,2"``; ``[3, 1]``, 3 -> ``"2,1"``."""
+    nodes = min(len(cpus_per_node), world_size)
+    counts, cpus = [0] * nodes, cpus_per_node[:nodes]
+    for pass_over_cpus in (True, False):
+        while sum(counts) < world_size:
+            dealt = 0
+            for i in range(nodes):
+                if sum(counts) < world_size and (counts[i] < cpus[i] or not pass_over_cpus):
+                    counts[i] += 1
+                    dealt += 1
+            if not dealt:
+                break
+    return ",".join(map(str, counts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -51,3 +52,25 @@ def check_slurm_options(nodes=None, partition=None, time=None, sbatch_args=(), n
     if need_tools:
         require_tools()
     return SlurmOptions(nodes=nodes, partition=partition, time=time.strip(), sbatch_args=tuple(sbatch_args))
+
+
+def allocation_nodes(nodes, world_size: int, environ=os.environ):
+    """Inside an allocation (salloc, Open OnDemand): the nodes a step of ``world_size`` tasks spans, as
+    ``srun -n world_size`` there would: every node of the allocation (at most one a task) when ``nodes``
+    is None. ``nodes=`` beyond the allocation is refused at once, with both numbers. Outside one: ``nodes``."""
+    from ppkit.cluster.slurm.commands import inside_allocation
+
+    job = inside_allocation(environ)
+    count = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
+    if job is None or not (count or "").isdigit():
+        return nodes
+    have = int(count)
+    if nodes is None:
+        return min(have, world_size)
+    if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > have:
+        raise ConfigError(
+            f"nodes={nodes} is more than the {have} node(s) of your allocation {job}: this notebook runs inside "
+            f"it (SLURM_JOB_ID={job}), so its ranks are a step of it and cannot leave it. Leave nodes= out to use "
+            f"all {have}, or ask for a new allocation of {nodes} nodes (salloc -N {nodes}, or Open OnDemand's "
+            "form) and start the notebook there.")
+    return nodes

@@ -44,9 +44,11 @@ def batch_script(options, ntasks: int, command: list[str], output: str) -> str:
 
 
 def srun_command(options, ntasks: int, job_id: str, command: list[str]) -> list[str]:
-    """Inside an allocation: a step of it beside the notebook's own (``--overlap``)."""
-    return ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={options.nodes}", f"--ntasks={options.nodes}",
-            "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--job-name={JOB_NAME}", *options.sbatch_args, *command]
+    """Inside an allocation: a step of it beside the notebook's own (``--overlap``); each node's agent and the
+    ranks it forks share what the allocation holds there (``--whole``), as the batch script's step does."""
+    return ["srun", "--overlap", "--whole", f"--jobid={job_id}", f"--nodes={options.nodes}",
+            f"--ntasks={options.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", f"--job-name={JOB_NAME}",
+            *options.sbatch_args, *command]
 
 
 def job_name(program: list[str]) -> str:
