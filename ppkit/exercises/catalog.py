@@ -30,6 +30,7 @@ from ppkit.exercises import (
     check_basics,
     check_composition,
     check_launch,
+    check_memory,
     check_moe,
     check_pipeline,
     check_sharding,
@@ -162,6 +163,17 @@ EXERCISES = (
          "In 1F1B stage s (from 0) runs num_stages - s forwards before its first backward, then "
          "alternates one backward, one forward.",
          "A stage cannot hold more micro-batches than there are: min(num_microbatches, num_stages - s).")),
+    Exercise(
+        "predict_peak", "08b_step_memory", "predict_peak(size, seq_len, microbatch_size)",
+        check_memory.check_predict_peak, solutions.predict_peak,
+        ("Start from the static part: Adam in fp32 holds 4 + 4 + 8 bytes per parameter, 16 * size.params(). "
+         "Then what autograd keeps: size.layers layers, each kept_formula's breakdown in fp32 with no dropout "
+         "(4 bytes a value: 16 sbh values, plus the a s^2 b of the attention matrix).",
+         "Outside the layers autograd keeps the token ids and targets (int64: 8 bytes each, s b of each), the "
+         "final norm's and the head's inputs (s b h floats each) and cross-entropy's log-probabilities "
+         "(s b vocab floats).",
+         "At the peak, backward has also made the gradient of one attention matrix, a s^2 b floats, that no "
+         "kept tensor accounts for: add 4 * heads * s * s * b.")),
     Exercise(
         "zero2_grad_shard", "09_sharded_data_parallel", "zero2_grad_shard(grad, rank, world_size)",
         check_sharding.check_zero2_grad_shard, solutions.zero2_grad_shard,

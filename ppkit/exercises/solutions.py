@@ -114,6 +114,14 @@ def microbatches_held(schedule, num_stages, num_microbatches):
     return [min(num_microbatches, num_stages - s) for s in range(num_stages)]
 
 
+def predict_peak(size, seq_len, microbatch_size):
+    """Notebook 08b: one fp32 Adam step's peak: static part, every layer's activations, outside, backward's transient."""
+    s, b, h, a = seq_len, microbatch_size, size.d_model, size.heads
+    static = 16 * size.params()                           # weights 4, gradients 4, Adam's two moments 8
+    per_layer = 4 * (16 * s * b * h + a * s * s * b)      # fp32 values kept by one block (no dropout)
+    outside = 2 * 8 * s * b + 4 * (2 * s * b * h + s * b * size.vocab)  # ids, targets, norm, head, log-probs
+    transient = 4 * a * s * s * b                         # one attention matrix's gradient in backward
+    return static + size.layers * per_layer + outside + transient
 def zero2_grad_shard(grad, rank, world_size):
     """Notebook 09: my slice of the gradient averaged over the ranks, by one reduce_scatter."""
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in 2.14
