@@ -117,8 +117,10 @@ def setup(size: sm.Size, s: int, b: int, accumulation_steps: int, policy: str, s
     return model, optimizer, microbatches
 
 
-def measure_step(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none") -> StepMemory:
-    """Peak memory of one step (after a first one), by category, from MemTracker."""
+def measure_step(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none",
+                 autocast: bool = False) -> StepMemory:
+    """Peak memory of one step (after a first one), by category, from MemTracker; ``autocast``: under
+    ``torch.autocast("cpu", bfloat16)``."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     model, optimizer, microbatches = setup(size, s, b, accumulation_steps, policy)
@@ -126,7 +128,7 @@ def measure_step(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, pol
     tracker.track_external(model, optimizer)
     with tracker:
         # the tracker's per-module records take one forward each; its peak over the whole step stays
-        loss = train_step(model, optimizer, microbatches, after_backward=tracker.reset_mod_stats)
+        loss = train_step(model, optimizer, microbatches, autocast, after_backward=tracker.reset_mod_stats)
     snapshot = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     peak = {CATEGORIES[getattr(k, "value", k)]: v for k, v in snapshot.items()}
     return StepMemory(s, b, accumulation_steps, policy, peak, loss)
