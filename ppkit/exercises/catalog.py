@@ -33,6 +33,7 @@ from ppkit.exercises import (
     check_memory,
     check_moe,
     check_pipeline,
+    check_sequence,
     check_sharding,
     solutions,
 )
@@ -189,6 +190,16 @@ EXERCISES = (
          "that sum, the same shape as the full output.",
          "One dist.all_reduce of the partial products (SUM, in place) gives every rank the full x @ W.T.",
          "Add the bias after the all_reduce: added before it, it would be counted world_size times.")),
+    Exercise(
+        "sequence_shard_of_sum", "10_tensor_parallel", "sequence_shard_of_sum(partial)",
+        check_sequence.check_sequence_shard_of_sum, solutions.sequence_shard_of_sum,
+        ("Under TP a dist.all_reduce would give every rank the whole sum; here each rank needs only its tokens: "
+         "a reduce_scatter sums and hands rank r the r-th block of the input, along dim 0.",
+         "The tokens are dim 1. Move them first with partial.transpose(0, 1).contiguous(): rank r's tokens are "
+         "then the r-th block of rows, which is what dist.reduce_scatter_tensor (reduce_scatter_single in torch "
+         "2.14) gives rank r.",
+         "Make the output torch.empty((seq // world_size, batch, d_model)), reduce_scatter into it with "
+         "op=dist.ReduceOp.SUM, and transpose it back to (batch, seq // world_size, d_model).")),
     Exercise(
         "merge_partials", "11_context_parallel", "merge_partials(out_a, lse_a, out_b, lse_b)",
         check_attention.check_merge_partials, solutions.merge_partials,

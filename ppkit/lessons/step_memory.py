@@ -196,7 +196,7 @@ class SavedTensors:
         self._seen: set[int] = set()
 
     def _pack(self, t):
-        storage = t.untyped_storage()
+        storage = _local(t).untyped_storage()
         key = storage.data_ptr()
         if key not in self._seen and key not in self._params:
             self._seen.add(key)
@@ -205,7 +205,7 @@ class SavedTensors:
         return t
 
     def __enter__(self):
-        self._params = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        self._params = {_local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
         blocks = getattr(self.model, "blocks", ())
         self._hooks = [b.register_forward_pre_hook(lambda _m, _a, i=i: setattr(self, "layer", f"layer {i}"))
                        for i, b in enumerate(blocks)]
@@ -222,6 +222,11 @@ class SavedTensors:
 
     def total(self) -> int:
         return sum(self.bytes.values())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (what its memory is), a plain tensor itself."""
+    return getattr(t, "_local_tensor", t)
 
 
 def saved_by_layer(model: GPT, tokens: torch.Tensor, autocast: bool = False) -> SavedTensors:

@@ -121,5 +121,6 @@ def ddp_accumulate(rank: int, world_size: int, size: sm.Size, s: int, b: int, ac
 def ddp_reference(size: sm.Size, s: int, b: int, accumulation_steps: int, world_size: int) -> dict[str, torch.Tensor]:
     """The gradients ``ddp_accumulate`` should give, in one process: the mean loss over every rank's
     micro-batches (DDP averages the ranks' gradients)."""
-    microbatches = [sm.batch(size, b, s, seed=100 * r + i) for r in range(world_size) for i in range(accumulation_steps)]
+    microbatches = [sm.batch(size, b, s, seed=100 * r + i)
+                    for r in range(world_size) for i in range(accumulation_steps)]
     return gradients(size, microbatches)
