@@ -25,6 +25,7 @@ def _equal(per_rank, keys=("forward", "input_grad", "param_grads")) -> bool:
     return all(r[k] < 1e-5 for r in per_rank for k in keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["cluster2", "cluster4"])
 def test_tp_and_sp_blocks_equal_the_unsplit_block_and_send_the_same_bytes(fixture, request):
     cluster = request.getfixturevalue(fixture)
@@ -37,6 +38,7 @@ def test_tp_and_sp_blocks_equal_the_unsplit_block_and_send_the_same_bytes(fixtur
     assert tp_ranks[0]["sent"] == sp_ranks[0]["sent"] == 4 * 2 * (n - 1) / n * activation
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["cluster2", "cluster4"])
 def test_activations_kept_per_rank_are_the_breakdowns(fixture, request):
     cluster = request.getfixturevalue(fixture)
