@@ -15,6 +15,8 @@ are in ppkit/exercises/.
     zero           lesson 9: ZeRO-1, -2, -3 by hand from reduce_scatter and all_gather; the ZeRO formulas
     fsdp2          lesson 9: the same with torch's fully_shard on a CPU mesh; what needs CUDA
     tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version
+    sequence_parallel  lesson 10: TP + SP by hand (norms on the shard, all_gather, reduce_scatter) vs TP and one process
+    sequence_parallel_torch  lesson 10: torch's SequenceParallel plan vs the hand version; TP/SP activation formulas
     sharding_plots   lessons 9-10: memory and traffic per rank, formula and measured
     ring_attention   lesson 11: block attention, the log-sum-exp merge, ring attention forward and backward
     context_parallel lesson 11: contiguous and zig-zag layouts, the ring vs full attention, torch's version
