@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     code = in_private_shm([str(Path(__file__).resolve()), *argv])
     if code is not None:
         return code
-    notebooks = args.notebooks or sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = args.notebooks or sorted((REPO / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     shm = "a private /dev/shm" if os.environ.get(PRIVATE_SHM) else "the machine's /dev/shm (others' use counts)"
     print(f"# {len(notebooks)} notebook(s); every {args.interval:g} s; {shm}; {os.cpu_count()} cores", flush=True)
     rows, errors = [], {}

@@ -68,8 +68,9 @@ MEASURED: tuple[NotebookMemory, ...] = (
     NotebookMemory("06_pipeline.ipynb", 5751, 4514, 3386, 4, 4544, 0, 441.6),
     NotebookMemory("07_two_machines.ipynb", 2733, 1635, 975, 4, 1706, 0, 252.5),
     NotebookMemory("08_modern_pipelining.ipynb", 6530, 4462, 2264, 7, 4421, 0, 422.8),
+    NotebookMemory("08b_step_memory.ipynb", 2636, 1455, 1079, 4, 1267, 0, 19.5),  # --timeout 60, isolation
     NotebookMemory("09_sharded_data_parallel.ipynb", 3207, 1324, 733, 6, 1302, 0, 126.1),
-    NotebookMemory("10_tensor_parallel.ipynb", 3191, 1327, 729, 6, 1300, 0, 133.9),
+    NotebookMemory("10_tensor_parallel.ipynb", 3385, 1465, 809, 6, 1315, 0, 16.1),  # with SP (docs/memory.md)
     NotebookMemory("11_context_parallel.ipynb", 3671, 1822, 748, 6, 1764, 0, 187.3),
     NotebookMemory("12_expert_parallel.ipynb", 3293, 1454, 743, 6, 1399, 0, 55.4),  # --timeout 60 (docs/memory.md)
     NotebookMemory("13_composition.ipynb", 5249, 2027, 750, 10, 1935, 0, 45.1),  # after isolation (docs/memory.md)

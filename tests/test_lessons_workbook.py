@@ -79,7 +79,7 @@ def exercise_cells(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")), ids=lambda p: p.name)
 def test_notebook_ships_stubs_and_checks(path):
     nb = nbformat.read(path, as_version=4)
     cells = exercise_cells(path)

@@ -30,8 +30,10 @@ from ppkit.exercises import (
     check_basics,
     check_composition,
     check_launch,
+    check_memory,
     check_moe,
     check_pipeline,
+    check_sequence,
     check_sharding,
     solutions,
 )
@@ -163,6 +165,17 @@ EXERCISES = (
          "alternates one backward, one forward.",
          "A stage cannot hold more micro-batches than there are: min(num_microbatches, num_stages - s).")),
     Exercise(
+        "predict_peak", "08b_step_memory", "predict_peak(size, seq_len, microbatch_size)",
+        check_memory.check_predict_peak, solutions.predict_peak,
+        ("Start from the static part: Adam in fp32 holds 4 + 4 + 8 bytes per parameter, 16 * size.params(). "
+         "Then what autograd keeps: size.layers layers, each kept_formula's breakdown in fp32 with no dropout "
+         "(4 bytes a value: 16 sbh values, plus the a s^2 b of the attention matrix).",
+         "Outside the layers autograd keeps the token ids and targets (int64: 8 bytes each, s b of each), the "
+         "final norm's and the head's inputs (s b h floats each) and cross-entropy's log-probabilities "
+         "(s b vocab floats).",
+         "At the peak, backward has also made the gradient of one attention matrix, a s^2 b floats, that no "
+         "kept tensor accounts for: add 4 * heads * s * s * b.")),
+    Exercise(
         "zero2_grad_shard", "09_sharded_data_parallel", "zero2_grad_shard(grad, rank, world_size)",
         check_sharding.check_zero2_grad_shard, solutions.zero2_grad_shard,
         ("The result has grad.numel() // world_size values: make it with torch.empty(grad.numel() // "
@@ -177,6 +190,16 @@ EXERCISES = (
          "that sum, the same shape as the full output.",
          "One dist.all_reduce of the partial products (SUM, in place) gives every rank the full x @ W.T.",
          "Add the bias after the all_reduce: added before it, it would be counted world_size times.")),
+    Exercise(
+        "sequence_shard_of_sum", "10_tensor_parallel", "sequence_shard_of_sum(partial)",
+        check_sequence.check_sequence_shard_of_sum, solutions.sequence_shard_of_sum,
+        ("Under TP a dist.all_reduce would give every rank the whole sum; here each rank needs only its tokens: "
+         "a reduce_scatter sums and hands rank r the r-th block of the input, along dim 0.",
+         "The tokens are dim 1. Move them first with partial.transpose(0, 1).contiguous(): rank r's tokens are "
+         "then the r-th block of rows, which is what dist.reduce_scatter_tensor (reduce_scatter_single in torch "
+         "2.14) gives rank r.",
+         "Make the output torch.empty((seq // world_size, batch, d_model)), reduce_scatter into it with "
+         "op=dist.ReduceOp.SUM, and transpose it back to (batch, seq // world_size, d_model).")),
     Exercise(
         "merge_partials", "11_context_parallel", "merge_partials(out_a, lse_a, out_b, lse_b)",
         check_attention.check_merge_partials, solutions.merge_partials,

@@ -114,6 +114,14 @@ def microbatches_held(schedule, num_stages, num_microbatches):
     return [min(num_microbatches, num_stages - s) for s in range(num_stages)]
 
 
+def predict_peak(size, seq_len, microbatch_size):
+    """Notebook 08b: one fp32 Adam step's peak: static part, activations kept, backward's largest transient."""
+    s, b, h, a = seq_len, microbatch_size, size.d_model, size.heads
+    static = 16 * size.params()                           # weights 4, gradients 4, Adam's two moments 8
+    per_layer = 4 * (16 * s * b * h + a * s * s * b)      # fp32 values kept by one block (no dropout)
+    outside = 2 * 8 * s * b + 4 * (2 * s * b * h + s * b * size.vocab)  # ids, targets, norm, head, log-probs
+    transient = 4 * a * s * s * b                         # one attention matrix's gradient in backward
+    return static + size.layers * per_layer + outside + transient
 def zero2_grad_shard(grad, rank, world_size):
     """Notebook 09: my slice of the gradient averaged over the ranks, by one reduce_scatter."""
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in 2.14
@@ -129,6 +137,14 @@ def row_parallel_forward(x_part, weight_part, bias):
     return y + bias
 
 
+def sequence_shard_of_sum(partial):
+    """Notebook 10: this rank's tokens of the ranks' sum, by one reduce_scatter (half of an all_reduce)."""
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in 2.14
+    n = dist.get_world_size()
+    seq_first = partial.transpose(0, 1).contiguous()  # (seq, batch, d): rank r's tokens are the r-th block of rows
+    shard = torch.empty((seq_first.shape[0] // n, *seq_first.shape[1:]), dtype=partial.dtype)
+    reduce_scatter(shard, seq_first, op=dist.ReduceOp.SUM)
+    return shard.transpose(0, 1)
 def merge_partials(out_a, lse_a, out_b, lse_b):
     """Notebook 11: attention over the keys of A and B from the attention over each (log-sum-exp)."""
     lse = torch.logaddexp(lse_a, lse_b)                # log(exp(lse_a) + exp(lse_b)), with no overflow

@@ -8,9 +8,15 @@ are in ppkit/exercises/.
     ddp_tutorial   lesson 3: the DDP tutorial's code, unchanged but for devices, run with ppkit.spawn
     rank_variables lesson 3: what torchrun and SLURM tell each process
     timeline       spans, "who waited for whom", Gantt charts
+    step_memory    lesson 8b: a small GPT, what a step holds (static part, activations kept per layer), formulas
+    step_peak      lesson 8b: a step's peak by MemTracker, predicted by formula; recompute policies' step times
+    step_tradeoffs lesson 8b: recomputation's and accumulation's gradients, DDP no_sync counted, bf16 autocast
+    step_plots     lesson 8b: activations over s and b beside the formulas, a step's peak by part
     zero           lesson 9: ZeRO-1, -2, -3 by hand from reduce_scatter and all_gather; the ZeRO formulas
     fsdp2          lesson 9: the same with torch's fully_shard on a CPU mesh; what needs CUDA
     tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version
+    sequence_parallel  lesson 10: TP + SP by hand (norms on the shard, all_gather, reduce_scatter) vs TP and one process
+    sequence_parallel_torch  lesson 10: torch's SequenceParallel plan vs the hand version; TP/SP activation formulas
     sharding_plots   lessons 9-10: memory and traffic per rank, formula and measured
     ring_attention   lesson 11: block attention, the log-sum-exp merge, ring attention forward and backward
     context_parallel lesson 11: contiguous and zig-zag layouts, the ring vs full attention, torch's version

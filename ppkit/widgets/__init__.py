@@ -5,6 +5,7 @@ from ppkit.widgets.composition import MeshExplorer
 from ppkit.widgets.context_parallel import RingAttentionExplorer
 from ppkit.widgets.expert_parallel import MoEExplorer
 from ppkit.widgets.sharding import TensorParallelExplorer, ZeroExplorer
+from ppkit.widgets.step_memory import StepMemoryExplorer
 
-__all__ = ["CollectivesExplorer", "MeshExplorer", "MoEExplorer", "RingAttentionExplorer", "TensorParallelExplorer",
-           "ZeroExplorer"]
+__all__ = ["CollectivesExplorer", "MeshExplorer", "MoEExplorer", "RingAttentionExplorer", "StepMemoryExplorer",
+           "TensorParallelExplorer", "ZeroExplorer"]

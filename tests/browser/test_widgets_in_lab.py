@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 # Notebooks with a learner test below; test_every_widget_notebook_has_a_learner_test_here checks the list.
-LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "09_sharded_data_parallel.ipynb",
-                  "10_tensor_parallel.ipynb", "11_context_parallel.ipynb", "12_expert_parallel.ipynb",
-                  "13_composition.ipynb"}
+LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "08b_step_memory.ipynb",
+                  "09_sharded_data_parallel.ipynb", "10_tensor_parallel.ipynb", "11_context_parallel.ipynb",
+                  "12_expert_parallel.ipynb", "13_composition.ipynb"}
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # slow: make test-fast leaves it out
 
@@ -368,6 +368,17 @@ def _explore(nb, css: str, change, expect: str) -> None:
     assert after_images and after_images != before_images, "the picture did not change with the settings"
     nb.screenshot("after", explorer)
     nb.assert_console_clean()
+
+
+def test_step_memory_explorer(lab, open_notebook):
+    """08b_step_memory: full recomputation and a micro-batch of 2 measure another step; summary and picture follow."""
+    nb = _open_and_run(lab, open_notebook, "08b_step_memory.ipynb", (r"^StepMemoryExplorer\(",), timeout=300)
+
+    def change(page, explorer):
+        explorer.locator(".ppkit-step-recompute select").select_option("full")
+        _set_slider(page, explorer.locator(".ppkit-step-microbatch"), 2)
+
+    _explore(nb, "ppkit-step", change, "s = 128, micro-batch 2, 1 accumulation step(s), recompute full")
 
 
 def test_zero_explorer(lab, open_notebook):

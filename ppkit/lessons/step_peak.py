@@ -1,0 +1,148 @@
+"""Lesson 08b: a whole training step's peak memory, measured with torch's MemTracker and predicted by formula.
+
+    outside_formula   what autograd keeps outside the blocks: token ids, final norm and head inputs, log-probs
+    predicted_peak    static part + kept activations (for the recompute policy) + backward's largest transient
+    measure_step      one optimizer step of ``accumulation_steps`` micro-batches under MemTracker: its peak,
+                      by category (parameters, gradients, optimizer, activations, temporaries)
+    step_times        the same step's wall time per recompute policy, best of a few, without the tracker
+
+``torch.distributed._tools.mem_tracker.MemTracker`` is a TorchDispatchMode: it sees every tensor that every
+operator makes, on any device (here CPU, which has no allocator statistics of its own), and files each under
+parameters, buffers, gradients, activations, optimizer states or temporaries.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ppkit.errors import ConfigError
+from ppkit.lessons import step_memory as sm
+
+LR = 1e-3
+
+
+def outside_formula(size: sm.Size, s: int, b: int, element_size: int = 4) -> float:
+    """Kept outside the blocks: the token ids and targets (int64), the final norm's input, the head's input,
+    and cross-entropy's log-probabilities over the vocabulary."""
+    e, sbh = element_size, s * b * size.d_model
+    return 2 * 8 * s * b + 2 * e * sbh + e * s * b * size.vocab
+
+
+def activations_formula(size: sm.Size, s: int, b: int, policy: str, element_size: int = 4) -> float:
+    """What the step keeps when backward starts, for each recompute policy: every layer's activations (none),
+    all but the attention core's (selective: its s x s matrices), or each block's input (full)."""
+    e, layers = element_size, size.layers
+    per_layer = sm.formula_for(size, s, b, e)
+    if sm.check_policy(policy) == "selective" and size.attention == "math":
+        per_layer -= e * size.heads * s * s * b
+    elif policy == "full":
+        per_layer = e * s * b * size.d_model
+    return layers * per_layer + outside_formula(size, s, b, e)
+
+
+def transient_formula(size: sm.Size, s: int, b: int, policy: str, element_size: int = 4) -> float:
+    """The most that backward holds at once beyond the kept activations: the gradient of one s x s attention
+    matrix (math attention; the logits' gradient with SDPA); under selective recomputation the rebuilt
+    attention matrix as well, under full recomputation one whole block rebuilt."""
+    e = element_size
+    largest = e * size.heads * s * s * b if size.attention == "math" else e * s * b * size.vocab
+    if policy == "selective" and size.attention == "math":
+        largest *= 2
+    elif policy == "full":
+        largest += sm.formula_for(size, s, b, e)
+    return largest
+
+
+def predicted_peak(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none") -> dict:
+    """The step's peak, by part: Adam's 16 bytes per parameter, the kept activations of one micro-batch
+    (accumulation keeps one micro-batch's at a time), backward's largest transient."""
+    check_setting(s, b, accumulation_steps)
+    parts = {"static (16 bytes x parameters)": 16 * size.params(),
+             "activations kept": activations_formula(size, s, b, policy),
+             "backward transient": transient_formula(size, s, b, policy)}
+    return {**parts, "total": sum(parts.values())}
+
+
+def check_setting(s: int, b: int, accumulation_steps: int) -> None:
+    for name, value in (("sequence length", s), ("micro-batch size", b), ("accumulation steps", accumulation_steps)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a whole number of at least 1; got {value!r}.")
+
+
+@dataclass
+class StepMemory:
+    """One measured step: its setting, peak bytes by category, and the loss."""
+    seq_len: int
+    microbatch_size: int
+    accumulation_steps: int
+    policy: str
+    peak: dict[str, int] = field(default_factory=dict)
+    loss: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.peak["total"]
+
+
+CATEGORIES = {"Parameter": "params", "Buffer": "buffers", "Gradient": "grads", "Activation": "activations",
+              "Temp": "temporaries", "Optstate": "optimizer", "Other": "other", "Total": "total"}
+
+
+def train_step(model, optimizer, microbatches, autocast: bool = False, after_backward=None) -> float:
+    """Gradient accumulation: each micro-batch's loss scaled by 1/k and backpropagated, then one update.
+    ``after_backward()``, if given, runs after each micro-batch's backward."""
+    total = 0.0
+    for tokens in microbatches:
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            loss = model.loss(tokens) / len(microbatches)
+        loss.backward()
+        total += loss.item()
+        if after_backward:
+            after_backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+def setup(size: sm.Size, s: int, b: int, accumulation_steps: int, policy: str, seed: int = 0):
+    """The model (recomputing as ``policy`` says), Adam with its states made by a first step, the micro-batches."""
+    check_setting(s, b, accumulation_steps)
+    model = sm.GPT(size, seed).recompute(policy)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    microbatches = [sm.batch(size, b, s, seed=10 + i) for i in range(accumulation_steps)]
+    train_step(model, optimizer, microbatches[:1])  # Adam's states exist from here on, as in any later step
+    return model, optimizer, microbatches
+
+
+def measure_step(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none",
+                 autocast: bool = False) -> StepMemory:
+    """Peak memory of one step (after a first one), by category, from MemTracker; ``autocast``: under
+    ``torch.autocast("cpu", bfloat16)``."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model, optimizer, microbatches = setup(size, s, b, accumulation_steps, policy)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        # the tracker's per-module records take one forward each; its peak over the whole step stays
+        loss = train_step(model, optimizer, microbatches, autocast, after_backward=tracker.reset_mod_stats)
+    snapshot = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    peak = {CATEGORIES[getattr(k, "value", k)]: v for k, v in snapshot.items()}
+    return StepMemory(s, b, accumulation_steps, policy, peak, loss)
+
+
+def step_times(size: sm.Size, s: int, b: int, policies=sm.POLICIES, accumulation_steps: int = 1,
+               repeats: int = 7, autocast: bool = False) -> dict[str, float]:
+    """Seconds per step for each policy, the best of ``repeats``, the policies taking turns (so that other
+    work on the machine slows them alike); the best is the run least disturbed."""
+    runs = {p: setup(size, s, b, accumulation_steps, p) for p in policies}
+    best = dict.fromkeys(policies, float("inf"))
+    for _ in range(repeats):
+        for policy, (model, optimizer, microbatches) in runs.items():
+            start = time.perf_counter()
+            train_step(model, optimizer, microbatches, autocast=autocast)
+            best[policy] = min(best[policy], time.perf_counter() - start)
+    return best

@@ -1,0 +1,133 @@
+"""Lesson 08b: a step's memory measured with torch's tools against the formulas; recomputation and accumulation
+give the plain step's gradients; DDP's no_sync skips k - 1 all-reduces; the explorer and the exercise's checker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppkit.errors import ConfigError, ExerciseFailed
+from ppkit.exercises import check_memory
+from ppkit.lessons import step_memory as sm
+from ppkit.lessons import step_peak as sp
+from ppkit.lessons import step_tradeoffs as st
+from ppkit.widgets import StepMemoryExplorer
+
+SIZE = sm.SIZE
+
+
+def test_the_parameter_count_is_the_formulas():
+    assert sum(p.numel() for p in sm.GPT(SIZE).parameters()) == SIZE.params()
+    wide = sm.Size(vocab=100, d_model=32, heads=2, layers=3)
+    assert sum(p.numel() for p in sm.GPT(wide).parameters()) == wide.params()
+
+
+def test_the_static_part_is_16_bytes_a_parameter_in_fp32_and_in_mixed_precision():
+    model = sm.GPT(SIZE)
+    optimizer = torch.optim.Adam(model.parameters())
+    model.loss(sm.batch(SIZE, 2, 16)).backward()
+    optimizer.step()
+    measured = sm.static_measured(model, optimizer)
+    assert {k: measured[k] for k in ("params", "grads", "adam")} == sm.static_formula(SIZE.params(), "fp32")
+    assert measured["adam step counters"] == 4 * len(list(model.parameters()))
+    mixed = st.mixed_precision(SIZE, 16, 2)
+    formula = sm.static_formula(SIZE.params(), "mixed")
+    assert {k: mixed[k] for k in formula} == formula and sum(formula.values()) == 16 * SIZE.params()
+    assert mixed["fp32 gradient copies (during the update)"] == 4 * SIZE.params()
+
+
+def test_the_breakdown_in_16_bit_with_dropout_is_the_playbooks_formula():
+    for s, b, h, a in ((128, 2, 64, 4), (2048, 1, 4096, 32), (7, 3, 12, 3)):
+        assert sm.kept_formula(s, b, h, a, 2, dropout=True) == pytest.approx(sm.playbook_activations(s, b, h, a))
+
+
+@pytest.mark.parametrize("s,b", [(32, 1), (64, 3), (128, 2)])
+def test_what_autograd_keeps_per_layer_is_the_breakdown_plus_norm_statistics_and_the_mask(s, b):
+    saved = sm.saved_by_layer(sm.GPT(SIZE), sm.batch(SIZE, b, s))
+    extra = 16 * s * b + s * s  # 2 LayerNorms x (mean, 1/std) x s b floats; the causal mask, s x s booleans
+    assert saved.bytes["layer 0"] == saved.bytes["layer 1"] == sm.formula_for(SIZE, s, b) + extra
+    fused = sm.Size(attention="sdpa")
+    kept = sm.saved_by_layer(sm.GPT(fused), sm.batch(fused, b, s)).bytes["layer 0"]
+    assert kept == sm.formula_for(fused, s, b) + 16 * s * b  # no s x s matrix, no mask
+    outside = saved.bytes["outside the layers"]
+    assert outside == pytest.approx(sp.outside_formula(SIZE, s, b), rel=0.01)
+
+
+def test_recomputation_keeps_what_the_formula_says_and_gives_the_same_gradients():
+    s, b = 128, 2
+    tokens = sm.batch(SIZE, b, s)
+    plain = st.gradients(SIZE, [tokens])
+    for policy in ("selective", "full"):
+        kept = sm.saved_by_layer(sm.GPT(SIZE).recompute(policy), tokens).total()
+        assert kept == pytest.approx(sp.activations_formula(SIZE, s, b, policy), rel=0.02), policy
+        assert st.largest_difference(plain, st.gradients(SIZE, [tokens], policy)) == 0.0, policy
+
+
+@pytest.mark.parametrize("s,b,policy", [(128, 4, "none"), (256, 4, "none"), (256, 4, "selective"),
+                                        (256, 4, "full"), (64, 8, "none")])
+def test_the_predicted_peak_is_within_ten_percent_of_memtrackers(s, b, policy):
+    measured = sp.measure_step(SIZE, s, b, policy=policy)
+    assert measured.peak["params"] == 4 * SIZE.params() and measured.peak["optimizer"] >= 8 * SIZE.params()
+    assert measured.total == pytest.approx(sp.predicted_peak(SIZE, s, b, policy=policy)["total"], rel=0.10)
+
+
+def test_accumulation_gives_the_big_steps_gradients_at_a_smaller_peak():
+    micro = [sm.batch(SIZE, 2, 128, seed=10 + i) for i in range(4)]
+    difference = st.largest_difference(st.gradients(SIZE, [torch.cat(micro)]), st.gradients(SIZE, micro))
+    assert 0 < difference < st.TOLERANCE  # the sums run in another order: close, not bit-equal
+    accumulated, big = sp.measure_step(SIZE, 128, 2, 4), sp.measure_step(SIZE, 128, 8)
+    assert accumulated.total < 0.5 * big.total
+    assert accumulated.peak["grads"] == 4 * SIZE.params()  # kept between the micro-steps
+
+
+def test_autocast_keeps_bf16_activations_and_fp32_norms():
+    dtypes = st.autocast_dtypes(SIZE, 32, 2)
+    assert dtypes["addmm"] == "bfloat16" and dtypes["native_layer_norm"] == "float32"
+    model = sm.GPT(SIZE)
+    plain, autocast = (sm.saved_by_layer(model, sm.batch(SIZE, 2, 64), autocast=a) for a in (False, True))
+    assert autocast.by_dtype["bfloat16"] > 0 and autocast.by_dtype["float32"] > 0
+    assert plain.bytes["layer 0"] / 2 < autocast.bytes["layer 0"] < plain.bytes["layer 0"]
+
+
+@pytest.mark.slow
+def test_no_sync_skips_all_but_one_all_reduce_and_keeps_the_gradients(cluster2):
+    k = 3
+    reference = st.ddp_reference(SIZE, 32, 2, k, 2)
+    for use_no_sync, calls in ((False, k), (True, 1)):
+        ranks = cluster2.run(st.ddp_accumulate, SIZE, 32, 2, k, use_no_sync)
+        for r in ranks:
+            assert r["all_reduces"] == calls and r["bytes"] == calls * 4 * SIZE.params()
+            assert st.largest_difference(reference, r["grads"]) < st.TOLERANCE
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match="recompute policy 'some'"):
+        sm.GPT(SIZE).recompute("some")
+    with pytest.raises(ConfigError, match="micro-batch size must be a whole number of at least 1; got 0"):
+        sp.predicted_peak(SIZE, 64, 0)
+    with pytest.raises(ConfigError, match="at least one sequence"):
+        sm.batch(SIZE, 0, 8)
+
+
+def test_the_explorer_measures_each_setting_once():
+    ex = StepMemoryExplorer(SIZE, seq_len=64, microbatch_size=2)
+    assert ex.redraws == 1 and ex.measurement.total == sp.measure_step(SIZE, 64, 2).total
+    assert "s = 64, micro-batch 2, 1 accumulation step(s), recompute none" in ex.summary.value
+    ex.recompute.value = "full"
+    assert ex.measurement.policy == "full" and ex.redraws == 2 and "recompute full" in ex.summary.value
+    ex.recompute.value = "none"  # measured already: redrawn, not run again
+    assert ex.redraws == 3 and len(ex.measured) == 2
+    with pytest.raises(ConfigError):
+        StepMemoryExplorer(SIZE, accumulation_steps=0)
+
+
+def static_only(size, seq_len, microbatch_size):
+    return 16 * size.params()
+
+
+def test_the_checker_says_a_prediction_without_activations_is_too_low():
+    with pytest.raises(ExerciseFailed, match=r"s = 128, micro-batch 4: you predicted 2,129,920 bytes, measured "
+                                             r"[\d,]+ \(-\d+%; within 10% passes\)\. Too low"):
+        check_memory.check_predict_peak(static_only)
+    with pytest.raises(ExerciseFailed, match="expected a positive number of bytes, got str"):
+        check_memory.check_predict_peak(lambda size, seq_len, microbatch_size: "lots")
