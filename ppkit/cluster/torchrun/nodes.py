@@ -98,15 +98,18 @@ def where(rank_: int, world_size: int, addr: str | None, port: int) -> tuple:
 def environment(launch, placed: list[tuple]) -> tuple[dict, list[dict]]:
     """torchrun's variables for every rank (``environ.common``) and each rank's own, from where it runs."""
     nproc = launch.nproc_per_node
+    firsts = [placed[g * nproc][2] for g in range(launch.nnodes)]  # the name of each node's first rank's host
     for rank_, (node, local, name, _) in enumerate(placed):
-        if rank_ != node * nproc + local:  # torchrun numbers ranks node by node
-            by_node = {}
+        # torchrun numbers ranks node by node, nproc on each node, each node a machine of its own
+        if (node, local, name) != (rank_ // nproc, rank_ % nproc, firsts[rank_ // nproc]) \
+                or len(set(firsts)) < launch.nnodes:
+            by_node: dict[str, list[int]] = {}
             for r, (n, _, host, _) in enumerate(placed):
                 by_node.setdefault(f"node {n} ({host})", []).append(r)
             raise LaunchError(
                 f"SLURM placed the ranks as {by_node}, not {nproc} on each node in order as torchrun's "
-                f"--nproc-per-node {nproc} does (rank {rank_} is local rank {local} on node {node}, {name}). "
-                "The job was ended. Check that the nodes have the CPUs for it (`sinfo -N -l`).")
+                f"--nproc-per-node {nproc} does (rank {rank_} is local rank {local} of node {node}, on {name}). "
+                "The job was ended. Check that each node has the CPUs for it (`sinfo -N -l`).")
     addr, port = placed[0][3]
     env = environ.common(nproc, addr, port, launch.run_id, launch.role, nnodes=launch.nnodes)
     return env, [environ.rank_env(r, local, node) for r, (node, local, _, _) in enumerate(placed)]
