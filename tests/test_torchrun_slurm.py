@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 from leftovers import end_leftovers, ppkit_children
@@ -106,6 +109,27 @@ def test_a_hang_on_two_nodes_stops_at_the_timeout_and_ends_the_job(shell, clean)
     assert isinstance(err, ppkit.JobTimeoutError) and err.ranks == [2], err
     assert "within 5 s (%%torchrun's timeout)" in str(err)
     assert "dist.recv(torch.zeros(1), src=1)" in err.stacks[2]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_kernel_interrupt_on_two_nodes_says_where_each_rank_waited_and_ends_the_job(shell, clean, tmp_path):
+    from ppkit.cluster.torchrun import magic
+
+    def interrupt_when_all_started():
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("started-*"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)  # what Kernel > Interrupt does
+
+    threading.Thread(target=interrupt_when_all_started, daemon=True).start()
+    with pytest.raises(ppkit.JobInterrupted) as info:
+        magic.torchrun(f"--nnodes 2 --nproc-per-node 2 -- {tmp_path}", "import os, sys\n"
+                       "open(os.path.join(sys.argv[1], 'started-' + os.environ['RANK']), 'w').close()\n"
+                       "while True:\n    sum(range(1000))\n")
+    assert str(info.value).startswith("interrupted. Every process of this call has been stopped. The next %%torchrun")
+    assert all("sum(range(1000))" in info.value.stacks[r] for r in range(4))
 
 
 ALLOCATED = textwrap.dedent("""
