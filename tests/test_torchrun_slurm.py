@@ -148,6 +148,10 @@ ALLOCATED = textwrap.dedent("""
 
     ppkit.torchrun(main, nproc_per_node=2, nnodes=2)
     print("QUEUE", subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split())
+    try:
+        ppkit.torchrun(main, nproc_per_node=1, nnodes=3)
+    except ppkit.ConfigError as exc:
+        print("REFUSED", exc)
 """)
 
 
@@ -162,6 +166,7 @@ def test_inside_an_allocation_ppkit_torchrun_on_two_nodes_is_a_step_of_it(clean)
     assert {f.pop() for f in found.values()} == {job}  # SLURM_JOB_ID: the allocation's own
     check_two_by_two(found)
     assert f"QUEUE ['{job}']" in proc.stdout  # no job of its own
+    assert f"REFUSED nnodes=3 is more than the 2 node(s) of your allocation {job}" in proc.stdout
 
 
 def test_without_slurm_nnodes_says_what_it_needs(monkeypatch):

@@ -38,14 +38,21 @@ def run(launch, args: tuple, caller: explain.Caller, shown: tuple | None) -> Non
         cluster.close()  # the job (or step) ends with it
 
 
-def require_slurm(launch, caller: explain.Caller) -> None:
+def require_slurm(launch, caller: explain.Caller, environ=os.environ) -> None:
+    """SLURM's commands on PATH, and inside an allocation as many nodes as asked for."""
+    asked = f"nnodes={launch.nnodes}" if caller.name == "ppkit.torchrun" else f"--nnodes {launch.nnodes}"
     missing = commands.missing_tools()
     if missing:
-        asked = f"nnodes={launch.nnodes}" if caller.name == "ppkit.torchrun" else f"--nnodes {launch.nnodes}"
         raise ConfigError(
             f"{asked} runs the ranks on {launch.nnodes} nodes of a SLURM cluster, and SLURM's commands "
             f"({', '.join(missing)}) are not on PATH here. Run the notebook on the cluster's login node or inside "
             "an allocation (try `module load slurm` there), or leave nnodes out to run every rank on this machine.")
+    job, have = commands.inside_allocation(environ), environ.get("SLURM_JOB_NUM_NODES", "")
+    if job and have.isdigit() and launch.nnodes > int(have):
+        raise ConfigError(
+            f"{asked} is more than the {have} node(s) of your allocation {job}: this notebook runs inside it "
+            f"(SLURM_JOB_ID={job}), so the ranks are a step of it and cannot leave it. Ask for {have} node(s) or "
+            f"fewer, or start the notebook in an allocation of {launch.nnodes} nodes (salloc -N {launch.nnodes}).")
 
 
 def start(launch):
