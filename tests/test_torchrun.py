@@ -221,7 +221,10 @@ def test_a_hang_stops_at_the_timeout_and_says_where_each_rank_waited(shell):
 
 
 @pytest.mark.parametrize(("line", "named"), [
-    ("--nnodes 2", "--nnodes 2: more than one node"), ("--tee 3", "--tee 3"), ("--max-restarts 1", "--max-restarts 1"),
+    ("--nnodes 1:2", "--nnodes 1:2: ppkit does not grow or shrink a run"),
+    ("--standalone --nnodes 2", "--standalone is"),
+    ("--nnodes 2 --node-rank 1", "--node-rank 1: one cell starts every node's ranks"),
+    ("--tee 3", "--tee 3"), ("--max-restarts 1", "--max-restarts 1"),
     ("--no-such-option", "unrecognized arguments: --no-such-option"), ("train.py", "'train.py' cannot be a script"),
     ("--nproc-per-node 0", "--nproc-per-node 0"), ("--timeout 0", "--timeout 0"),
 ])

@@ -46,6 +46,8 @@ class SlurmLauncher(RemoteLauncher):
         self._master_addr: str | None = None
 
     def _first_layout(self) -> str:
+        if self.options.ntasks_per_node:  # as many on each node (a batch job asks SLURM for it too)
+            return layout.even(self.world_size, self.options.nodes)
         cpus = os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")
         if self.allocation and cpus:  # as srun -n would deal them over the allocation's CPUs
             try:

@@ -24,6 +24,9 @@ class SlurmOptions:
     partition: str | None = None
     time: str = DEFAULT_TIME
     sbatch_args: tuple[str, ...] = ()
+    # the same number of ranks on every node, as torchrun's --nproc-per-node places them (%%torchrun
+    # --nnodes sets it); None: as SLURM spreads them
+    ntasks_per_node: int | None = None
 
 
 def check_slurm_options(nodes=None, partition=None, time=None, sbatch_args=(), need_tools=True) -> SlurmOptions:

@@ -32,6 +32,7 @@ def batch_script(options, ntasks: int, command: list[str], output: str) -> str:
     return "\n".join([
         "#!/bin/bash",
         *directives(options, f"--ntasks={ntasks}", output),
+        *([f"#SBATCH --ntasks-per-node={options.ntasks_per_node}"] if options.ntasks_per_node else []),
         "#SBATCH --no-requeue",
         "# ppkit's workers: one agent per node (it imports torch once there) joins the notebook over ppkit's",
         "# authenticated channel and forks the ranks SLURM placed on its node (PPKIT_TASKS_PER_NODE), in node",

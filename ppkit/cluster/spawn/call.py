@@ -169,6 +169,16 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float, caller: explain.Call
     call.run()
 
 
+def run_on(cluster: Cluster, fn, args: tuple, timeout: float, caller: explain.Caller,
+           shown: tuple | None = None) -> None:
+    """``fn(i, *args)`` on the processes of ``cluster`` (``%%torchrun --nnodes``'s SLURM cluster), as
+    ``run_fresh`` runs it on the fork server's, its processes stopped when it ends."""
+    __tracebackhide__ = True  # noqa: F841
+    call = _Call(cluster, fn, args, timeout, dict(os.environ), caller)
+    call.shown = shown or call.shown
+    call.run()
+
+
 def prestart(nprocs: int = PRESTART_NPROCS) -> threading.Thread | None:
     """Start, in a background thread, the fork server that a first ``ppkit.spawn(..., nprocs=nprocs)``
     or ``%%torchrun --nproc-per-node nprocs`` uses (``%load_ext ppkit`` calls this), so that the call

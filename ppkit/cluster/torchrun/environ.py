@@ -26,12 +26,14 @@ SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default --signals-to-han
 
 
 def common(nproc: int, master_addr: str, master_port: int, run_id: str, role: str = "default",
-           environ: dict | None = None) -> dict[str, str]:
-    """What every rank of one run sees (``rank_env`` adds the rank's own)."""
+           environ: dict | None = None, nnodes: int = 1) -> dict[str, str]:
+    """What every rank of one run sees (``rank_env`` adds the rank's own); ``nproc`` ranks on each
+    of ``nnodes`` nodes."""
     environ = os.environ if environ is None else environ
+    world = str(nproc * nnodes)
     env = {
-        "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
-        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": role,
+        "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": world,
+        "GROUP_WORLD_SIZE": str(nnodes), "ROLE_NAME": role,
         "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
         # torchrun's agent hosts the store and its workers join it; here rank 0 hosts it before the
@@ -45,6 +47,8 @@ def common(nproc: int, master_addr: str, master_port: int, run_id: str, role: st
     return env
 
 
-def rank_env(rank: int) -> dict[str, str]:
-    """One process's own variables: on one node its rank, local rank and role rank are the same."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}
+def rank_env(rank: int, local_rank: int | None = None, group_rank: int = 0) -> dict[str, str]:
+    """One process's own variables. On one node its rank, local rank and role rank are the same; on
+    several, ``local_rank`` is its place on its node and ``group_rank`` the node's (torchrun's node rank)."""
+    local_rank = rank if local_rank is None else local_rank
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "ROLE_RANK": str(rank), "GROUP_RANK": str(group_rank)}

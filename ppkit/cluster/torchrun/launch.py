@@ -9,7 +9,7 @@ from ppkit.checks import positive
 from ppkit.cluster.spawn import call as spawn_call
 from ppkit.cluster.spawn.explain import Caller
 from ppkit.cluster.spec import DEFAULT_TIMEOUT_S
-from ppkit.cluster.torchrun import environ
+from ppkit.cluster.torchrun import environ, nodes
 from ppkit.cluster.torchrun.options import Launch, new_run_id
 from ppkit.cluster.torchrun.rank import Call, Script, run_as_rank
 from ppkit.cluster.worker_setup import free_port
@@ -20,8 +20,8 @@ LINE_MAGIC = Caller("%torchrun", "rank", "Write %torchrun --timeout SECONDS ..."
 FUNCTION = Caller("ppkit.torchrun", "rank", "Pass ppkit.torchrun(..., timeout=SECONDS)", "fn", "torchrun")
 
 
-def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, timeout: float = DEFAULT_TIMEOUT_S,
-             master_port: int | None = None) -> None:
+def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int = 1,
+             timeout: float = DEFAULT_TIMEOUT_S, master_port: int | None = None) -> None:
     """Run ``fn(*args, **kwargs)`` in ``nproc_per_node`` fresh processes, each with the environment
     torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 
@@ -33,7 +33,9 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, timeout: floa
     ``fn`` takes no rank (read it from ``os.environ["RANK"]`` or ``dist.get_rank()``). Output appears
     as ``[rank i] ...``; a failure raises ``ProcessRaisedError`` naming the rank and stops the others;
     after ``timeout`` seconds ``JobTimeoutError`` says where each rank waited. ``master_port``: None
-    picks a free port for each run, as torchrun does without ``--master-port``. Returns None.
+    picks a free port for each run, as torchrun does without ``--master-port``. ``nnodes`` above 1
+    runs ``nproc_per_node`` processes on each of that many SLURM nodes, in a SLURM job of their own
+    (a step of the allocation inside one), as ``torchrun --nnodes`` would. Returns None.
     """
     if not callable(fn):
         raise ConfigError(f"ppkit.torchrun needs the function each rank runs, got {type(fn).__name__} {fn!r:.60}. "
@@ -55,9 +57,12 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, timeout: floa
                                     or not 0 < master_port < 65536):
         raise ConfigError(f"master_port must be a TCP port, 1 to 65535, or None for a free one; got {master_port!r}: "
                           "ppkit.torchrun(main, nproc_per_node=2, master_port=29500).")
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
+        raise ConfigError(f"nnodes must be a whole number of nodes, at least 1, got {nnodes!r}: "
+                          "ppkit.torchrun(main, nproc_per_node=2, nnodes=2) runs 2 processes on each of 2 SLURM nodes.")
     __tracebackhide__ = True  # noqa: F841
     launch = Launch(nproc_per_node, "127.0.0.1", master_port, new_run_id(), "default", positive(timeout, "timeout"),
-                    getattr(fn, "__name__", "fn"), ())
+                    getattr(fn, "__name__", "fn"), (), nnodes)
     run(launch, Call(fn, args, kwargs), FUNCTION)
 
 
@@ -84,14 +89,15 @@ def run_file(launch: Launch) -> None:
 def run(launch: Launch, target, caller: Caller) -> None:
     __tracebackhide__ = True  # noqa: F841
     cwd = os.getcwd()
-    # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
-    # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s
-    port = launch.master_port or free_port()
-    addr = launch.master_addr
-    env = environ.common(launch.nproc_per_node, addr, port, launch.run_id, launch.role)
     path0 = os.path.dirname(os.path.abspath(target.argv0)) if isinstance(target, Script) else cwd
     argv = [target.argv0 if isinstance(target, Script) else launch.script, *launch.script_args]
     shown = (target.fn, (*target.args, *target.kwargs.values())) if isinstance(target, Call) else None
+    if launch.nnodes > 1:
+        nodes.run(launch, (cwd, path0, argv, target), caller, shown)
+        return
+    # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
+    # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s
+    port = launch.master_port or free_port()
+    env = environ.common(launch.nproc_per_node, launch.master_addr, port, launch.run_id, launch.role)
     spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node, launch.timeout,
                          caller, shown)
-

@@ -1,9 +1,10 @@
 """torchrun's command line, read with torchrun's own parser, into what a ``%%torchrun`` run needs.
 
 torch's parser knows every spelling (``--nproc-per-node 2``, ``--nproc_per_node=2``, ``--master-port``,
-``--standalone``). What a run on one machine without torchrun's agent cannot honour is refused by
-name; options that only steer the agent (how it monitors, restarts or logs) change nothing here and
-are accepted, so a tutorial's command line can be pasted as it is.
+``--standalone``); ``--nnodes N`` runs the ranks on N nodes of a SLURM cluster (nodes.py). What a run
+without torchrun's agent cannot honour is refused by name; options that only steer the agent (how it
+monitors, restarts or logs) change nothing here and are accepted, so a tutorial's command line can be
+pasted as it is.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ CELL = "<%%torchrun cell>"  # stands for the script when the cell is the script
 AGENT_ONLY = {"rdzv_backend", "rdzv_endpoint", "rdzv_conf", "monitor_interval", "start_method",
               "event_log_handler", "log_line_prefix_template", "signals_to_handle", "shutdown_timeout",
               "run_path"}
-# options this run reads (nnodes only as 1: refuse() says so for more)
+# options this run reads (nnodes as one number: nnodes() refuses an elastic range)
 HONOURED = {"nproc_per_node", "master_addr", "master_port", "rdzv_id", "role", "timeout", "standalone", "nnodes",
             "training_script", "training_script_args"}
 WHY_NOT = {
-    "nnodes": "more than one node (machine) is not supported yet; on one machine leave it out or write --nnodes 1 "
-              "(ppkit.start(n, launcher='slurm') runs ranks on several SLURM nodes)",
-    "node_rank": "there is only node 0 on one machine",
+    "nnodes": "ppkit does not grow or shrink a run (torchrun's elastic MIN:MAX); give one number of nodes: "
+              "--nnodes 1 on this machine, --nnodes 2 for two nodes of a SLURM cluster",
+    "node_rank": "one cell starts every node's ranks, so no node is given its rank by hand: with --nnodes N each "
+                 "node's rank is its place in the SLURM job (SLURM_NODEID)",
     "max_restarts": "ppkit does not restart failed ranks: a failure raises in the cell; re-run the cell",
     "module": "-m is not supported: run the module's file, or import it from the cell",
     "no_python": "--no-python is not supported: the ranks are Python processes forked from ppkit's fork server",
@@ -48,6 +50,7 @@ class Launch:
     timeout: float
     script: str  # CELL, or a file's path as written
     script_args: tuple[str, ...]
+    nnodes: int = 1  # more than 1: nproc_per_node ranks on each of that many SLURM nodes (nodes.py)
 
 
 def parser():
@@ -85,14 +88,13 @@ def parse(argv: list[str], cell: bool) -> Launch | None:
             f"%torchrun --nproc-per-node 2 {args.training_script} (one %).")
     refuse(args)
     return Launch(nproc_per_node(args.nproc_per_node), args.master_addr, _port(args), _run_id(args), args.role,
-                  positive_timeout(args.timeout), args.training_script, tuple(args.training_script_args))
+                  positive_timeout(args.timeout), args.training_script, tuple(args.training_script_args),
+                  nnodes(args))
 
 
 def refuse(args) -> None:
     """Raise for the first option that is set and cannot be honoured here."""
     defaults = parser().parse_args([CELL])
-    if str(args.nnodes) not in ("1", "1:1"):
-        raise ConfigError(f"--nnodes {args.nnodes}: {WHY_NOT['nnodes']}.")
     for name, value in vars(args).items():
         if name in AGENT_ONLY or name in HONOURED or value == getattr(defaults, name):
             continue
@@ -112,6 +114,18 @@ def nproc_per_node(value: str) -> int:
     if count < 1:
         raise ConfigError(f"--nproc-per-node {value}: give a number of processes, at least 1 (or cpu, auto); "
                           "one per GPU (gpu) needs GPUs, which %%torchrun does not place.")
+    return count
+
+
+def nnodes(args) -> int:
+    """torchrun's ``--nnodes``: ``N`` or ``N:N``; a range MIN:MAX is elastic, which is not done here."""
+    low, _, high = str(args.nnodes).partition(":")
+    count = int(low) if low.isdigit() and (not high or high == low) else 0
+    if count < 1:
+        raise ConfigError(f"--nnodes {args.nnodes}: {WHY_NOT['nnodes']}.")
+    if count > 1 and args.standalone:
+        raise ConfigError(f"--standalone --nnodes {count}: --standalone is torchrun's run on one node. Leave "
+                          "--standalone out to run on several nodes (of a SLURM cluster).")
     return count
 
 

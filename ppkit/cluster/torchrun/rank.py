@@ -50,13 +50,14 @@ class Call:
     kwargs: dict
 
 
-def run_as_rank(rank: int, env: dict, cwd: str, path0: str, argv: list, target) -> None:
-    """Called as ``fn(i, *args)`` by ppkit.spawn's machinery, in a fresh fork of the fork server."""
+def run_as_rank(rank: int, env: dict, cwd: str, path0: str, argv: list, target, own: dict | None = None) -> None:
+    """Called as ``fn(i, *args)`` by ppkit.spawn's machinery, in a fresh fork of the fork server (or
+    on a SLURM node, nodes.py). ``own``: each rank's own variables, where it is not the only node."""
     global _store
     os.environ.update(env)
-    os.environ.update(rank_env(rank))
+    os.environ.update(rank_env(rank) if own is None else own[rank])
     _threads_as_at_import(os.environ.get("OMP_NUM_THREADS", ""))
-    if rank == 0:
+    if rank == 0 and _store is None:  # a run on several nodes hosts it first, to learn its port (nodes.py)
         _store = host_store(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]))
     os.chdir(cwd)
     sys.path.insert(0, path0)  # a script's folder, or the notebook's, comes first as under python
@@ -87,6 +88,14 @@ def host_store(host: str, port: int, world_size: int):
             hint = ("All ranks run on this machine: leave --master-addr out (127.0.0.1), or name an address "
                     "of this machine.")
         raise ConfigError(f"rank 0 cannot host the rendezvous store on {host}:{port}: {exc.strerror}. {hint}") from None
+
+
+def host_store_first(host: str, port: int, world_size: int) -> int:
+    """On several nodes, rank 0 hosts the store before the others learn where (nodes.py): its port,
+    a free one where ``port`` is 0. ``run_as_rank`` then keeps it."""
+    global _store
+    _store = worker_setup.tcp_store(host, world_size, STORE_TIMEOUT_S, port=port, multi_tenant=True)
+    return _store.port
 
 
 def _run_target(target) -> None:
