@@ -7,6 +7,7 @@
                   the step (activations, counted by lesson 08b's saved-tensor hooks) and what it sent, per
                   dimension
     TOLERANCE     how far float32 rounding may move the results (relative to the largest reference value)
+    reference_activations  what autograd keeps in one process on the whole batch, by block (08b's counter)
 
 Bytes on the wire per call are those of ring algorithms: an all_reduce of S bytes over n ranks sends
 2(n-1)/n x S from each rank, an all_gather (n-1) x its input, a reduce_scatter (n-1)/n x its input, a send S.
@@ -172,3 +173,14 @@ def compare(rank, world_size, mesh=(2, 2, 2), size: comp.Size = comp.SIZE, seed:
     coords = tuple(mesh3d[d].get_local_rank() for d in comp.DIMS)
     return RankResult(rank, coords, loss, _error(grads, want), len(grads), held, dict(kept.bytes), log.calls,
                       log.sent, step_s)
+
+
+def reference_activations(size: comp.Size = comp.SIZE, seed: int = 0) -> dict[str, int]:
+    """Bytes autograd keeps in one process's forward of the whole batch: per block ("layer 0", ...) and
+    "outside the layers" (the embedding's ids, the final norm, the head and the loss)."""
+    model = comp.Transformer(size, seed)
+    x, y = comp.batch(size)
+    with sm.SavedTensors(model) as kept:
+        loss = comp.loss_fn(model(x), y)
+    del loss
+    return dict(kept.bytes)
