@@ -37,8 +37,8 @@ def test_the_3d_step_equals_one_process(cluster8):
         assert r.held["grads"] == r.held["params"] and r.held["optimizer"] == 2 * r.held["params"]
     # activations: what the formula says each stage keeps (stated tolerance: none, every tensor is accounted for)
     assert m.activations() == [mc.activations_formula((2, 2, 2), stage=r.coords[1]) for r in m.ranks]
-    assert m.memory() == [r.held["params"] + r.held["grads"] + r.held["optimizer"] + r.held["activations"]
-                          for r in m.ranks]
+    assert m.memory() == [s + a for s, a in zip(m.model_state(), m.activations())]
+    assert m.model_state() == [r.held["params"] + r.held["grads"] + r.held["optimizer"] for r in m.ranks]
     # traffic: FSDP2 over dp, sends over pp, all_reduces over tp (6 per block and micro-batch: q, k, v separate)
     first = m.ranks[0].calls
     assert set(first["dp"]) == {"all_gather", "reduce_scatter"} and first["tp"] == {"all_reduce": 24}
@@ -53,8 +53,7 @@ def test_replicas_over_dp_equal_one_process_and_hold_more(cluster8):
     assert set(m.ranks[0].calls["dp"]) == {"all_reduce"}
     sharded = mc.memory_formula((2, 2, 2))
     assert mc.memory_formula((2, 2, 2), shard_dp=False) == 2 * sharded
-    state = [r.held["params"] + r.held["grads"] + r.held["optimizer"] for r in m.ranks]
-    assert min(state) > 2 * sharded  # plus the norms and biases that tp keeps whole
+    assert min(m.model_state()) > 2 * sharded  # plus the norms and biases that tp keeps whole
     # FSDP2's sharding leaves the activations as they are: the same bytes as with shards
     assert m.activations() == mc.measure(cluster8, (2, 2, 2)).activations()
 

@@ -27,7 +27,7 @@ def test_explorer_measures_refuses_and_keeps_the_cluster(cluster8):
     # the budget is held against model state + activations, both measured and shown
     acts = max(ex.measurement.activations())
     assert acts > 0 and f"Activations kept (most on one rank): {acts:,} bytes measured" in ex.summary.value
-    state = max(sum(v for k, v in r.held.items() if k != "activations") for r in ex.measurement.ranks)
+    state = max(ex.measurement.model_state())
     ex.budget.value = state + 2_000 - state % 2_000  # the model state alone fits; with the activations it does not
     assert ex.redraws == 2 and "does not fit" in ex.summary.value
     ex.dims["tp"].value = 4  # 2x2x4: 16 ranks

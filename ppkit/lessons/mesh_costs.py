@@ -56,7 +56,12 @@ class Measurement:
         (the Playbook's sum; a bound, since backward frees activations as the gradients fill in)."""
         return [sum(r.held.values()) for r in self.ranks]
 
+    def model_state(self) -> list[int]:
+        """Bytes of parameters, gradients and Adam's moments each rank held after the step."""
+        return [r.held["params"] + r.held["grads"] + r.held["optimizer"] for r in self.ranks]
+
     def activations(self) -> list[int]:
+        """Bytes autograd kept for backward on each rank over the step (every micro-batch's)."""
         return [r.held["activations"] for r in self.ranks]
 
     def sent(self, dim: str) -> float:
@@ -159,10 +164,10 @@ def plot(m: Measurement, budget: float | None = None):
         left.bar(range(len(m.ranks)), values, bottom=bottom, color=colour, label=kind)
         bottom = [b + v for b, v in zip(bottom, values)]
     state = memory_formula(m.mesh, m.size, m.shard_dp)
-    left.axhline(state, color="black", ls="--", label="formula 16 P / N")
+    left.axhline(state, color="black", ls="--", label="formula: state 16 P / N")
     totals = [state + activations_formula(m.mesh, m.size, r.coords[1]) for r in m.ranks]
-    left.scatter(range(len(m.ranks)), totals, marker="_", s=900, color="black", zorder=3,
-                 label="formula + activations")
+    left.scatter(range(len(m.ranks)), totals, marker="_", s=400, color="black", zorder=3,
+                 label="formula: state + activations")
     if budget is not None:
         left.axhline(budget, color="#c44e52", ls=":", lw=2, label="budget")
     left.set_xticks(range(len(m.ranks)), [f"{r.rank}\n{'.'.join(map(str, r.coords))}" for r in m.ranks])
