@@ -119,6 +119,7 @@ def activations_formula(mesh, size: comp.Size = comp.SIZE, stage: int | None = N
 
 
 def total_formula(mesh, size: comp.Size = comp.SIZE, shard_dp: bool = True) -> float:
+    """Model state (``memory_formula``) plus the activations of the stage that keeps most."""
     return memory_formula(mesh, size, shard_dp) + activations_formula(mesh, size)
 
 
