@@ -73,5 +73,5 @@ MEASURED: tuple[NotebookMemory, ...] = (
     NotebookMemory("10_tensor_parallel.ipynb", 3385, 1465, 809, 6, 1315, 0, 16.1),  # with SP (docs/memory.md)
     NotebookMemory("11_context_parallel.ipynb", 3671, 1822, 748, 6, 1764, 0, 187.3),
     NotebookMemory("12_expert_parallel.ipynb", 3293, 1454, 743, 6, 1399, 0, 55.4),  # --timeout 60 (docs/memory.md)
-    NotebookMemory("13_composition.ipynb", 5249, 2027, 750, 10, 1935, 0, 45.1),  # after isolation (docs/memory.md)
+    NotebookMemory("13_composition.ipynb", 5523, 2144, 806, 10, 1996, 0, 30.0),  # with activations, --timeout 60
 )

@@ -1,5 +1,6 @@
 """Lesson 13: one step of the transformer on a 3-D mesh (TP by DTensor, GPipe stages, FSDP2 over dp) equals the
-one-process step; what each rank holds and sends is measured and set beside the formulas; bad meshes are refused."""
+one-process step; what each rank holds (model state, activations) and sends is measured and set beside the formulas;
+bad meshes are refused."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from ppkit.errors import ConfigError
 from ppkit.lessons import composition as comp
 from ppkit.lessons import composition_measure as cm
 from ppkit.lessons import mesh_costs as mc
+from ppkit.lessons import sequence_parallel as sp
+from ppkit.lessons import sequence_parallel_torch as spt
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -32,6 +35,10 @@ def test_the_3d_step_equals_one_process(cluster8):
     # each rank holds its shards: weight, gradient and Adam's two moments of the same shape
     for r in m.ranks:
         assert r.held["grads"] == r.held["params"] and r.held["optimizer"] == 2 * r.held["params"]
+    # activations: what the formula says each stage keeps (stated tolerance: none, every tensor is accounted for)
+    assert m.activations() == [mc.activations_formula((2, 2, 2), stage=r.coords[1]) for r in m.ranks]
+    assert m.memory() == [s + a for s, a in zip(m.model_state(), m.activations())]
+    assert m.model_state() == [r.held["params"] + r.held["grads"] + r.held["optimizer"] for r in m.ranks]
     # traffic: FSDP2 over dp, sends over pp, all_reduces over tp (6 per block and micro-batch: q, k, v separate)
     first = m.ranks[0].calls
     assert set(first["dp"]) == {"all_gather", "reduce_scatter"} and first["tp"] == {"all_reduce": 24}
@@ -46,7 +53,30 @@ def test_replicas_over_dp_equal_one_process_and_hold_more(cluster8):
     assert set(m.ranks[0].calls["dp"]) == {"all_reduce"}
     sharded = mc.memory_formula((2, 2, 2))
     assert mc.memory_formula((2, 2, 2), shard_dp=False) == 2 * sharded
-    assert min(m.memory()) > 2 * sharded  # plus the norms and biases that tp keeps whole
+    assert min(m.model_state()) > 2 * sharded  # plus the norms and biases that tp keeps whole
+    # FSDP2's sharding leaves the activations as they are: the same bytes as with shards
+    assert m.activations() == mc.measure(cluster8, (2, 2, 2)).activations()
+
+
+@pytest.mark.slow
+def test_activations_per_rank_against_one_process(cluster8):
+    """dp halves the sequences per rank, pp gives each stage its blocks (all GPipe micro-batches kept), tp
+    splits what layer_activations says it splits; without tp each block keeps half of one process's."""
+    ref = cm.reference_activations()
+    for mesh in ((2, 4, 1), (1, 2, 4)):
+        m = mc.measure(cluster8, mesh)
+        for r in m.ranks:
+            assert r.held["activations"] == mc.activations_formula(mesh, stage=r.coords[1]), (mesh, r.rank)
+            blocks = {k: v for k, v in r.kept.items() if k.startswith("layer")}
+            assert len(blocks) == 4 // mesh[1]
+            b = comp.SIZE.batch // mesh[0]
+            for name, kept in blocks.items():
+                assert kept == mc.layer_activations(comp.SIZE, b, mesh[2]), (mesh, r.rank, name)
+                if mesh[2] == 1:
+                    assert kept * mesh[0] == ref[name]
+        if mesh[2] > 1:  # tp=4 keeps less per block than one process's share of the batch would, but not 1/4
+            per_block = ref["layer 0"] // mesh[0]
+            assert per_block / 4 < mc.layer_activations(comp.SIZE, comp.SIZE.batch // mesh[0], 4) < per_block
 
 
 def _without_dp_average(rank, world_size):
@@ -105,9 +135,24 @@ def test_shapes_and_formulas():
     activation = 4 * 2 * 8 * 16  # a micro-batch of 2 sequences x 8 tokens x d_model 16, fp32
     assert f == {"dp": 3 * 0.5 * 4 * 14_208 / 4, "pp": 2 * activation, "tp": 4 * 2 * 2 * 2 * 0.5 * activation}
     assert mc.comm_formula((1, 1, 1)) == {"dp": 0.0, "pp": 0.0, "tp": 0.0}
-    fits = {mesh: ok for mesh, _, ok in mc.budget_table(8, 60_000, shard_dp=False)}
-    assert fits == {(1, 2, 4): True, (1, 4, 2): True, (2, 1, 4): True, (2, 2, 2): True, (2, 4, 1): True,
-                    (4, 1, 2): False, (4, 2, 1): False}
+    for mesh, total, ok in mc.budget_table(8, 100_000, shard_dp=False):
+        assert total == mc.memory_formula(mesh, shard_dp=False) + mc.activations_formula(mesh)
+        assert ok == (total <= 100_000)
+
+
+def test_activation_formula_against_one_process_and_lesson_10():
+    size, ref = comp.SIZE, cm.reference_activations()
+    # one process: every block keeps the same, and the whole equals the formula for a mesh of one rank
+    assert {ref[f"layer {i}"] for i in range(4)} == {mc.layer_activations(size, size.batch, 1)}
+    assert sum(ref.values()) == mc.activations_formula((1, 1, 1))
+    # lesson 10's TP breakdown of the same block (an MLP of 4 h): the same bytes for every tp degree
+    for tp in (1, 2, 4):
+        block = sp.Size(d_model=size.d_model, hidden=size.ffn, heads=size.heads, batch=4, seq=size.seq)
+        assert mc.layer_activations(size, 4, tp) == spt.kept_tp(block, tp)
+    # GPipe keeps every micro-batch: the middle stages of 1x4x2 keep one block of all 8 sequences
+    assert mc.activations_formula((1, 4, 2), stage=1) == mc.layer_activations(size, 8, 2)
+    assert mc.activations_formula((1, 4, 2)) == mc.activations_formula((1, 4, 2), stage=3) > \
+        mc.activations_formula((1, 4, 2), stage=0)
 
 
 def test_wire_bytes_of_ring_algorithms():

@@ -20,11 +20,15 @@ def cluster8():
 
 @pytest.mark.slow
 def test_explorer_measures_refuses_and_keeps_the_cluster(cluster8):
-    ex = MeshExplorer(cluster8, mesh=(2, 2, 2), budget=40_000)
+    ex = MeshExplorer(cluster8, mesh=(2, 2, 2), budget=90_000)
     assert ex.redraws == 1 and ex.error is None and ex.measurement.mesh == (2, 2, 2)
     assert "2x2x2 (dp shards: FSDP2)" in ex.summary.value and "equal" in ex.summary.value
-    assert "NOT equal" not in ex.summary.value and "fits in 40,000" in ex.summary.value
-    ex.budget.value = 30_000  # a redraw from the measurement already made
+    assert "NOT equal" not in ex.summary.value and "fits in 90,000" in ex.summary.value
+    # the budget is held against model state + activations, both measured and shown
+    acts = max(ex.measurement.activations())
+    assert acts > 0 and f"Activations kept (most on one rank): {acts:,} bytes measured" in ex.summary.value
+    state = max(ex.measurement.model_state())
+    ex.budget.value = state + 2_000 - state % 2_000  # the model state alone fits; with the activations it does not
     assert ex.redraws == 2 and "does not fit" in ex.summary.value
     ex.dims["tp"].value = 4  # 2x2x4: 16 ranks
     assert ex.error.startswith("mesh 2x2x4 has 16 ranks, but the world has 8")

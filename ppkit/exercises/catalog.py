@@ -228,8 +228,8 @@ EXERCISES = (
         ("Put the meshes in the order you would prefer them: sorted(meshes, key=...) with a key that puts "
          "a larger dp first and, for the same dp, a smaller tp first: key=lambda m: (-m[0], m[2]).",
          "Walk that order and return the first mesh whose memory_of(mesh) is at most budget: the first that "
-         "fits is the best. Ask memory_of rather than the formula: the formula leaves out the norms and "
-         "biases that tensor parallelism keeps whole on every rank.",
+         "fits is the best. Ask memory_of rather than the formula: it counts the activations too, and "
+         "the formula spreads every parameter evenly over the stages and tp ranks, which they are not.",
          "If the loop ends without a mesh that fits, return None.")),
 )
 

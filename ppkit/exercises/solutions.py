@@ -164,6 +164,6 @@ def dispatch_splits(tokens_per_expert, world_size):
 def choose_mesh(meshes, budget, memory_of):
     # most data parallelism first (its traffic overlaps with compute), then the least tensor parallelism
     for mesh in sorted(meshes, key=lambda m: (-m[0], m[2])):
-        if memory_of(mesh) <= budget:                # measured: the formula leaves out what tp keeps whole
+        if memory_of(mesh) <= budget:                # measured: state + activations, as held
             return mesh
     return None

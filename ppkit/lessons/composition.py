@@ -102,7 +102,7 @@ def batch(size: Size, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and next-token targets, the same on every machine."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, size.vocab, (size.batch, size.seq + 1), generator=g)
-    return tokens[:, :-1], tokens[:, 1:]
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
 def loss_fn(logits, targets):
@@ -192,7 +192,7 @@ def my_batch(mesh3d, size: Size):
     x, y = batch(size)
     per = size.batch // mesh3d["dp"].size()
     mine = slice(mesh3d["dp"].get_local_rank() * per, (mesh3d["dp"].get_local_rank() + 1) * per)
-    return x[mine], y[mine]
+    return x[mine].clone(), y[mine].clone()  # copies: autograd keeps the ids of this rank's sequences only
 
 
 def train_step(mesh3d, stage: Transformer, size: Size = SIZE, shard_dp: bool = True):

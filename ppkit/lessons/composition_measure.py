@@ -3,8 +3,11 @@
     CommLog       every collective and send seen by torch's dispatcher, credited to the mesh dimension
                   whose process group carried it, as the bytes this rank put on the wire
     compare       (on every rank) one step on the mesh == one process: the loss and every gradient;
-                  plus what this rank held after Adam (its shards) and sent, per dimension
+                  plus what this rank held after Adam (its shards), what autograd kept for backward during
+                  the step (activations, counted by lesson 08b's saved-tensor hooks) and what it sent, per
+                  dimension
     TOLERANCE     how far float32 rounding may move the results (relative to the largest reference value)
+    reference_activations  what autograd keeps in one process on the whole batch, by block (08b's counter)
 
 Bytes on the wire per call are those of ring algorithms: an all_reduce of S bytes over n ranks sends
 2(n-1)/n x S from each rank, an all_gather (n-1) x its input, a reduce_scatter (n-1)/n x its input, a send S.
@@ -22,6 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ppkit.lessons import composition as comp
+from ppkit.lessons import step_memory as sm
 
 TOLERANCE = 1e-5
 
@@ -114,7 +118,9 @@ class RankResult:
     loss: float | None                    # the last stage's mean loss over its micro-batches
     grad_error: float                     # largest |gradient - one process's| / largest |gradient|
     compared: int                         # parameters compared (this stage's)
-    held: dict = field(default_factory=dict)   # bytes: params, grads, optimizer (this rank's shards)
+    held: dict = field(default_factory=dict)   # bytes: params, grads, optimizer (this rank's shards),
+                                               # activations (what autograd kept, all micro-batches)
+    kept: dict = field(default_factory=dict)   # activation bytes by where autograd kept them ("layer 2", ...)
     calls: dict = field(default_factory=dict)  # dim -> {op: count}
     sent: dict = field(default_factory=dict)   # dim -> bytes this rank sent
     step_s: float = 0.0
@@ -152,15 +158,29 @@ def compare(rank, world_size, mesh=(2, 2, 2), size: comp.Size = comp.SIZE, seed:
     stage = comp.build_stage(mesh3d, size, seed, shard_dp)
     log = CommLog(mesh3d)
     start = time.perf_counter()
-    with log, _quiet():
+    # GPipe runs every micro-batch's forward before any backward: what is kept over the step is all held at once
+    with log, _quiet(), sm.SavedTensors(stage) as kept:
         loss, opt = comp.train_step(mesh3d, stage, size, shard_dp)
     step_s = time.perf_counter() - start
     held = {"params": sum(_local(p).nbytes for p in stage.parameters()),
             "grads": sum(_local(p.grad).nbytes for p in stage.parameters()),
-            "optimizer": sum(_local(v).nbytes for s in opt.state.values() for k, v in s.items() if k != "step")}
+            "optimizer": sum(_local(v).nbytes for s in opt.state.values() for k, v in s.items() if k != "step"),
+            "activations": kept.total()}
     with _quiet():
         grads = {n: _full(p.grad) for n, p in stage.named_parameters()}
     _, ref = comp.reference_step(size, seed)
     want = {n: p.grad for n, p in ref.named_parameters() if n in grads}
     coords = tuple(mesh3d[d].get_local_rank() for d in comp.DIMS)
-    return RankResult(rank, coords, loss, _error(grads, want), len(grads), held, log.calls, log.sent, step_s)
+    return RankResult(rank, coords, loss, _error(grads, want), len(grads), held, dict(kept.bytes), log.calls,
+                      log.sent, step_s)
+
+
+def reference_activations(size: comp.Size = comp.SIZE, seed: int = 0) -> dict[str, int]:
+    """Bytes autograd keeps in one process's forward of the whole batch: per block ("layer 0", ...) and
+    "outside the layers" (the embedding's ids, the final norm, the head and the loss)."""
+    model = comp.Transformer(size, seed)
+    x, y = comp.batch(size)
+    with sm.SavedTensors(model) as kept:
+        loss = comp.loss_fn(model(x), y)
+    del loss
+    return dict(kept.bytes)

@@ -1,9 +1,13 @@
 """Lesson 13: what a mesh shape costs, measured on the cluster and by the Ultra-Scale Playbook's formulas.
 
     measure          one step of ``composition_measure.compare`` on every rank, gathered: equal to one
-                     process?, memory per rank, bytes sent per step per dimension
+                     process?, memory per rank (model state and activations), bytes sent per step per dimension
     memory_formula   model state per rank, 16 bytes per parameter (fp32 weight and gradient, Adam's two
                      moments) over the ranks that split it: tp x pp, and dp too when FSDP shards it
+    layer_activations   what autograd keeps for one block on one rank (Korthikanti et al.'s breakdown, fp32)
+    activations_formula what a pipeline stage keeps over its step: its blocks, all micro-batches, and the
+                     embedding's ids (first stage) or the final norm, head and loss (last stage)
+    total_formula    model state + activations of the busiest stage: what the budget is held against
     comm_formula     bytes each rank sends per step, per dimension (ring algorithms)
     budget_table     every mesh of a world: the formula's memory per rank and whether it fits a budget
     plot             memory per rank and traffic per dimension, measured beside the formulas
@@ -48,8 +52,17 @@ class Measurement:
             self.grad_error <= cm.TOLERANCE
 
     def memory(self) -> list[int]:
-        """Bytes of model state each rank held after the step."""
+        """Bytes each rank needs: its model state after the step plus the activations autograd kept in it
+        (the Playbook's sum; a bound, since backward frees activations as the gradients fill in)."""
         return [sum(r.held.values()) for r in self.ranks]
+
+    def model_state(self) -> list[int]:
+        """Bytes of parameters, gradients and Adam's moments each rank held after the step."""
+        return [r.held["params"] + r.held["grads"] + r.held["optimizer"] for r in self.ranks]
+
+    def activations(self) -> list[int]:
+        """Bytes autograd kept for backward on each rank over the step (every micro-batch's)."""
+        return [r.held["activations"] for r in self.ranks]
 
     def sent(self, dim: str) -> float:
         """The most bytes any rank sent over ``dim`` in the step."""
@@ -74,6 +87,42 @@ def memory_formula(mesh, size: comp.Size = comp.SIZE, shard_dp: bool = True) -> 
     return BYTES_PER_PARAM * size.params() / (pp * tp * (dp if shard_dp else 1))
 
 
+def layer_activations(size: comp.Size, b: int, tp: int) -> float:
+    """Bytes one block keeps for backward on one rank, fp32, for ``b`` sequences (lesson 10's ``kept_tp``):
+    whole on every tp rank, the two norms' inputs and outputs (4 sbh) and each norm's mean and 1/std (2 sb);
+    split over tp, q, k, v and the attention output (4 sbh), fc1's output and GELU's (2 sbf), and SDPA's
+    log-sum-exp per head and row (a sb)."""
+    s, h, f, a = size.seq, size.d_model, size.ffn, size.heads
+    return 4 * (4 * s * b * h + 2 * 2 * s * b) + 4 * (4 * s * b * h + 2 * s * b * f + a * s * b) / tp
+
+
+def activations_formula(mesh, size: comp.Size = comp.SIZE, stage: int | None = None) -> float:
+    """What pipeline stage ``stage`` (default: the one that keeps most) keeps over one step on ``mesh``.
+
+    dp: each rank runs batch / dp sequences (sharding the model over dp with FSDP changes nothing here).
+    pp: a stage runs layers / pp blocks, and GPipe runs every micro-batch's forward before any backward, so all
+    of them are kept at once: m micro-batches of b / m sequences keep what b sequences do. tp: divides what
+    ``layer_activations`` says it splits. Outside the blocks: the token ids (int64) on the first stage; the
+    final norm's input, output and statistics, the head's output as log-probabilities over the vocabulary, the
+    targets (int64) and one 4-byte total weight per micro-batch (cross-entropy) on the last."""
+    dp, pp, tp = mesh
+    s, h, b = size.seq, size.d_model, size.batch // dp
+    if stage is None:
+        return max(activations_formula(mesh, size, st) for st in range(pp))
+    kept = size.layers // pp * layer_activations(size, b, tp)
+    if stage == 0:
+        kept += 8 * s * b
+    if stage == pp - 1:
+        kept += 4 * (2 * s * b * h + 2 * s * b) + 4 * s * b * size.vocab + 8 * s * b + \
+            4 * (size.microbatches if pp > 1 else 1)
+    return kept
+
+
+def total_formula(mesh, size: comp.Size = comp.SIZE, shard_dp: bool = True) -> float:
+    """Model state (``memory_formula``) plus the activations of the stage that keeps most."""
+    return memory_formula(mesh, size, shard_dp) + activations_formula(mesh, size)
+
+
 def _ring(n: int) -> float:
     return (n - 1) / n
 
@@ -96,31 +145,37 @@ def comm_formula(mesh, size: comp.Size = comp.SIZE, shard_dp: bool = True) -> di
 
 
 def budget_table(world_size: int, budget: float, size: comp.Size = comp.SIZE, shard_dp: bool = True):
-    """(mesh, memory per rank by the formula, fits) for every mesh the world and model can take."""
-    return [(mesh, memory_formula(mesh, size, shard_dp), memory_formula(mesh, size, shard_dp) <= budget)
+    """(mesh, bytes per rank by the formula: model state + activations, fits) for every mesh the world and the
+    model can take."""
+    return [(mesh, total_formula(mesh, size, shard_dp), total_formula(mesh, size, shard_dp) <= budget)
             for mesh in comp.shapes(world_size, size)]
 
 
-COLOURS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868"}
+COLOURS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#8172b3"}
 
 
 def plot(m: Measurement, budget: float | None = None):
-    """Left: each rank's model state, measured (stacked) against the formula and the budget. Right: bytes
-    sent per step over each dimension, the busiest rank measured beside the formula."""
+    """Left: each rank's model state and activations, measured (stacked), against the formula (model state,
+    and each stage's total) and the budget. Right: bytes sent per step over each dimension, the busiest rank
+    measured beside the formula."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
     bottom = [0] * len(m.ranks)
     for kind, colour in COLOURS.items():
         values = [r.held[kind] for r in m.ranks]
         left.bar(range(len(m.ranks)), values, bottom=bottom, color=colour, label=kind)
         bottom = [b + v for b, v in zip(bottom, values)]
-    left.axhline(memory_formula(m.mesh, m.size, m.shard_dp), color="black", ls="--", label="formula 16 P / N")
+    state = memory_formula(m.mesh, m.size, m.shard_dp)
+    left.axhline(state, color="black", ls="--", label="formula: state 16 P / N")
+    totals = [state + activations_formula(m.mesh, m.size, r.coords[1]) for r in m.ranks]
+    left.scatter(range(len(m.ranks)), totals, marker="_", s=400, color="black", zorder=3,
+                 label="formula: state + activations")
     if budget is not None:
         left.axhline(budget, color="#c44e52", ls=":", lw=2, label="budget")
     left.set_xticks(range(len(m.ranks)), [f"{r.rank}\n{'.'.join(map(str, r.coords))}" for r in m.ranks])
     left.set_xlabel("rank, and its (dp.pp.tp) coordinates")
-    left.set_ylabel("bytes after the step")
-    left.set_title(f"model state per rank, mesh {m.title()}")
-    top = max([*bottom, memory_formula(m.mesh, m.size, m.shard_dp)] + ([budget] if budget is not None else []))
+    left.set_ylabel("bytes")
+    left.set_title(f"model state and activations per rank, mesh {m.title()}")
+    top = max([*bottom, *totals] + ([budget] if budget is not None else []))
     left.set_ylim(0, top * 1.4)  # room for the legend above the bars
     left.legend(fontsize=8, loc="upper left", ncol=3)
     formula = comm_formula(m.mesh, m.size, m.shard_dp)

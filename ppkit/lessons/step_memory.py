@@ -187,7 +187,12 @@ def formula_for(size: Size, s: int, b: int, element_size: int = 4) -> float:
 
 class SavedTensors:
     """Inside ``with``: what autograd keeps for backward, by storage (a tensor saved by two ops, or a view
-    of one saved, counts once), parameters left out; ``layer`` names whose it is (set by block hooks)."""
+    of one saved, counts once), parameters left out; ``layer`` names whose it is (set by block hooks on the
+    model's ``blocks``, or its ``layers`` by name).
+
+    A parameter is whatever the model holds as one when the op saves it: FSDP2 swaps each sharded parameter
+    for an all-gathered one during forward (and a Linear saves a transposed view of it), so the model's
+    parameters are read again at each save, not once at the start; an ``nn.Parameter`` is skipped too."""
 
     def __init__(self, model: nn.Module):
         self.model, self.layer = model, "outside the layers"
@@ -198,19 +203,27 @@ class SavedTensors:
     def _pack(self, t):
         storage = _local(t).untyped_storage()
         key = storage.data_ptr()
-        if key not in self._seen and key not in self._params:
+        if key not in self._seen and not isinstance(t, nn.Parameter) and key not in self._params():
             self._seen.add(key)
             self.bytes[self.layer] += storage.nbytes()
             self.by_dtype[str(t.dtype).removeprefix("torch.")] += storage.nbytes()
         return t
 
+    def _params(self) -> set[int]:
+        return {_local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
+
+    def _blocks(self) -> dict[str, nn.Module]:
+        layers = getattr(self.model, "layers", None)
+        if isinstance(layers, nn.ModuleDict):
+            return dict(layers.items())
+        return {str(i): b for i, b in enumerate(getattr(self.model, "blocks", ()))}
+
     def __enter__(self):
-        self._params = {_local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
-        blocks = getattr(self.model, "blocks", ())
+        blocks = self._blocks()
         self._hooks = [b.register_forward_pre_hook(lambda _m, _a, i=i: setattr(self, "layer", f"layer {i}"))
-                       for i, b in enumerate(blocks)]
+                       for i, b in blocks.items()]
         self._hooks += [b.register_forward_hook(lambda *_: setattr(self, "layer", "outside the layers"))
-                        for b in blocks]
+                        for b in blocks.values()]
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._ctx.__enter__()
         return self

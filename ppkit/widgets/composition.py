@@ -3,8 +3,8 @@
     from ppkit.widgets import MeshExplorer
     MeshExplorer(cluster)     # cluster = ppkit.start(8): every change runs one step of the 3-D model on
                               # the mesh chosen, on ranks 0 .. world size - 1, checks it against one process,
-                              # and draws what each rank held and sent, beside the Playbook's formulas and
-                              # the budget
+                              # and draws what each rank held (model state and activations) and sent,
+                              # beside the Playbook's formulas and the budget
 
 A mesh whose product is not the world size (or that the model cannot take) is refused in the kernel before
 anything runs: the summary says which value and which meshes would work, the last picture stays, and the
@@ -30,7 +30,7 @@ CSS = "ppkit-mesh"
 class MeshExplorer:
     """Controls, a summary and the measured memory and traffic of one mesh shape on ``cluster``."""
 
-    def __init__(self, cluster, mesh=(2, 2, 2), shard_dp: bool = True, budget: int = 40_000, known=()):
+    def __init__(self, cluster, mesh=(2, 2, 2), shard_dp: bool = True, budget: int = 90_000, known=()):
         """``known``: measurements made already (``mesh_costs.measure``), reused rather than run again."""
         self.cluster, self.size = cluster, comp.SIZE
         world = mesh[0] * mesh[1] * mesh[2] if len(mesh) == 3 and all(isinstance(n, int) for n in mesh) else 0
@@ -41,7 +41,7 @@ class MeshExplorer:
         self.dims = {d: widgets.Dropdown(options=DEGREES if n in DEGREES else tuple(sorted({*DEGREES, n})), value=n,
                                          description=d) for d, n in zip(comp.DIMS, mesh)}
         self.shard = widgets.Checkbox(value=shard_dp, description="dp shards (FSDP2); off: whole replicas")
-        self.budget = widgets.IntSlider(value=budget, min=10_000, max=150_000, step=2_000,
+        self.budget = widgets.IntSlider(value=budget, min=10_000, max=200_000, step=2_000,
                                         description="budget (bytes per rank)", continuous_update=False)
         self.summary, self.output = widgets.HTML(), widgets.Output()
         named = {"world-size": self.world, **self.dims, "shard": self.shard, "budget": self.budget,
@@ -83,6 +83,7 @@ class MeshExplorer:
     def _summary_html(self, m: mc.Measurement, budget: int) -> str:
         worst = max(m.memory())
         fits = "fits" if worst <= budget else "<b>does not fit</b>"
+        state, acts = mc.memory_formula(m.mesh, m.size, m.shard_dp), mc.activations_formula(m.mesh, m.size)
         formula = mc.comm_formula(m.mesh, m.size, m.shard_dp)
         traffic = ", ".join(f"{d} {m.sent(d):,.0f} (formula {formula[d]:,.0f})" for d in comp.DIMS)
         cell = "<td style='padding: 0 1.2em 0 0'>"
@@ -91,12 +92,14 @@ class MeshExplorer:
             f"{self._measured_memory(mesh, m.shard_dp)}</td>{cell}{'yes' if ok else 'no'}</td></tr>"
             for mesh, mem, ok in mc.budget_table(len(m.ranks), budget, m.size, m.shard_dp))
         head = "".join(f"<th style='padding: 0 1.2em 0 0; text-align: left'>{h}</th>" for h in (
-            "mesh dp x pp x tp", "formula bytes per rank", "measured (busiest rank)", "formula fits"))
+            "mesh dp x pp x tp", "formula bytes per rank (state + activations)", "measured (busiest rank)",
+            "formula fits"))
         return (f"<p><b>{escape(m.title())}</b> on {len(m.ranks)} ranks: loss {m.loss:.6f}, one process "
                 f"{m.reference_loss:.6f}; largest "
                 f"gradient difference {m.grad_error:.1e} (tolerance {mc.cm.TOLERANCE:g}): "
-                f"{'equal' if m.equal else '<b>NOT equal</b>'}.<br>Model state of the busiest rank {worst:,} bytes "
-                f"(formula {mc.memory_formula(m.mesh, m.size, m.shard_dp):,.0f}): {fits} in {budget:,}.<br>"
+                f"{'equal' if m.equal else '<b>NOT equal</b>'}.<br>Model state + activations of the busiest rank "
+                f"{worst:,} bytes (formula {state:,.0f} + {acts:,.0f}): {fits} in {budget:,}. Activations kept "
+                f"(most on one rank): {max(m.activations()):,} bytes measured, formula {acts:,.0f}.<br>"
                 f"Bytes sent per step by the busiest rank: {traffic}.</p><table><tr>{head}</tr>{rows}</table>")
 
     def _measured_memory(self, mesh, shard: bool) -> str:

@@ -472,11 +472,11 @@ def test_expert_parallel_explorer(lab, open_notebook):
 
 
 def test_mesh_explorer(lab, open_notebook):
-    """13_composition: 1x2x4 runs the step on that mesh (summary and pictures follow); 2x2x4 is refused in the
-    summary, with the meshes that work, and 1x4x2 then runs on the same cluster."""
+    """13_composition: 1x2x4 (measured in section 6) is drawn (summary and pictures follow); 2x2x4 is refused in
+    the summary, with the meshes that work, and 1x2x2 on a world of 4 then runs on the same cluster."""
     # The last cell closes the cluster the explorer measures on: play first, as a learner would, then close.
-    nb = _open_and_run(lab, open_notebook, "13_composition.ipynb", (r"^m = mc\.measure\(", r"^MeshExplorer\("),
-                       timeout=600, hold_back_last=True)
+    nb = _open_and_run(lab, open_notebook, "13_composition.ipynb",
+                       (r"^m = mc\.measure\(", r"^layouts = ", r"^MeshExplorer\("), timeout=600, hold_back_last=True)
 
     def change(page, explorer):
         explorer.locator(".ppkit-mesh-tp select").select_option("4")
@@ -494,10 +494,11 @@ def test_mesh_explorer(lab, open_notebook):
         in summary.inner_text()
     nb.screenshot("refused", explorer)
     explorer.locator(".ppkit-mesh-dp select").select_option("1")
-    explorer.locator(".ppkit-mesh-pp select").select_option("4")
-    explorer.locator(".ppkit-mesh-tp select").select_option("2")
-    page.wait_for_function("el => el.innerText.includes('1x4x2 (dp shards: FSDP2) on 8 ranks: loss')",
+    explorer.locator(".ppkit-mesh-world-size select").select_option("4")  # 1x2x4 on 4 ranks: refused
+    explorer.locator(".ppkit-mesh-tp select").select_option("2")  # 1x2x2: not measured before, runs now
+    page.wait_for_function("el => el.innerText.includes('1x2x2 (dp shards: FSDP2) on 4 ranks: loss')",
                            arg=summary.element_handle(), timeout=300_000)
+    assert "Activations kept (most on one rank)" in summary.inner_text()
     nb.wait_kernel_idle()
     nb.screenshot("after-refusal", explorer)
     nb.assert_console_clean()
