@@ -165,3 +165,14 @@ class ProcessExitedError(WorkerDiedError):
         self.pid = pid
         self.exit_code = exit_code
         self.signal_name = signal_name
+
+
+# --- pdb on ranks (issue 32) ---------------------------------------------------------------------
+class DebuggerQuit(WorkerError):
+    """A pdb session on a rank ended the job: the learner quit (``how`` "quit") or no one could
+    answer its prompt ("no stdin": nbval, ``nbconvert --execute``). ``rank``: the rank, ``where``:
+    where it stopped, ``restarted``: ppkit restarted the ranks that stayed blocked."""
+
+    def __init__(self, message: str, rank: int, how: str, where: str, restarted: bool):
+        super().__init__(message, [rank])
+        self.rank, self.how, self.where, self.restarted = rank, how, where, restarted

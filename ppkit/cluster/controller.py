@@ -264,7 +264,7 @@ class Cluster:
         with self._one_job:
             self._check_usable()
             job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
-                      self._printer, self._break, self._conns)
+                      self._printer, self._break, self._conns, self.restart)
             return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout, self.workers)
 
     def _check_usable(self) -> None:
