@@ -18,7 +18,7 @@ import weakref
 from dataclasses import asdict
 
 from ppkit.checks import positive
-from ppkit.cluster import diagnostics, launchers, worker_setup
+from ppkit.cluster import diagnostics, launchers, post_mortem, worker_setup
 from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.budget import read_budget
 from ppkit.cluster.inbox import Closed, Inbox, Item
@@ -34,7 +34,7 @@ CONTROL_SEND_S = 2.0  # a control message (cancel, shutdown, ...) to a rank that
 _live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
-class Cluster:
+class Cluster(post_mortem.PostMortemDebugging):
     """A world of ``world_size`` ranks, each a background worker process.
 
     >>> with Cluster(2) as cluster:
