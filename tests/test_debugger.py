@@ -287,3 +287,32 @@ def test_debug_says_what_it_needs_and_leaves_other_errors_to_ipython(kc):
     assert cell.error[0] == "DebuggerQuit" and "does not allow input" in cell.error[1], cell
     cell = run_cell(kc, "cluster.debug(1)", ["p rank", "c"])  # pdb left the rank: it can be asked again
     assert cell.error is None and "ZeroDivisionError" in cell.text and "\n1\n" in cell.text, cell.text
+
+
+def test_breakpoints_in_ppkit_spawn_and_ranks_cells_and_their_post_mortem_advice(kc):
+    code = """
+    def spawned(i, offset):
+        value = i + offset
+        if i == 1:
+            breakpoint()
+        print("value", value)
+    ppkit.spawn(spawned, args=(40,), nprocs=2)
+    """
+    cell = run_cell(kc, code, ["p value", "c"])
+    assert cell.error is None, cell.text
+    assert cell.prompts == ["(Pdb rank 1) "] * 2 and "\n41\n" in cell.text
+    cell = run_cell(kc, code, ["q"])
+    assert cell.error is not None and "you quit pdb on rank 1" in cell.error[1], cell
+    assert run_cell(kc, "ppkit.spawn(lambda i: 1 / i, nprocs=2)").error[0] == "ProcessRaisedError"
+    cell = run_cell(kc, "%debug")
+    assert cell.error is None and "the processes of ppkit.spawn and %%torchrun are gone" in cell.text, cell.text
+    cell = run_cell(kc, "%%ranks\nlabel = f'on {rank}'\nif rank == 0:\n    breakpoint()\nprint(label)", ["p label", "c"])
+    assert cell.error is None and cell.prompts == ["(Pdb rank 0) "] * 2 and "'on 0'" in cell.text, cell.text
+
+
+def test_pythonbreakpoint_0_skips_breakpoints_on_the_ranks(kc):
+    cell = run_cell(kc, """
+    with ppkit.Cluster(2, process_group=False, env={"PYTHONBREAKPOINT": "0"}) as quiet:
+        print(quiet.run(stop_on_rank_1))
+    """)
+    assert cell.error is None and cell.prompts == [] and "[8, 18]" in cell.text, cell.text
