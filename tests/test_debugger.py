@@ -7,10 +7,12 @@ cell or two in that session, and the module's end checks that no ppkit process o
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from jupyter_client.manager import start_new_kernel
@@ -306,7 +308,8 @@ def test_breakpoints_in_ppkit_spawn_and_ranks_cells_and_their_post_mortem_advice
     assert run_cell(kc, "ppkit.spawn(lambda i: 1 / i, nprocs=2)").error[0] == "ProcessRaisedError"
     cell = run_cell(kc, "%debug")
     assert cell.error is None and "the processes of ppkit.spawn and %%torchrun are gone" in cell.text, cell.text
-    cell = run_cell(kc, "%%ranks\nlabel = f'on {rank}'\nif rank == 0:\n    breakpoint()\nprint(label)", ["p label", "c"])
+    ranks_cell = "%%ranks\nlabel = f'on {rank}'\nif rank == 0:\n    breakpoint()\nprint(label)"
+    cell = run_cell(kc, ranks_cell, ["p label", "c"])
     assert cell.error is None and cell.prompts == ["(Pdb rank 0) "] * 2 and "'on 0'" in cell.text, cell.text
 
 
@@ -316,3 +319,16 @@ def test_pythonbreakpoint_0_skips_breakpoints_on_the_ranks(kc):
         print(quiet.run(stop_on_rank_1))
     """)
     assert cell.error is None and cell.prompts == [] and "[8, 18]" in cell.text, cell.text
+
+
+def test_notebook_00s_pdb_cell_runs_as_its_text_says(kc):
+    """The cell nbval skips (it needs answers) works as the markdown above it tells the learner to use it."""
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "00_start_here.ipynb").read_text())["cells"]
+    sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    source = next(s for s in sources if "breakpoint()" in s)
+    assert source.startswith("# NBVAL_SKIP\n")
+    cell = run_cell(kc, source, ["p x", "n", "p x", "c"])
+    assert cell.error is None, cell.text
+    assert cell.prompts == ["(Pdb rank 1) "] * 4
+    assert "\ntensor([1.])\n" in cell.text and "\ntensor([10.])\n" in cell.text
+    assert cell.text.rstrip().endswith("[10.0, 10.0]")  # all_reduce of 0 and 10 on both ranks
