@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import queue
 import re
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -94,7 +96,7 @@ def run_cell(kc, code: str, answers=(), allow_stdin: bool = True, on_prompt=None
             replied = replied or msg["parent_header"].get("msg_id") == msg_id
         except queue.Empty:
             pass
-    assert not answers, f"prompts never came for {answers}; the cell showed:\n{cell.text}"
+    assert not answers, f"prompts never came for {answers} ({cell.error}); the cell showed:\n{cell.text}"
     assert not unexpected, f"unexpected prompts {unexpected}; the cell showed:\n{cell.text}"
     return cell
 
@@ -332,3 +334,47 @@ def test_notebook_00s_pdb_cell_runs_as_its_text_says(kc):
     assert cell.prompts == ["(Pdb rank 1) "] * 4
     assert "\ntensor([1.])\n" in cell.text and "\ntensor([10.])\n" in cell.text
     assert cell.text.rstrip().endswith("[10.0, 10.0]")  # all_reduce of 0 and 10 on both ranks
+
+
+def test_stepping_over_a_collective_that_needs_a_rank_at_its_own_prompt_moves_on_to_that_rank(kc):
+    code = """
+    def both_stop_then_reduce(rank, world_size):
+        if rank == 0:
+            time.sleep(0.5)
+        t = torch.ones(1) * (rank + 1)
+        breakpoint()
+        dist.all_reduce(t)
+        return int(t)
+    print(cluster.run(both_stop_then_reduce))
+    """
+    # rank 1 first; its `n` blocks in all_reduce until rank 0, stopped at its own prompt, goes on
+    cell = run_cell(kc, code, [(1.0, "n"), "c", "p t", "c"])
+    assert cell.error is None, cell.text
+    assert cell.prompts == ["(Pdb rank 1) ", "(Pdb rank 0) ", "(Pdb rank 1) ", "(Pdb rank 1) "], cell.text
+    assert "rank 1 is busy (probably in a collective" in cell.text and "over to rank 0" in cell.text
+    assert "-> return int(t)\ntensor([3.])\n" in cell.text and cell.text.rstrip().endswith("[3, 3]")
+
+
+def test_interact_opens_a_console_in_the_ranks_frame(kc):
+    cell = run_cell(kc, "print(cluster.run(stop_on_rank_1))", ["interact", "z = x * 2", "z", "exit()", "p z", "c"])
+    assert cell.error is None, cell.text
+    assert cell.prompts == ["(Pdb rank 1) ", ">>> ", ">>> ", ">>> ", "(Pdb rank 1) ", "(Pdb rank 1) "], cell.text
+    assert "*interactive*" in cell.text and "34" in cell.text and "NameError" in cell.text  # z lived in the console
+
+
+TRACED_CALL_AFTER_A_DROP = """
+import sys, threading
+from ppkit.transport.debugger import drop_async_exc
+def helper():
+    return 1
+drop_async_exc(threading.get_ident())  # what a worker does at the end of every job
+sys.settrace(lambda frame, event, arg: None)  # pdb's `n` traces every call like this
+print(helper() + helper())
+"""
+
+
+def test_a_traced_call_after_a_dropped_cancel_returns():
+    # CPython 3.11: after PyThreadState_SetAsyncExc(id, NULL) a traced call re-ran its first instruction for ever
+    done = subprocess.run([sys.executable, "-c", TRACED_CALL_AFTER_A_DROP], capture_output=True, text=True,
+                          timeout=30)
+    assert done.stdout == "2\n", done.stderr

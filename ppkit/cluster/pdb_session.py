@@ -39,7 +39,7 @@ class Sessions:
         self._ask = ask or (lambda prompt: builtins.input(prompt))
         self.world_size = world_size
         self.active: int | None = None  # the rank whose prompts the learner answers now
-        self._where: dict[int, str] = {}  # active or waiting rank -> where it stopped
+        self._where: dict[int, str] = {}  # rank in pdb (active, waiting or busy) -> where it stopped
         self.waiting: dict[int, DebugPrompt] = {}  # rank -> its first prompt, not asked yet
         self.paused_s = 0.0  # time spent waiting for the learner
         self.ended: Ended | None = None
@@ -56,12 +56,14 @@ class Sessions:
             return True
         if isinstance(msg, DebugLeft):
             self._print(msg.text)
+            where = self._where.pop(source, "(unknown)")
             if msg.quit and self.ended is None:
-                self.ended = Ended(source, "quit", self._where.get(source, "(unknown)"))
+                self.ended = Ended(source, "quit", where)
             if source == self.active:
                 self._next()
             return True
         if source == self.active:  # the job ended on the active rank while it stepped
+            self._where.pop(source, None)
             self._next()
         return False
 
@@ -88,13 +90,13 @@ class Sessions:
 
     def _answer(self, rank: int, prompt: DebugPrompt) -> None:
         self._flush()
-        self._where[rank] = prompt.where
         if self.active is None:
             self.active = rank
-            others = [r for r in range(self.world_size) if r != rank and r not in self.waiting]
+            others = [r for r in range(self.world_size) if r != rank and r not in self.waiting and r not in self._where]
             print(f"[ppkit] rank {rank} stopped at {prompt.where}. pdb commands now go to rank {rank} "
                   "(n, s, c, p x, l, q)."
                   + (f" Rank(s) {others} run on until they wait for it, in their next collective." if others else ""))
+        self._where[rank] = prompt.where
         self._print(prompt.text)
         label = prompt.prompt.rstrip()
         if self.waiting:

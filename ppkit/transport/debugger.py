@@ -16,6 +16,7 @@ the next job starts.
 from __future__ import annotations
 
 import code
+import ctypes
 import os
 import pdb
 import queue
@@ -26,6 +27,30 @@ from ppkit.transport.debug_messages import DebugLeft, DebugPrompt
 
 LINE_POLL_S = 0.2  # how often the waiting main thread lets an asynchronous exception (a cancel) in
 SKIP = ["ppkit.transport.*"]  # stepping out of a job never stops in the worker's own frames
+
+
+class _Dropped(BaseException):
+    """Stands in for an asynchronous exception (a cancel) that arrived too late, so it can be dropped."""
+
+
+def _checkpoint() -> None:
+    """A Python call: the interpreter looks for a pending asynchronous exception on entry."""
+
+
+def drop_async_exc(thread_id: int) -> None:
+    """Drop a pending asynchronous exception of the calling thread ``thread_id``.
+
+    ``PyThreadState_SetAsyncExc(id, NULL)`` drops it too, but CPython 3.11 then leaves the eval
+    breaker set for good, and under a trace function every later call re-runs its first
+    instruction for ever: pdb's ``n`` over a call hung on a worker that had finished a job. An
+    exception raised and caught here clears the breaker as a delivered one does.
+    """
+    try:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(_Dropped))
+        for _ in range(3):  # a call and a loop: where it lands, if not on the line above already
+            _checkpoint()
+    except _Dropped:
+        pass
 
 
 class RankDebugger:
@@ -148,6 +173,19 @@ class RankPdb(pdb.Pdb):
         self.rank_debugger = rank_debugger
         self.prompt = f"(Pdb rank {rank_debugger.rank}) "
         self.told = False  # the controller heard DebugLeft since the last prompt
+
+    def set_trace(self, frame=None) -> None:
+        """As bdb's, but the frames below the job (the worker's loop) are never traced."""
+        frame = sys._getframe().f_back if frame is None else frame
+        self.reset()
+        while frame is not None:
+            frame.f_trace = self.trace_dispatch
+            self.botframe = frame
+            if self.is_skipped_module(frame.f_globals.get("__name__")):
+                break
+            frame = frame.f_back
+        self.set_step()
+        sys.settrace(self.trace_dispatch)
 
     def ask(self, text: str, prompt: str) -> str:
         self.told = False

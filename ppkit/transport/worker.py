@@ -27,7 +27,7 @@ from importlib import metadata
 from ppkit.transport import byvalue, channel, procs, rendezvous
 from ppkit.transport.capture import OutputPipe
 from ppkit.transport.debug_messages import DebugLine, PostMortem
-from ppkit.transport.debugger import RankDebugger
+from ppkit.transport.debugger import RankDebugger, drop_async_exc
 from ppkit.transport.messages import (
     AskStacks,
     Cancel,
@@ -235,11 +235,11 @@ class Worker:
 
     def _leave(self) -> None:
         """No job is current: from now on no cancel is raised in the main thread, and one raised
-        but not delivered yet is dropped (NULL clears a thread's pending async exception)."""
+        but not delivered yet is dropped."""
         sys.settrace(None)  # a pdb session that stepped out of the job: the loop runs untraced
         with self._current_lock:
             self._current = None
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._main_ident), None)
+            drop_async_exc(self._main_ident)  # not SetAsyncExc(NULL): see debugger.py
 
     def _run_job(self, job_id, payload):
         self.debugger.start_job()
