@@ -378,3 +378,19 @@ def test_a_traced_call_after_a_dropped_cancel_returns():
     done = subprocess.run([sys.executable, "-c", TRACED_CALL_AFTER_A_DROP], capture_output=True, text=True,
                           timeout=30)
     assert done.stdout == "2\n", done.stderr
+
+
+def test_a_rank_that_raises_while_another_is_at_a_prompt_waits_for_the_session(kc):
+    code = """
+    def one_raises(rank, world_size):
+        if rank == 0:
+            raise ValueError("rank 0 is wrong")
+        x = 5
+        breakpoint()
+        return x
+    cluster.run(one_raises)
+    """
+    cell = run_cell(kc, code, [(4.0, "p x"), "c"])  # longer than the 3 s other ranks get after an error
+    assert cell.prompts == ["(Pdb rank 1) "] * 2 and "\n5\n" in cell.text, cell.text
+    assert cell.error[0] == "RemoteError" and cell.error[1].startswith("rank 0 raised ValueError: rank 0 is wrong")
+    assert "still blocked" not in cell.error[1]  # rank 1 finished after c: the cluster stays ready
