@@ -293,7 +293,7 @@ def test_debug_says_what_it_needs_and_leaves_other_errors_to_ipython(kc):
     assert cell.error is None and "ZeroDivisionError" in cell.text and "\n1\n" in cell.text, cell.text
 
 
-def test_breakpoints_in_ppkit_spawn_and_ranks_cells_and_their_post_mortem_advice(kc):
+def test_breakpoints_in_ppkit_spawn_torchrun_and_ranks_cells_and_their_post_mortem_advice(kc):
     code = """
     def spawned(i, offset):
         value = i + offset
@@ -307,6 +307,17 @@ def test_breakpoints_in_ppkit_spawn_and_ranks_cells_and_their_post_mortem_advice
     assert cell.prompts == ["(Pdb rank 1) "] * 2 and "\n41\n" in cell.text
     cell = run_cell(kc, code, ["q"])
     assert cell.error is not None and "you quit pdb on rank 1" in cell.error[1], cell
+    torchrun = """
+    def main():
+        import os
+        rank = int(os.environ["RANK"])
+        if rank == 1:
+            breakpoint()
+        print("rank", rank, "done")
+    ppkit.torchrun(main, nproc_per_node=2)
+    """
+    cell = run_cell(kc, torchrun, ["p rank", "c"])
+    assert cell.error is None and cell.prompts == ["(Pdb rank 1) "] * 2 and "\n1\n" in cell.text, cell.text
     assert run_cell(kc, "ppkit.spawn(lambda i: 1 / i, nprocs=2)").error[0] == "ProcessRaisedError"
     cell = run_cell(kc, "%debug")
     assert cell.error is None and "the processes of ppkit.spawn and %%torchrun are gone" in cell.text, cell.text
