@@ -405,3 +405,21 @@ def test_a_rank_that_raises_while_another_is_at_a_prompt_waits_for_the_session(k
     assert cell.prompts == ["(Pdb rank 1) "] * 2 and "\n5\n" in cell.text, cell.text
     assert cell.error[0] == "RemoteError" and cell.error[1].startswith("rank 0 raised ValueError: rank 0 is wrong")
     assert "still blocked" not in cell.error[1]  # rank 1 finished after c: the cluster stays ready
+
+
+def test_a_breakpoint_where_nothing_reads_its_prompt_is_a_clear_error_not_a_hang(kc):
+    # a function that RPC runs on a worker: the kernel waits in rpc_sync, not in a job (the module's last test:
+    # this kernel becomes an RPC master)
+    cell = run_cell(kc, """
+    import torch.distributed.rpc as rpc
+    world = ppkit.start_rpc(1)
+    def stop_remotely(x):
+        breakpoint()
+        return x
+    try:
+        rpc.rpc_sync("worker1", stop_remotely, args=(1,))
+    finally:
+        world.close()
+    """)
+    assert cell.error is not None and cell.prompts == [], cell.text
+    assert "outside a cluster.run job (in a function run by RPC" in cell.error[1], cell.error

@@ -61,6 +61,7 @@ class RankDebugger:
         self.rank, self._send, self._sync = rank, send, sync_output
         self._lines: queue.Queue[str] = queue.Queue()
         self.kept: BaseException | None = None  # the last job's error, for a post-mortem
+        self.in_job = False  # a job runs: the notebook reads this rank's prompts
 
     def install(self) -> None:
         """Make ``breakpoint()``, ``pdb.set_trace()`` and torch's distributed breakpoint open a RankPdb."""
@@ -72,10 +73,19 @@ class RankDebugger:
         """``torch.distributed.breakpoint`` opens /dev/stdin (the rank has none): give it ours."""
         dist = sys.modules.get("torch.distributed")
         if dist is not None and hasattr(dist, "_make_distributed_pdb"):
-            dist._make_distributed_pdb = self.new_pdb
+            dist._make_distributed_pdb = self._pdb_in_job
 
     def new_pdb(self) -> RankPdb:
         return RankPdb(self)
+
+    def _pdb_in_job(self) -> RankPdb:
+        """A RankPdb for a breakpoint, if the notebook will read its prompts; a clear error if not."""
+        if not self.in_job:  # e.g. a function RPC runs here: the kernel waits in rpc_sync, not in a job
+            raise RuntimeError(
+                f"breakpoint() on rank {self.rank} outside a cluster.run job (in a function run by RPC, or in a "
+                "thread that outlived its job): nothing in the notebook reads pdb's prompt there. Debug the "
+                "function with cluster.run(...) first, or skip breakpoints with PYTHONBREAKPOINT=0.")
+        return self.new_pdb()
 
     def breakpointhook(self, *args, **kwargs):
         hook = os.environ.get("PYTHONBREAKPOINT", "")
@@ -83,10 +93,10 @@ class RankDebugger:
             return None
         if hook not in ("", "pdb.set_trace"):  # the learner's own hook, as Python would call it
             return sys.__breakpointhook__(*args, **kwargs)
-        self.new_pdb().set_trace(sys._getframe().f_back)
+        self._pdb_in_job().set_trace(sys._getframe().f_back)
 
     def set_trace(self, *, header=None) -> None:
-        debugger = self.new_pdb()
+        debugger = self._pdb_in_job()
         if header is not None:
             debugger.message(header)
         debugger.set_trace(sys._getframe().f_back)
@@ -113,8 +123,12 @@ class RankDebugger:
 
     # -- jobs and post-mortems --------------------------------------------------------------------
     def start_job(self) -> None:
-        self.kept = None
+        self.kept, self.in_job = None, True
         self.patch_torch()  # the job may be the first to import torch.distributed
+
+    def end_job(self) -> None:
+        self.in_job = False
+        sys.settrace(None)  # a session that stepped out of the job: the worker's loop runs untraced
 
     def post_mortem(self) -> None:
         """pdb at the frame that raised the last job's error, in a thread of its own (the main

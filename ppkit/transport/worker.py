@@ -236,7 +236,7 @@ class Worker:
     def _leave(self) -> None:
         """No job is current: from now on no cancel is raised in the main thread, and one raised
         but not delivered yet is dropped."""
-        sys.settrace(None)  # a pdb session that stepped out of the job: the loop runs untraced
+        self.debugger.end_job()  # no more pdb sessions; untraced, if one stepped out of the job
         with self._current_lock:
             self._current = None
             drop_async_exc(self._main_ident)  # not SetAsyncExc(NULL): see debugger.py
