@@ -14,8 +14,10 @@ import builtins
 import time
 from dataclasses import dataclass
 
+from ppkit.cluster.inbox import Closed
 from ppkit.errors import DebuggerQuit, JobInterrupted
 from ppkit.transport.debug_messages import DebugLeft, DebugLine, DebugPrompt
+from ppkit.transport.messages import Cancelled, Result
 
 SWITCH_AFTER_S = 1.5  # an active rank silent this long after a command, with others waiting: theirs now
 
@@ -62,7 +64,7 @@ class Sessions:
             if source == self.active:
                 self._next()
             return True
-        if source == self.active:  # the job ended on the active rank while it stepped
+        if source == self.active and isinstance(msg, (Result, Cancelled, Closed)):  # its job ended as it stepped
             self._where.pop(source, None)
             self._next()
         return False

@@ -121,7 +121,7 @@ def register(ipython, active_cluster) -> None:
     original = ipython.magics_manager.magics["line"].get("debug")
     if original is None or hasattr(original, "ppkit_wraps"):
         return
-    try:  # the method itself: IPython 9 lists a lazy stand-in, which would find this wrapper once it is in
+    try:  # the method itself: IPython may list a lazy stand-in, which would find this wrapper once it is in
         original = ipython.magics_manager.registry["ExecutionMagics"].debug
     except (KeyError, AttributeError):
         pass
