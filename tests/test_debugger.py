@@ -143,6 +143,16 @@ def test_a_session_steps_prints_and_lists_the_cells_source(kc):
     assert cell.text.rstrip().endswith("[8, 18]")
 
 
+def test_ll_w_and_a_breakpoint_set_at_the_prompt(kc):
+    cell = run_cell(kc, "print(cluster.run(stop_on_rank_1))", ["ll", "w", "b 12", "c", "p y", "c"])
+    assert cell.error is None, cell.text
+    assert cell.prompts == ["(Pdb rank 1) "] * 6
+    assert "  7  \tdef stop_on_rank_1(rank, world_size):" in cell.text, cell.text  # ll: the function, from the cell
+    assert "in _run_job" not in cell.text  # w: the job's frames; the worker's own are hidden
+    assert re.search(r"Breakpoint 1 at .*:12\n", cell.text) and "\n18\n" in cell.text, cell.text
+    assert cell.text.rstrip().endswith("[8, 18]")
+
+
 @pytest.mark.parametrize("how", ["rank == 1 and pdb.set_trace()", "dist.breakpoint(rank=1)"])
 def test_pdb_set_trace_and_torch_distributed_breakpoint_open_a_session(kc, how):
     code = f"""

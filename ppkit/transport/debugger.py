@@ -189,14 +189,12 @@ class RankPdb(pdb.Pdb):
         self.told = False  # the controller heard DebugLeft since the last prompt
 
     def set_trace(self, frame=None) -> None:
-        """As bdb's, but the frames below the job (the worker's loop) are never traced."""
+        """As bdb's, but the frames below the job (the worker's loop) are neither traced nor shown (w, u)."""
         frame = sys._getframe().f_back if frame is None else frame
         self.reset()
-        while frame is not None:
+        while frame is not None and not self.is_skipped_module(frame.f_globals.get("__name__")):
             frame.f_trace = self.trace_dispatch
             self.botframe = frame
-            if self.is_skipped_module(frame.f_globals.get("__name__")):
-                break
             frame = frame.f_back
         self.set_step()
         sys.settrace(self.trace_dispatch)
