@@ -21,6 +21,7 @@ from jupyter_client.manager import start_new_kernel
 from leftovers import ppkit_children, wait_gone
 from test_layout import payload_problems
 
+import ppkit
 from ppkit.transport import debug_messages
 
 CELL_TIMEOUT_S = 120.0
@@ -433,3 +434,21 @@ def test_a_breakpoint_where_nothing_reads_its_prompt_is_a_clear_error_not_a_hang
     """)
     assert cell.error is not None and cell.prompts == [], cell.text
     assert "outside a cluster.run job (in a function run by RPC" in cell.error[1], cell.error
+
+
+def _shapes_differ(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(3 if rank == 0 else 4)  # the learner's mistake: rank 1 sends a longer tensor
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_torch_distributed_debug_detail_from_env_turns_a_shape_mismatch_into_an_error(no_leftovers):
+    # the ranks are forked from a fork server that imported torch before env= reached them
+    with ppkit.Cluster(2, "gloo", timeout=30, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}) as cluster:
+        with pytest.raises(ppkit.RemoteError) as raised:
+            cluster.run(_shapes_differ)
+    assert "Detected mismatch between collectives on ranks" in str(raised.value)
+    assert "Tensor shapes: 3vs 4" in str(raised.value)

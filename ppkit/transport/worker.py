@@ -152,6 +152,7 @@ class Worker:
             return
         import torch.distributed as dist
 
+        dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG in the fork server, before env=
         if cfg.store is None:
             raise RuntimeError(f"ppkit worker: rank {self.rank} is to join a process group, but the controller "
                                "named no store for its rendezvous (a launcher's init_config sets one)")
