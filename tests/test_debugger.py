@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
 from leftovers import ppkit_children, wait_gone
@@ -110,11 +111,12 @@ def kernel():
         assert cell.error is None, cell
         yield km, kc
     finally:
-        kernel_pid = km.provisioner.process.pid if km.provisioner and km.provisioner.process else None
-        children = [p.pid for p in ppkit_children()]
+        kernel_pid = km.provisioner.process.pid
+        mine = {p.pid for p in psutil.Process(kernel_pid).children(recursive=True)}
+        children = [p.pid for p in ppkit_children() if p.pid in mine]  # not other modules' kept fork servers
         kc.stop_channels()
         km.shutdown_kernel(now=False)
-        assert wait_gone(children, 15.0) == [], f"ppkit processes outlived the kernel (pid {kernel_pid})"
+        assert children and wait_gone(children, 15.0) == [], f"ppkit processes outlived the kernel (pid {kernel_pid})"
 
 
 @pytest.fixture
@@ -445,10 +447,13 @@ def _shapes_differ(rank, world_size):
     return t.tolist()
 
 
-def test_torch_distributed_debug_detail_from_env_turns_a_shape_mismatch_into_an_error(no_leftovers):
-    # the ranks are forked from a fork server that imported torch before env= reached them
+def test_torch_distributed_debug_detail_from_env_turns_a_shape_mismatch_into_an_error():
+    # the ranks are forked from a fork server that imported torch before env= reached them. (Not no_leftovers:
+    # the module's kernel keeps its own ppkit processes meanwhile; this cluster's are checked instead.)
     with ppkit.Cluster(2, "gloo", timeout=30, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}) as cluster:
+        pids = [p.pid for p in cluster.processes()]
         with pytest.raises(ppkit.RemoteError) as raised:
             cluster.run(_shapes_differ)
+    assert wait_gone(pids, 10.0) == []
     assert "Detected mismatch between collectives on ranks" in str(raised.value)
     assert "Tensor shapes: 3vs 4" in str(raised.value)
