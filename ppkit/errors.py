@@ -11,7 +11,8 @@
         │   └── ProcessRaisedError   ... in a process of ppkit.spawn (mp's ProcessRaisedException)
         ├── WorkerDiedError  a rank's process died
         │   └── ProcessExitedError   a process of ppkit.spawn exited (mp's ProcessExitedException)
-        └── JobTimeoutError  the job did not finish in time (stack of every waiting rank attached)
+        ├── JobTimeoutError  the job did not finish in time (stack of every waiting rank attached)
+        └── DebuggerQuit     a pdb session on a rank ended the job (the learner quit, or no stdin)
 
 ``JobInterrupted`` is a ``KeyboardInterrupt`` (so Ctrl-C in a script still stops it), raised when
 Kernel > Interrupt cancels a job.
