@@ -11,7 +11,8 @@
         │   └── ProcessRaisedError   ... in a process of ppkit.spawn (mp's ProcessRaisedException)
         ├── WorkerDiedError  a rank's process died
         │   └── ProcessExitedError   a process of ppkit.spawn exited (mp's ProcessExitedException)
-        └── JobTimeoutError  the job did not finish in time (stack of every waiting rank attached)
+        ├── JobTimeoutError  the job did not finish in time (stack of every waiting rank attached)
+        └── DebuggerQuit     a pdb session on a rank ended the job (the learner quit, or no stdin)
 
 ``JobInterrupted`` is a ``KeyboardInterrupt`` (so Ctrl-C in a script still stops it), raised when
 Kernel > Interrupt cancels a job.
@@ -165,3 +166,14 @@ class ProcessExitedError(WorkerDiedError):
         self.pid = pid
         self.exit_code = exit_code
         self.signal_name = signal_name
+
+
+# --- pdb on ranks (issue 32) ---------------------------------------------------------------------
+class DebuggerQuit(WorkerError):
+    """A pdb session on a rank ended the job: the learner quit (``how`` "quit") or no one could
+    answer its prompt ("no stdin": nbval, ``nbconvert --execute``). ``rank``: the rank, ``where``:
+    where it stopped, ``restarted``: ppkit restarted the ranks that stayed blocked."""
+
+    def __init__(self, message: str, rank: int, how: str, where: str, restarted: bool):
+        super().__init__(message, [rank])
+        self.rank, self.how, self.where, self.restarted = rank, how, where, restarted

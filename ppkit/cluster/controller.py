@@ -17,7 +17,7 @@ import weakref
 from dataclasses import asdict
 
 from ppkit.checks import positive
-from ppkit.cluster import diagnostics, launchers, worker_setup
+from ppkit.cluster import diagnostics, launchers, post_mortem, worker_setup
 from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.budget import read_budget
 from ppkit.cluster.inbox import Closed, Inbox, Item
@@ -33,7 +33,7 @@ CONTROL_SEND_S = 2.0  # a control message (cancel, shutdown, ...) to a rank that
 _live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
-class Cluster:
+class Cluster(post_mortem.PostMortemDebugging):
     """A world of ``world_size`` ranks, each a background worker process.
 
     >>> with Cluster(2) as cluster:
@@ -263,7 +263,7 @@ class Cluster:
         with self._one_job:
             self._check_usable()
             job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
-                      self._printer, self._break, self._conns)
+                      self._printer, self._break, self._conns, self.restart)
             return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout, self.workers)
 
     def _check_usable(self) -> None:

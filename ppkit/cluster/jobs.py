@@ -14,6 +14,7 @@ import time
 
 from ppkit.cluster import diagnostics
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
+from ppkit.cluster.pdb_session import Ended, Sessions, ended_error
 from ppkit.errors import ConfigError
 from ppkit.transport import byvalue, channel
 from ppkit.transport.messages import Cancel, Cancelled, CellSource, Result, Run
@@ -55,7 +56,8 @@ def pack_job(fn, args: tuple, kwargs: dict) -> bytes:
 
 
 class Job:
-    def __init__(self, job_id: int, world_size: int, inbox, send, launcher, printer, on_break, conns=None):
+    def __init__(self, job_id: int, world_size: int, inbox, send, launcher, printer, on_break, conns=None,
+                 restart=None):
         self.job_id = job_id
         self.world_size = world_size
         self._inbox = inbox
@@ -64,6 +66,8 @@ class Job:
         self._launcher = launcher
         self._printer = printer
         self._on_break = on_break  # on_break(reason): the cluster needs a restart
+        self._restart = restart  # restart(): new workers, after a pdb quit left ranks blocked
+        self.debug = Sessions(send, printer.flush, world_size=world_size)  # breakpoints on ranks
         self.results: dict[int, Result | Cancelled] = {}
         self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
 
@@ -74,7 +78,9 @@ class Job:
         try:
             self._collect(deadline, timeout, workers)
         except KeyboardInterrupt:
-            self._cancel()
+            if self.debug.active is None:
+                self._cancel()
+            self._stop_debugging(Ended(self.debug.active, "interrupted", ""))
         self._printer.flush()
         errors = {r: m.value for r, m in self.results.items() if isinstance(m, Result) and not m.ok}
         if errors:
@@ -118,28 +124,60 @@ class Job:
     def _collect(self, deadline: float, timeout: float, workers: dict) -> None:
         grace_ends = None
         while len(self.results) < self.world_size:
-            item = self._inbox.next(deadline if grace_ends is None else min(deadline, grace_ends))
-            if item is None and grace_ends is not None and time.monotonic() >= grace_ends:
-                return
-            if item is None:
+            ends = deadline if grace_ends is None else min(deadline, grace_ends)
+            switch_at = self.debug.switch_at()
+            item = self._inbox.next(ends if switch_at is None else min(ends, switch_at))
+            paused = self.debug.paused_s
+            if item is None and switch_at is not None and time.monotonic() < ends:
+                self.debug.switch()  # the active rank is blocked: on to a rank waiting at a prompt
+            elif item is not None and self.debug.take(item.source, item.msg):
+                pass
+            elif item is None and grace_ends is not None and time.monotonic() >= grace_ends:
+                if self.debug.active is None:  # a rank that stopped at a breakpoint keeps the job
+                    return
+                grace_ends = time.monotonic() + ERROR_GRACE_S
+            elif item is None:
                 waiting = self.waiting()
                 stacks = self._stacks(waiting)
                 self._printer.flush()
                 self._on_break(f"a job timed out with rank(s) {waiting} still blocked.")
                 raise diagnostics.job_timed_out(timeout, waiting, sorted(self.results), stacks, self.rendezvous)
-            if isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
+            elif isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
                 self._printer.flush()
                 self._on_break(f"rank {rank} died.")
                 raise diagnostics.worker_died(rank, self._launcher.rank_label(rank, workers.get(rank, {})),
                                               self._launcher.exit_status(rank), self._launcher.describe_exit(rank))
-            if isinstance(item.msg, LaunchFailed) and item.msg.rank in self.waiting():  # its machine is lost
+            elif isinstance(item.msg, LaunchFailed) and item.msg.rank in self.waiting():  # its machine is lost
                 self._printer.flush()
                 self._on_break(item.msg.reason)
                 raise diagnostics.rank_lost(item.msg.rank, item.msg.reason)
-            if self._take(item) and isinstance(item.msg, Result) and not item.msg.ok:
+            elif self._take(item) and isinstance(item.msg, Result) and not item.msg.ok:
                 grace_ends = grace_ends or time.monotonic() + ERROR_GRACE_S
+            pause = self.debug.paused_s - paused  # the learner's time at a prompt is not the job's
+            deadline += pause
+            grace_ends = grace_ends and grace_ends + pause
+            if self.debug.ended:
+                self._stop_debugging(self.debug.ended)
+
+    def _stop_debugging(self, ended: Ended) -> None:
+        """The learner quit pdb, interrupted it, or cannot answer: stop the job on every rank, and
+        restart the ranks that stay blocked (in a collective, waiting for the one that quit)."""
+        for rank in self.waiting():
+            self._send(rank, Cancel(self.job_id))
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while self.waiting() and (item := self._inbox.next(deadline)):
+            self._take(item)
+        self._printer.flush()
+        stuck = self.waiting()
+        if stuck and self._restart is not None:
+            print(f"[ppkit] rank(s) {stuck} are blocked, waiting for rank {ended.rank}: restarting every rank "
+                  "(a new process group)...", flush=True)
+            self._restart()
+        elif stuck:
+            self._on_break(f"rank(s) {stuck} were still blocked after the pdb session on rank {ended.rank} ended.")
+        raise ended_error(ended, stuck, restarted=bool(stuck and self._restart))
 
     def _take(self, item: Item) -> bool:
         if isinstance(item.msg, (Result, Cancelled)) and item.msg.job_id == self.job_id:

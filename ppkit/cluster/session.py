@@ -18,6 +18,7 @@ import itertools
 import shlex
 
 from ppkit.checks import check_keywords
+from ppkit.cluster import post_mortem
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.spec import cluster_spec
 from ppkit.errors import ClusterStateError, ConfigError
@@ -92,4 +93,5 @@ def register(ipython=None) -> bool:
     if ipython is None:
         return False
     ipython.register_magic_function(ranks, magic_kind="cell", magic_name="ranks")
+    post_mortem.register(ipython, active)  # %debug after a rank's error: pdb on that rank
     return True

@@ -26,6 +26,8 @@ from importlib import metadata
 
 from ppkit.transport import byvalue, channel, procs, rendezvous
 from ppkit.transport.capture import OutputPipe
+from ppkit.transport.debug_messages import DebugLine, PostMortem
+from ppkit.transport.debugger import RankDebugger, drop_async_exc
 from ppkit.transport.messages import (
     AskStacks,
     Cancel,
@@ -124,6 +126,8 @@ class Worker:
         for path in reversed(cfg.sys_path):
             if path not in sys.path:
                 sys.path.insert(0, path)
+        self.debugger = RankDebugger(self.rank, self.send, self._sync_output)
+        self.debugger.install()  # breakpoint() on this rank asks the notebook (debugger.py)
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
         rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
         info = WorkerInfo(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), backend=cfg.backend,
@@ -148,6 +152,7 @@ class Worker:
             return
         import torch.distributed as dist
 
+        dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG in the fork server, before env=
         if cfg.store is None:
             raise RuntimeError(f"ppkit worker: rank {self.rank} is to join a process group, but the controller "
                                "named no store for its rendezvous (a launcher's init_config sets one)")
@@ -189,6 +194,10 @@ class Worker:
                             ctypes.c_ulong(self._main_ident), ctypes.py_object(_Cancelled))
                     elif msg.job_id > self._started:  # queued, not started: it never will be
                         self._cancelled.add(msg.job_id)
+            elif isinstance(msg, DebugLine):
+                self.debugger.reply(msg.line)
+            elif isinstance(msg, PostMortem):
+                self.debugger.post_mortem()
             elif isinstance(msg, Shutdown):
                 try:
                     self._sync_output()
@@ -227,12 +236,14 @@ class Worker:
 
     def _leave(self) -> None:
         """No job is current: from now on no cancel is raised in the main thread, and one raised
-        but not delivered yet is dropped (NULL clears a thread's pending async exception)."""
+        but not delivered yet is dropped."""
+        self.debugger.end_job()  # no more pdb sessions; untraced, if one stepped out of the job
         with self._current_lock:
             self._current = None
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._main_ident), None)
+            drop_async_exc(self._main_ident)  # not SetAsyncExc(NULL): see debugger.py
 
     def _run_job(self, job_id, payload):
+        self.debugger.start_job()
         try:
             fn, args, kwargs = byvalue.loads(payload)
             value = fn(self.rank, self.world_size, *args, **kwargs)
@@ -241,6 +252,7 @@ class Worker:
             return Cancelled(job_id)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
             self._leave()
+            self.debugger.kept = exc  # for a post-mortem (cluster.debug())
             return Result(job_id, False, _error_info(exc, skip=1, rendezvous=rendezvous.history()))
         try:
             return Result(job_id, True, byvalue.dumps(value))

@@ -1,0 +1,129 @@
+"""Post-mortem on a rank: ``cluster.debug()``, and IPython's ``%debug`` after a rank's error.
+
+A rank keeps the exception its last job raised until its next job starts (transport/debugger.py).
+``debug`` asks it to open pdb on that traceback, at the frame that raised, with its locals; the
+prompts come through the kernel's stdin as for a breakpoint (pdb_session.py). The session runs in
+a thread of its own on the rank, so a cluster left broken by the error (other ranks still blocked
+in a collective) can still be looked at before ``restart()``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ppkit.cluster.inbox import Closed
+from ppkit.cluster.pdb_session import Sessions
+from ppkit.errors import ClusterStateError, ConfigError, DebuggerQuit, ProcessRaisedError, RemoteError
+from ppkit.transport.debug_messages import DebugLeft, DebugLine, DebugPrompt, PostMortem
+
+POLL_S = 0.5
+
+
+class PostMortemDebugging:
+    """``Cluster.debug``: the cluster's methods for a post-mortem (mixed into ``Cluster``)."""
+
+    def debug(self, rank: int | None = None) -> None:
+        """Open pdb on ``rank`` at the frame that raised in the last job, with its locals.
+
+        ``rank`` defaults to the first rank of the last error IPython saw (``sys.last_value``).
+        ``c`` or ``q`` ends the session; the rank keeps its traceback until its next job.
+
+        >>> cluster.run(train)      # RemoteError: rank 1 raised RuntimeError ...
+        >>> cluster.debug()         # (Pdb rank 1) p x.shape
+        """
+        rank = _rank_to_debug(rank, self.world_size)
+        with self._one_job:
+            if self.state == "closed":
+                raise ClusterStateError("this cluster is closed: its ranks and their tracebacks are gone.")
+            if not self._send(rank, PostMortem()):
+                raise ClusterStateError(f"rank {rank} is gone (its process ended): there is no traceback to look "
+                                        "at. cluster.restart(), run the job again, then cluster.debug().")
+            self._post_mortem_session(rank)
+
+    def _post_mortem_session(self, rank: int) -> None:
+        sessions = Sessions(self._send, self._printer.flush)  # world_size 0: no other ranks to mention
+        others = []
+        try:
+            while True:
+                item = self._inbox.next(time.monotonic() + POLL_S)
+                if item is None:
+                    continue
+                if item.source != rank or item.generation != self._generation:
+                    others.append(item)
+                elif isinstance(item.msg, Closed):
+                    raise ClusterStateError(f"rank {rank} died during its post-mortem: cluster.restart().")
+                elif isinstance(item.msg, DebugPrompt) and sessions.ended is None:
+                    sessions.take(rank, item.msg)
+                    if sessions.ended is not None:  # interrupted, or no stdin: pdb on the rank must end too
+                        self._send(rank, DebugLine("q"))
+                elif isinstance(item.msg, DebugLeft):
+                    sessions.take(rank, item.msg)
+                    _check_ended(item.msg, sessions, rank)
+                    return
+                else:
+                    others.append(item)
+        finally:
+            self._printer.flush()
+            self._inbox.put_back(others)
+
+
+def _check_ended(left: DebugLeft, sessions: Sessions, rank: int) -> None:
+    """Raise what stopped the post-mortem on ``rank``, if it did not end with the learner's ``c`` or ``q``."""
+    if left.problem:
+        raise ClusterStateError(left.problem)
+    ended = sessions.ended
+    if ended is not None and ended.how == "no stdin":
+        raise DebuggerQuit("cluster.debug() needs to ask for pdb commands, but this front end does not allow input "
+                           "(nbval, jupyter nbconvert --execute, ...). Run it in JupyterLab or IPython.",
+                           rank, "no stdin", ended.where, False)
+    if ended is not None and ended.how == "interrupted":
+        print(f"[ppkit] interrupted: the post-mortem on rank {rank} ended.")
+
+
+def _rank_to_debug(rank: int | None, world_size: int) -> int:
+    if rank is None:
+        error = getattr(sys, "last_value", None)
+        if not isinstance(error, RemoteError) or not error.ranks:
+            raise ConfigError("cluster.debug() opens pdb where a rank's last job raised, but no rank's error was "
+                              "the last one here. Say which rank: cluster.debug(rank=1).")
+        rank = min(error.ranks)
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ConfigError(f"this cluster has ranks 0..{world_size - 1}, not {rank!r}: cluster.debug(rank=1).")
+    return rank
+
+
+def debug_magic(original, active_cluster):
+    """IPython's ``%debug``, which after a rank's error opens pdb on that rank (``active_cluster()``:
+    the cluster to ask); after any other error, or with arguments, IPython's own."""
+
+    def debug(line: str = "", cell: str | None = None):
+        error = getattr(sys, "last_value", None)
+        if line.strip() or cell is not None or not isinstance(error, RemoteError) or not error.ranks:
+            return original(line, cell)
+        if isinstance(error, ProcessRaisedError):
+            print("[ppkit] the processes of ppkit.spawn and %%torchrun are gone once they fail: there is no rank "
+                  "left to look at. Run the same function with cluster.run(fn) on a ppkit.start() cluster, where "
+                  "%debug and breakpoint() work, or put breakpoint() in it before the run.")
+            return None
+        cluster = active_cluster()
+        if cluster is None:
+            print("[ppkit] no running cluster here kept that error: call cluster.debug() on the one that ran it.")
+            return None
+        return cluster.debug()
+
+    debug.ppkit_wraps = original
+    return debug
+
+
+def register(ipython, active_cluster) -> None:
+    """Put ppkit's ``%debug`` in front of IPython's (once)."""
+    original = ipython.magics_manager.magics["line"].get("debug")
+    if original is None or hasattr(original, "ppkit_wraps"):
+        return
+    try:  # the method itself: IPython may list a lazy stand-in, which would find this wrapper once it is in
+        original = ipython.magics_manager.registry["ExecutionMagics"].debug
+    except (KeyError, AttributeError):
+        pass
+    ipython.register_magic_function(debug_magic(original, active_cluster), magic_kind="line_cell",
+                                    magic_name="debug")
