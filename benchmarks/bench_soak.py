@@ -53,13 +53,20 @@ def blocked_job(rank, world_size):
 
 
 def snapshot() -> dict:
+    """This process's children, threads and file descriptors, but for the spare fork server that a closed
+    cluster leaves for the next one (ppkit/cluster/launchers/spare.py) and its stdin pipe."""
+    from ppkit.cluster.launchers import spare
+
     fds = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
             fds[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:  # the listing's own descriptor, already closed
             pass
-    return {"children": {p.pid: " ".join(p.cmdline()[:4]) for p in psutil.Process().children(recursive=True)},
+    fds.pop(spare.pipe_fd(), None)
+    waiting = spare.pid()
+    return {"children": {p.pid: " ".join(p.cmdline()[:4]) for p in psutil.Process().children(recursive=True)
+                         if p.pid != waiting},
             "threads": {t.ident: t.name for t in threading.enumerate()},
             "fds": fds}
 

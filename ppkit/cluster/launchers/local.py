@@ -92,8 +92,16 @@ class ForkServerLauncher(Launcher):
 
     def _watch(self, process: subprocess.Popen) -> None:
         """A fork server that exits before it connects (torch fails to import, a broken install)
-        fails the start at once, with its output, as SpawnLauncher does for its workers."""
-        code = process.wait()
+        fails the start at once, with its output, as SpawnLauncher does for its workers. Once it has
+        connected, its end comes as its connection's close, and this thread ends (a parked fork server
+        outlives its cluster: spare.py)."""
+        while True:
+            try:
+                code = process.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if (self._hello and self.process is process) or self._closing:
+                    return
         if not self._hello and self.process is process and not self._closing:
             self.inbox.put(Item(FORK_SERVER, LaunchFailed(None, (
                 f"the fork server (pid {process.pid}, `python -m ppkit.transport.zygote`), which imports "

@@ -98,6 +98,15 @@ def pid() -> int | None:
     return spare.process.pid if spare is not None and spare.process.poll() is None else None
 
 
+def pipe_fd() -> int | None:
+    """This process's end of the waiting spare's stdin pipe, if one waits (leak checks pass over it too)."""
+    spare = _spare
+    try:
+        return spare.process.stdin.fileno() if spare is not None and spare.process.poll() is None else None
+    except (OSError, ValueError):
+        return None
+
+
 def discard() -> None:
     """Stop the waiting spare, if any (at the kernel's exit; its end would stop it too)."""
     global _spare
