@@ -420,6 +420,63 @@ def test_a_rank_that_raises_while_another_is_at_a_prompt_waits_for_the_session(k
     assert "still blocked" not in cell.error[1]  # rank 1 finished after c: the cluster stays ready
 
 
+NOTEBOOK_02 = Path(__file__).resolve().parents[1] / "notebooks" / "02_collectives.ipynb"
+
+
+def pdb_transcript(markdown: str) -> list[tuple[str | None, list[str], list[str]]]:
+    """The pdb sessions a notebook's markdown shows in its code block, one per blank-line-separated part:
+    (the line that opens it, or None for the cell below the markdown; the commands typed after each
+    ``(Pdb rank r)``; the fragments every other line says the cell shows, split at its "..." and with
+    its ``<- comment`` left out)."""
+    block = markdown.split("```")[1].strip("\n")
+    sessions = []
+    for part in block.split("\n\n"):
+        opening, commands, shown = None, [], []
+        for line in part.splitlines():
+            if line.startswith("(Pdb rank "):
+                commands.append(line.split(") ", 1)[1])
+            elif line.startswith(("%", "cluster.")):
+                opening = line
+            else:
+                shown += [f.strip() for f in line.split("<-")[0].split("...") if f.strip()]
+        sessions.append((opening, commands, shown))
+    return sessions
+
+
+def test_notebook_02s_pdb_sessions_show_what_its_markdown_says(kc):
+    # the cells an automatic run skips (NBVAL_SKIP: they wait for a learner's answers), run here with the
+    # answers their markdown shows, on the notebook's own cluster (4 ranks, DETAIL); then this module's again
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK_02.read_text())["cells"]]
+    cells = cells[next(i for i, s in enumerate(cells) if s.startswith("## 6. Finding a collective bug")):]
+
+    def cell(start: str) -> str:
+        found = [s for s in cells if s.startswith(start) or s.startswith("# NBVAL_CHECK_OUTPUT\n" + start)]
+        assert len(found) == 1, (start, found)
+        return found[0]
+
+    def shows(text: str, fragments: list[str]) -> None:
+        missing = [f for f in fragments if f not in text]
+        assert not missing, f"the notebook's markdown says the cell shows {missing}; it showed:\n{text}"
+
+    start = re.search(r"^cluster = ppkit\.start\(.*\)$", cell("import re"), flags=re.MULTILINE).group(0)
+    try:
+        setup = run_cell(kc, "\n".join([start, cell("def batch_losses"), cell("def mean_loss_v2")]))
+        assert setup.error is None and "the mean loss is nan" in setup.text, setup.text
+        markdown = next(s for s in cells if "### Then stepped through" in s)
+        [(_, commands, shown)] = pdb_transcript(markdown.split("### Then stepped through")[1])
+        stepped = run_cell(kc, cell("# NBVAL_SKIP\n# (this cell waits"), commands)
+        shows(stepped.text + f"{stepped.error[0]}: {stepped.error[1]}", shown)
+        rerun = run_cell(kc, cell("# NBVAL_SKIP\n# (the same RemoteError"))
+        assert rerun.error[0] == "RemoteError", rerun.text
+        post_mortem = next(s for s in cells if "### A wrong result, found post mortem" not in s and "%debug\n(Pdb" in s)
+        for opening, commands, shown in pdb_transcript(post_mortem):
+            session = run_cell(kc, opening, commands)
+            assert session.error is None, session.error
+            shows(session.text, shown)
+    finally:
+        run_cell(kc, START.split("\n\n")[0])  # this module's 2-rank cluster again
+
+
 def test_a_breakpoint_where_nothing_reads_its_prompt_is_a_clear_error_not_a_hang(kc):
     # a function that RPC runs on a worker: the kernel waits in rpc_sync, not in a job (the module's last test:
     # this kernel becomes an RPC master)

@@ -6,6 +6,7 @@
     report       what every checker returns (CheckReport) or raises (ExerciseFailed)
     subworld     runs a learner's function on ranks 0..k-1 of a cluster, in a fresh process group
     check_basics     notebooks 01-03 (ring shift, ring all-reduce, bucketed average)
+    check_debugging  notebook 02's collective bug (the mean loss over uneven ranks, with DETAIL)
     check_launch     notebooks 00 and 07 (each rank's share, SLURM's variables)
     check_pipeline   notebooks 05, 06 and 08 (shapes, step time, activations held)
     check_sharding   notebooks 09 and 10

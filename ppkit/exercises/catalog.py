@@ -29,6 +29,7 @@ from ppkit.exercises import (
     check_attention,
     check_basics,
     check_composition,
+    check_debugging,
     check_launch,
     check_memory,
     check_moe,
@@ -104,6 +105,16 @@ EXERCISES = (
          "Send with req = dist.isend(...), then dist.recv(...), then req.wait(): everyone sends at "
          "once without deadlock. The all-gather is the same loop, shifted by one chunk, copying "
          "instead of adding.")),
+    Exercise(
+        "mean_loss", "02_collectives", "mean_loss(rank, world_size, losses)",
+        check_debugging.check_mean_loss, solutions.mean_loss,
+        ("Every rank must make the same collective calls with tensors of the same shape, whatever its number of "
+         "losses (none at all, too): all_reducing the list itself breaks that as soon as the ranks hold different "
+         "numbers of losses.",
+         "The mean of every loss is (sum over the ranks of their sums) / (sum over the ranks of their counts). "
+         "A sum and a count are two numbers on every rank, an empty list included: sum([]) is 0.",
+         "Put both in one tensor, torch.tensor([sum(losses), len(losses)], dtype=torch.float64), all_reduce it "
+         "(SUM), and return (total[0] / total[1]).item().")),
     Exercise(
         "bucketed_average", "03_data_parallel", "bucketed_average(model)",
         check_basics.check_bucketed_average, solutions.bucketed_average,

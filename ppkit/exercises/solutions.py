@@ -53,6 +53,13 @@ def ring_all_reduce(rank, world_size, tensor):
     return tensor
 
 
+def mean_loss(rank, world_size, losses):
+    """Notebook 02: the mean of every rank's losses; the same two numbers from every rank, even one with none."""
+    total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64)  # this rank's sum and count
+    dist.all_reduce(total)                                                 # same shape on every rank
+    return (total[0] / total[1]).item()
+
+
 def bucketed_average(model):
     grads = [p.grad for p in model.parameters()]
     flat = torch.cat([g.flatten() for g in grads])     # one bucket holding every gradient
@@ -167,3 +174,4 @@ def choose_mesh(meshes, budget, memory_of):
         if memory_of(mesh) <= budget:                # measured: state + activations, as held
             return mesh
     return None
+

@@ -25,12 +25,13 @@ NOT_WRITTEN = {"not_written": True}  # what a rank's job returns while the learn
 
 
 def check_on_ranks(report: CheckReport, fn, world_sizes, timeout: float, cluster: Cluster | None,
-                   cases, job, args: tuple, problems) -> CheckReport | None:
+                   cases, job, args: tuple, problems, detail: bool = False) -> CheckReport | None:
     """What every checker that runs ``fn`` on ranks does: for each world size k, note ``cases(k)`` (one
     case or a list), run ``job(rank, k, *args)`` in a fresh group of ranks 0..k-1, and report what
     ``problems(k, results)`` yields (a sentence, or None for a right result). Returns the report, or
-    raises ``ExerciseFailed``; None when a rank's job returned ``NOT_WRITTEN``."""
-    runner = SubworldRunner(world_sizes, timeout, cluster)
+    raises ``ExerciseFailed``; None when a rank's job returned ``NOT_WRITTEN``. ``detail``: the groups
+    check every collective as ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` does (a mismatch raises, not hangs)."""
+    runner = SubworldRunner(world_sizes, timeout, cluster, detail)
     try:
         for k in world_sizes:
             named = cases(k)
@@ -48,23 +49,29 @@ def check_on_ranks(report: CheckReport, fn, world_sizes, timeout: float, cluster
     return raise_or_report(report)
 
 
-def _in_subworld(rank, size, k, store_path, job, args):
+def _in_subworld(rank, size, k, store_path, job, args, detail=False):
     """Ranks < k join a fresh k-rank process group and run ``job``; the others sit this one out."""
     if rank >= k:
         return None
-    store = dist.FileStore(store_path, k)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=k, timeout=timedelta(seconds=600))
+    level = dist.get_debug_level()
+    if detail:  # read when the group is made: it then checks each collective's fingerprint on every rank
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
     try:
-        return job(rank, k, *args)
+        store = dist.FileStore(store_path, k)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=k, timeout=timedelta(seconds=600))
+        try:
+            return job(rank, k, *args)
+        finally:
+            dist.destroy_process_group()
     finally:
-        dist.destroy_process_group()
+        dist.set_debug_level(level)
 
 
 class SubworldRunner:
     """Runs jobs in sub-worlds of ``cluster`` (or of one it starts for ``max(world_sizes)`` ranks)."""
 
-    def __init__(self, world_sizes, timeout: float, cluster: Cluster | None = None):
-        self.timeout = timeout
+    def __init__(self, world_sizes, timeout: float, cluster: Cluster | None = None, detail: bool = False):
+        self.timeout, self.detail = timeout, detail
         need = max(world_sizes)
         if cluster is not None and (cluster.process_group or cluster.world_size < need
                                     or cluster.state == "closed"):
@@ -89,7 +96,7 @@ class SubworldRunner:
         if self.cluster.state == "broken":
             self.cluster.restart()
         try:
-            results = self.cluster.run(_in_subworld, k, store, job, args, timeout=self.timeout)
+            results = self.cluster.run(_in_subworld, k, store, job, args, self.detail, timeout=self.timeout)
         except JobTimeoutError as err:
             return None, _explain_hang(err, k, self.timeout)
         except RemoteError as err:
