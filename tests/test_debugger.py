@@ -423,18 +423,19 @@ def test_a_rank_that_raises_while_another_is_at_a_prompt_waits_for_the_session(k
 NOTEBOOK_02 = Path(__file__).resolve().parents[1] / "notebooks" / "02_collectives.ipynb"
 
 
-def pdb_transcript(markdown: str) -> list[tuple[str | None, list[str], list[str]]]:
+def pdb_transcript(markdown: str) -> list[tuple[str | None, list[tuple[str, str]], list[str]]]:
     """The pdb sessions a notebook's markdown shows in its code block, one per blank-line-separated part:
-    (the line that opens it, or None for the cell below the markdown; the commands typed after each
-    ``(Pdb rank r)``; the fragments every other line says the cell shows, split at its "..." and with
-    its ``<- comment`` left out)."""
+    (the line that opens it, or None for the cell below the markdown; each prompt, ``(Pdb rank r) ``, with
+    the command typed after it; the fragments every other line says the cell shows, split at its "..." and
+    with its ``<- comment`` left out)."""
     block = markdown.split("```")[1].strip("\n")
     sessions = []
     for part in block.split("\n\n"):
         opening, commands, shown = None, [], []
         for line in part.splitlines():
             if line.startswith("(Pdb rank "):
-                commands.append(line.split(") ", 1)[1])
+                prompt, command = line.split(") ", 1)
+                commands.append((prompt + ") ", command))
             elif line.startswith(("%", "cluster.")):
                 opening = line
             else:
@@ -464,14 +465,15 @@ def test_notebook_02s_pdb_sessions_show_what_its_markdown_says(kc):
         assert setup.error is None and "the mean loss is nan" in setup.text, setup.text
         markdown = next(s for s in cells if "### Then stepped through" in s)
         [(_, commands, shown)] = pdb_transcript(markdown.split("### Then stepped through")[1])
-        stepped = run_cell(kc, cell("# NBVAL_SKIP\n# (this cell waits"), commands)
+        stepped = run_cell(kc, cell("# NBVAL_SKIP\n# (this cell waits"), [c for _, c in commands])
+        assert stepped.prompts == [p for p, _ in commands]
         shows(stepped.text + f"{stepped.error[0]}: {stepped.error[1]}", shown)
         rerun = run_cell(kc, cell("# NBVAL_SKIP\n# (the same RemoteError"))
         assert rerun.error[0] == "RemoteError", rerun.text
         post_mortem = next(s for s in cells if "### A wrong result, found post mortem" not in s and "%debug\n(Pdb" in s)
         for opening, commands, shown in pdb_transcript(post_mortem):
-            session = run_cell(kc, opening, commands)
-            assert session.error is None, session.error
+            session = run_cell(kc, opening, [c for _, c in commands])
+            assert session.error is None and session.prompts == [p for p, _ in commands], (session.error, session.text)
             shows(session.text, shown)
     finally:
         run_cell(kc, START.split("\n\n")[0])  # this module's 2-rank cluster again

@@ -64,7 +64,7 @@ def _mean_loss_job(rank, k, fn):
                 raise
             out.append(("mismatch", where, str(err)))
             break  # the group's collectives are out of step from here on
-        out.append(("returned", _as_number(got), f"{type(got).__name__} {got!r:.40}"))
+        out.append(("returned", _as_number(got), f"{type(got).__name__} {got!r:.60}"))
     return out
 
 
@@ -90,6 +90,8 @@ def check_mean_loss(fn, world_sizes=WORLD_SIZES, timeout: float = 10, cluster: C
 
 
 def _explain_mismatch(label: str, counts: list[int], outcomes: dict) -> str:
+    """One sentence from the DETAIL check's messages: which rank skipped a collective, or how the ranks'
+    calls differ (shapes, dtypes, operations). ``outcomes``: rank -> ("mismatch", where, message) or a result."""
     prints = {}
     for o in outcomes.values():
         if o[0] == "mismatch":
@@ -113,9 +115,10 @@ def _explain_mismatch(label: str, counts: list[int], outcomes: dict) -> str:
                 "caught it; without it this is a hang")
     if len(set(dtypes.values())) > 1:
         listed = ", ".join(f"rank {r} {d}" for r, d in dtypes.items())
+        why = ("sum([]) is the int 0, so a rank with no losses made an integer tensor. "
+               if any(counts[r] == 0 and d in ("Long", "Int") for r, d in dtypes.items()) else "")
         return (f"{label}: the ranks called {prints[min(dtypes)][0]} with tensors of different dtypes ({listed}): "
-                "sum([]) is the int 0, so a rank with no losses made an integer tensor. Give the tensor its dtype: "
-                "torch.tensor([...], dtype=torch.float64)")
+                f"{why}Give the tensor its dtype on every rank: torch.tensor([...], dtype=torch.float64)")
     ops = ", ".join(f"rank {r} {p[0]}" for r, p in sorted(prints.items()))
     return (f"{label}: the ranks called different collectives at the same point ({ops or 'see the error'}): every "
             "rank must make the same collective calls in the same order")
