@@ -174,4 +174,3 @@ def choose_mesh(meshes, budget, memory_of):
         if memory_of(mesh) <= budget:                # measured: state + activations, as held
             return mesh
     return None
-
