@@ -60,6 +60,7 @@ def test_the_kernelspec_names_the_cost_the_namespace_and_the_provisioner(install
     assert f"Installed the kernel {DISPLAY_NAME!r}" in said
 
 
+@pytest.mark.slow
 def test_jupyter_reaches_the_kernel_over_unix_sockets_in_a_folder_only_its_user_opens(run):
     seen = run["seen"]
     assert (seen["transport"], seen["connection"], seen["folder_mode"]) == ("ipc", "ipc", "0o700"), seen

@@ -56,6 +56,7 @@ def test_the_next_cluster_forks_from_the_spare_and_runs(tmp_path):
         assert cluster.run(lambda rank, world_size: world_size) == [3, 3, 3]
 
 
+@pytest.mark.slow
 def test_a_changed_environment_gets_a_fresh_fork_server(monkeypatch):
     waiting = _spare_after_a_cluster()
     monkeypatch.setenv("PPKIT_TEST_SPARE_MARK", "set after the spare started")  # e.g. GLOO_SOCKET_IFNAME
@@ -66,6 +67,7 @@ def test_a_changed_environment_gets_a_fresh_fork_server(monkeypatch):
         assert wait_gone([waiting], 5.0, spare_too=True) == []  # the spare that did not fit was stopped
 
 
+@pytest.mark.slow
 def test_a_changed_working_directory_gets_a_fresh_fork_server(tmp_path, monkeypatch):
     waiting = _spare_after_a_cluster()
     monkeypatch.chdir(tmp_path)
@@ -81,6 +83,7 @@ def test_spares_off(monkeypatch):
     assert spare.pid() is None and wait_gone([server], 5.0, spare_too=True) == []
 
 
+@pytest.mark.slow
 def test_an_unused_spare_leaves_by_itself(monkeypatch):
     monkeypatch.setenv(spare.SPARE_S_ENV, "1")
     with ppkit.Cluster(1, "gloo", timeout=30) as cluster:
@@ -108,6 +111,7 @@ KERNEL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exits", "is killed"])
 def test_a_spare_ends_with_its_kernel(how):
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
