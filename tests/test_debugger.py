@@ -135,7 +135,6 @@ def test_the_debug_messages_are_typed_frozen_dataclasses():
     assert [p for c in classes for p in payload_problems(c, debug_messages)] == []
 
 
-@pytest.mark.slow
 def test_a_session_steps_prints_and_lists_the_cells_source(kc):
     cell = run_cell(kc, "print(cluster.run(stop_on_rank_1))", ["p x", "n", "p y", "l", "c"])
     assert cell.error is None, cell.text
@@ -175,7 +174,6 @@ def test_pdb_set_trace_and_torch_distributed_breakpoint_open_a_session(kc, how):
     assert cell.text.rstrip().endswith("[100, 101]")
 
 
-@pytest.mark.slow
 def test_two_ranks_stopped_take_turns_and_each_prompt_says_who_waits(kc):
     code = """
     def both_stop(rank, world_size):
@@ -196,7 +194,6 @@ def test_two_ranks_stopped_take_turns_and_each_prompt_says_who_waits(kc):
     assert cell.text.rstrip().endswith("[3, 3]")
 
 
-@pytest.mark.slow
 def test_a_rank_at_a_prompt_is_not_a_timeout_and_the_timeout_resumes_after_c(kc):
     code = """
     def think_then_hang(rank, world_size, hang):
@@ -217,7 +214,6 @@ def test_a_rank_at_a_prompt_is_not_a_timeout_and_the_timeout_resumes_after_c(kc)
     assert run_cell(kc, "cluster.restart()").error is None  # the rank still sleeps: a timeout breaks the cluster
 
 
-@pytest.mark.slow
 def test_quit_stops_every_rank_restarts_the_blocked_ones_and_the_next_run_works(kc):
     code = """
     def quit_me(rank, world_size):
@@ -241,7 +237,6 @@ def test_quit_stops_every_rank_restarts_the_blocked_ones_and_the_next_run_works(
     assert "[2, 2]" in again.text and "old gone: True" in again.text
 
 
-@pytest.mark.slow
 def test_kernel_interrupt_at_a_prompt_stops_the_job_on_every_rank(kernel, kc):
     km, _ = kernel
     code = """
@@ -311,7 +306,6 @@ def test_debug_says_what_it_needs_and_leaves_other_errors_to_ipython(kc):
     assert cell.error is None and "ZeroDivisionError" in cell.text and "\n1\n" in cell.text, cell.text
 
 
-@pytest.mark.slow
 def test_breakpoints_in_ppkit_spawn_torchrun_and_ranks_cells_and_their_post_mortem_advice(kc):
     code = """
     def spawned(i, offset):
@@ -366,7 +360,6 @@ def test_notebook_00s_pdb_cell_runs_as_its_text_says(kc):
     assert cell.text.rstrip().endswith("[10.0, 10.0]")  # all_reduce of 0 and 10 on both ranks
 
 
-@pytest.mark.slow
 def test_stepping_over_a_collective_that_needs_a_rank_at_its_own_prompt_moves_on_to_that_rank(kc):
     code = """
     def both_stop_then_reduce(rank, world_size):
@@ -411,7 +404,6 @@ def test_a_traced_call_after_a_dropped_cancel_returns():
     assert done.stdout == "2\n", done.stderr
 
 
-@pytest.mark.slow
 def test_a_rank_that_raises_while_another_is_at_a_prompt_waits_for_the_session(kc):
     code = """
     def one_raises(rank, world_size):
@@ -452,7 +444,6 @@ def pdb_transcript(markdown: str) -> list[tuple[str | None, list[tuple[str, str]
     return sessions
 
 
-@pytest.mark.slow
 def test_notebook_02s_pdb_sessions_show_what_its_markdown_says(kc):
     # the cells an automatic run skips (NBVAL_SKIP: they wait for a learner's answers), run here with the
     # answers their markdown shows, on the notebook's own cluster (4 ranks, DETAIL); then this module's again
@@ -515,7 +506,6 @@ def _shapes_differ(rank, world_size):
     return t.tolist()
 
 
-@pytest.mark.slow
 def test_torch_distributed_debug_detail_from_env_turns_a_shape_mismatch_into_an_error():
     # the ranks are forked from a fork server that imported torch before env= reached them. (Not no_leftovers:
     # the module's kernel keeps its own ppkit processes meanwhile; this cluster's are checked instead.)
