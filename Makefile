@@ -14,15 +14,19 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-# The run ends with a table of where the time went, by kind, file and test (tests/timing.py).
+# Two pytest-xdist workers: the suite waits more than it computes, so two finish it sooner on 2 cores; files,
+# notebooks, the browser-and-hub tests and the SLURM tests each stay on one worker (tests/scheduling.py).
+# TEST_WORKERS=0 runs everything in one pytest. The run ends with a table of where the time went (tests/timing.py).
+TEST_WORKERS ?= 2
 test: $(STAMP) browser slurm hub
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	  $(PYTEST_ARGS)
 
 # Everything not marked slow (pyproject.toml: markers), without the browser and SLURM tests, and notebook 00.
 FAST_NOTEBOOK ?= notebooks/00_start_here.ipynb
 test-fast: $(STAMP)
-	$(PY) -m pytest tests $(FAST_NOTEBOOK) --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
-	  --ignore=tests/browser -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) tests $(FAST_NOTEBOOK) --nbval-lax \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser -m "not slow and not slurm" $(PYTEST_ARGS)
 
 setup: $(STAMP)
 

@@ -25,11 +25,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # the same modules tests/conftest.py imports
 pytest.register_assert_rewrite("solved_notebooks", "leftovers")  # their asserts explain themselves as tests' do
 
+import scheduling  # noqa: E402
 import slurm_session  # noqa: E402
 from nbval.plugin import IPyNbFile  # noqa: E402
 from slurm_testbed import SlurmMissing, SlurmTestbedError  # noqa: E402
 from solved_notebooks import SolvedNotebook  # noqa: E402
-from timing import TimeTable  # noqa: E402
+from timing import TimeTable, kind_of  # noqa: E402
 
 _slurm_first_cells: dict[str, Path] = {}  # nodeid of the first cell of a notebook that uses SLURM -> it
 
@@ -44,6 +45,18 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     collected = yield
     return [SolvedNotebook.from_parent(parent, path=file_path) if type(node) is IPyNbFile else node
             for node in collected]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test`'s workers (-n 2) get whole files, notebooks and component groups (tests/scheduling.py)."""
+    if config.getvalue("dist") in ("load", "loadscope"):
+        return scheduling.make_scheduler(config, log)
+    return None
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    scheduling.check_scopes(items, Path(str(config.rootpath)), kind_of)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

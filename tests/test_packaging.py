@@ -102,7 +102,9 @@ def test_readme_names_the_two_commands_and_ci_runs_the_test_one():
 
 def test_make_test_runs_every_test_and_every_notebook():
     recipe = " ".join(make_target("test").replace("\\\n", " ").split())
-    assert "pytest tests notebooks " in recipe
+    assert "pytest -n $(TEST_WORKERS) tests notebooks " in recipe
+    assert re.search(r"^TEST_WORKERS \?= 2$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert "pytest -n 2 tests notebooks --nbval-lax" in (REPO / "README.md").read_text()  # what make test runs
     assert "--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg" in recipe
     assert "--durations" not in recipe  # the table of tests/timing.py names the slowest tests, files and kinds
 

@@ -1,8 +1,10 @@
 """Where the suite's time went: a table at the end of every run, by kind of test, by file and by test.
 
-Each test's time is the wall time of its whole run (setup, call, teardown), so a fixture's start (a browser, a
-hub, the SLURM testbed, a module's cluster) counts for the first test that uses it, and the kinds add up to the
-run. Registered by the repository's conftest.py.
+Each test's time is that of its whole run (setup, call and teardown, as pytest's reports time them), so a
+fixture's start (a browser, a hub, the SLURM testbed, a module's cluster) counts for the first test that uses it.
+With pytest-xdist's workers (`make test` runs two, tests/scheduling.py) the table is made where the reports
+arrive: the seconds of the kinds add up to the workers' busy time, about the workers times pytest's wall time,
+and a last line says how busy each worker was. Registered by the repository's conftest.py.
 """
 
 from __future__ import annotations
@@ -37,15 +39,21 @@ def kind_of(item: pytest.Item) -> str:
 class TimeTable:
     def __init__(self) -> None:
         self.tests: dict[str, tuple[str, float]] = {}  # nodeid -> (kind, seconds)
+        self.workers: dict[str, float] = defaultdict(float)  # xdist worker ("gw0") or "pytest" -> busy seconds
         self.started = time.monotonic()
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem):
-        start = time.monotonic()
-        try:
-            return (yield)
-        finally:
-            self.tests[item.nodeid] = (kind_of(item), time.monotonic() - start)
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem) -> None:
+        """Where the test runs (a worker, or the one pytest): its kind travels in its reports."""
+        item.user_properties.append(("kind", kind_of(item)))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Where the reports arrive (xdist's controller, or the one pytest): add up each phase's seconds."""
+        kind = dict(report.user_properties).get("kind", "unit")
+        _, seconds = self.tests.get(report.nodeid, (kind, 0.0))
+        self.tests[report.nodeid] = (kind, seconds + report.duration)
+        node = getattr(report, "node", None)  # xdist's WorkerController, on the controller only
+        self.workers[node.gateway.id if node is not None else "pytest"] += report.duration
 
     def rows(self) -> tuple[list, list, list]:
         by_kind, by_file, counts = defaultdict(float), defaultdict(float), defaultdict(int)
@@ -59,16 +67,19 @@ class TimeTable:
         return kinds, files, tests
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
-        if not self.tests:
+        if not self.tests or hasattr(config, "workerinput"):  # a worker's summary is not shown
             return
-        total = time.monotonic() - self.started
+        wall = time.monotonic() - self.started
         kinds, files, tests = self.rows()
+        busy = sum(self.workers.values())
         write = terminalreporter.write_line
         terminalreporter.section("where the time went")
         write(f"{'kind':<12}{'tests':>7}{'seconds':>10}{'share':>8}")
         for kind, count, seconds in kinds:
-            write(f"{kind:<12}{count:>7}{seconds:>10.1f}{seconds / total:>8.0%}")
-        write(f"{'(all)':<12}{len(self.tests):>7}{total:>10.1f}   (pytest's wall time, collection included)")
+            write(f"{kind:<12}{count:>7}{seconds:>10.1f}{seconds / max(busy, 1e-9):>8.0%}")
+        write(f"{'(all)':<12}{len(self.tests):>7}{busy:>10.1f}   (the tests' seconds, added up)")
+        workers = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(self.workers.items()))
+        write(f"pytest's wall time {wall:.1f} s, collection included; busy: {workers}")
         write("")
         write(f"top {len(files)} files by seconds:")
         for name, seconds in files:

@@ -1,0 +1,80 @@
+"""How `make test` shares the suite between pytest-xdist's workers (``-n 2``), and what must stay together.
+
+The suite spends more than half its time waiting (for processes to start, for timeouts, for a browser or a
+hub), so on this project's 2-core machines two workers finish it in much less time than one. A worker is a
+pytest session of its own, with its own session fixtures, so each *scope* below runs whole on one worker:
+
+- a test file (its module fixtures: shared clusters, a kernel that keeps state between tests);
+- a notebook (nbval's cells are one kernel's run, in order);
+- ``browser and hub``: every test under tests/browser/ and the hub testbed's tests: one JupyterLab, one
+  chromium, one hub at a time;
+- ``slurm``: every test that uses the SLURM testbed and every notebook that does (conftest.py starts the
+  testbed for those): one testbed per run, not one per worker.
+
+These two groups are the longest scopes, so they are handed out first; the rest go in xdist's own order
+(most tests first). `check_scopes` (called at collection, on every worker) refuses a run in which a test that
+starts one of these components would land outside its group.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path, PurePosixPath
+
+import slurm_session
+
+BROWSER = "browser and hub"
+SLURM = "slurm"
+FIRST = (BROWSER, SLURM)  # longest first: the workers then finish close together
+_USES_SLURM = re.compile(r"def \w+\([^)]*\bslurm(_clean|_restore_nodes)?\b|mark\.slurm")
+
+
+@cache
+def _file_uses_slurm(path: str) -> bool:
+    try:
+        return bool(_USES_SLURM.search(Path(path).read_text(encoding="utf-8")))
+    except OSError:
+        return False
+
+
+def scope_of(nodeid: str, root: Path) -> str:
+    """The scope a test runs in: one of the groups above, or its own file (a notebook counts as a file)."""
+    path = PurePosixPath(nodeid.split("::", 1)[0])
+    if "browser" in path.parts or path.name.startswith("test_hub"):
+        return BROWSER
+    if path.suffix == ".ipynb":
+        return SLURM if slurm_session.notebook_uses_slurm(root / path) else str(path)
+    return SLURM if _file_uses_slurm(str(root / path)) else str(path)
+
+
+def check_scopes(items, root: Path, kind_of) -> None:
+    """Raise if a test that starts the hub, the browser or the SLURM testbed (tests/timing.py's kinds) would
+    run outside that component's group, where a second worker would start a second one."""
+    wanted = {"hub": BROWSER, "browser": BROWSER, "SLURM": SLURM}
+    wrong = [f"{item.nodeid} ({kind_of(item)} test, scope {scope_of(item.nodeid, root)!r})" for item in items
+             if kind_of(item) in wanted and scope_of(item.nodeid, root) != wanted[kind_of(item)]]
+    if wrong:
+        raise RuntimeError(
+            f"{len(wrong)} test(s) would run outside their component's xdist group: {wrong[:5]}. "
+            "tests/scheduling.py's scope_of decides the groups: make it place these tests in the group, "
+            "e.g. by using the component's fixture by name in the test file.")
+
+
+def make_scheduler(config, log):
+    """pytest-xdist's load-scope scheduler with the scopes above, the two groups handed out first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = Path(str(config.rootpath))
+
+    class ByScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid, root)
+
+        def _assign_work_unit(self, node) -> None:
+            for group in reversed(FIRST):
+                if group in self.workqueue:
+                    self.workqueue.move_to_end(group, last=False)
+            super()._assign_work_unit(node)
+
+    return ByScope(config, log)
