@@ -10,6 +10,8 @@ import inspect
 import linecache
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -18,6 +20,7 @@ from leftovers import pid_of, wait_gone
 
 import ppkit
 from ppkit.cluster.inbox import FORK_SERVER, Item
+from ppkit.transport import procs
 from ppkit.transport.messages import Exited
 
 DIED_WITHIN_S = 5.0
@@ -271,6 +274,22 @@ def test_a_killed_fork_server_takes_its_workers_along_and_restart_brings_it_back
         fresh.run(lambda rank, world_size: rank)
     restart_gives_a_clean_world(fresh)
     assert pid_of(fresh, "fork server") != zygote
+
+
+def test_a_dead_process_counts_as_exited_while_another_thread_waits_on_it():
+    """Popen.poll() says None, without looking, while another thread is inside wait() on the same Popen (seen as
+    the flaky fork-server test above: its fork server was a zombie and settle() did not wait for its close).
+    procs.exited() looks at the process itself."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with proc._waitpid_lock:  # what a thread blocked in proc.wait() holds
+        proc.kill()
+        deadline = time.monotonic() + 5
+        while procs.pid_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None  # the zombie is not seen ...
+        assert procs.exited(proc)  # ... but it has exited
+    proc.wait(5)
+    assert procs.exited(proc)
 
 
 @pytest.mark.slow

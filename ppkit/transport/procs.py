@@ -108,6 +108,12 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def exited(process) -> bool:
+    """Whether a ``subprocess.Popen`` has exited. Not ``poll() is not None`` alone: poll() answers None, without
+    looking, while another thread is inside ``wait()`` on the same Popen, even for a process that is long dead."""
+    return process.poll() is not None or not pid_alive(process.pid)
+
+
 def stop_processes(processes: list, grace: float = 2.0) -> None:
     """Stop ``subprocess.Popen`` objects politely, then firmly: terminate each one still running,
     give them ``grace`` seconds, kill what is left, and reap them all. Through Popen, which never

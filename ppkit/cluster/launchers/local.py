@@ -22,7 +22,7 @@ from ppkit.transport import channel, procs
 from ppkit.transport.messages import ForkServerHello, Kill, Shutdown, Spawn
 
 STOP_WAIT_S = 4.0  # how long the fork server gets to stop its workers (SIGTERM, 0.5 s, SIGKILL)
-SETTLE_S = 1.0  # how long a job waits for the closed connection of a fork server that has exited
+SETTLE_S = 5.0  # at most, how long a job waits for the closed connection of a fork server that has exited
 
 
 class ForkServerLauncher(Launcher):
@@ -40,7 +40,9 @@ class ForkServerLauncher(Launcher):
         self._refused = ""  # why the running fork server has no private network ("" if it has one)
         self._unix_server: channel.ChannelServer | None = None
         self._started_as: tuple = ()  # spare.fingerprint() of where the running fork server started
-        self._read_all = threading.Event()  # the running fork server's connection has closed and been queued
+        # set once the running fork server's connection has closed and been queued: one per connection, so that
+        # the reader of an earlier fork server, ending late, cannot mark the running one's as read
+        self._read_all = threading.Event()
 
     def bind(self, address, on_connect=None) -> None:
         super().bind(address, on_connect)
@@ -75,7 +77,7 @@ class ForkServerLauncher(Launcher):
         """Start the fork server now, so that its ``import torch`` overlaps with the kernel's."""
         if self._mode == "netns" and self._unix_server is None:
             raise LaunchError(isolation.refused(self._off_reason))
-        if self.local_ranks and (self.process is None or self.process.poll() is not None):
+        if self.local_ranks and (self.process is None or procs.exited(self.process)):
             if self._conn is not None:  # the last one died: start afresh
                 self._conn.close()
                 self._conn = None
@@ -118,19 +120,19 @@ class ForkServerLauncher(Launcher):
         if self._refused and self._required:
             self.inbox.put(Item(FORK_SERVER, LaunchFailed(None, isolation.refused(self._refused))))
             return True
+        read_all = self._read_all = threading.Event()
         self.inbox.put(Item(FORK_SERVER, first))  # wakes a start() waiting for it
-        self._read_all.clear()
         try:
             self.inbox.read(conn, FORK_SERVER)
         finally:
-            self._read_all.set()
+            read_all.set()
         return True
 
     def settle(self) -> None:
         """A fork server that exited between jobs breaks the cluster with its own reason, not with the
-        first rank whose closed connection a job would meet: wait (at most a second) until the reader
-        thread has queued its connection's close."""
-        if self._hello and self.process is not None and self.process.poll() is not None:
+        first rank whose closed connection a job would meet: wait (at most SETTLE_S; only when it has
+        exited) until the reader thread has queued its connection's close."""
+        if self._hello and self.process is not None and procs.exited(self.process):
             self._read_all.wait(SETTLE_S)
 
     def begin(self) -> None:
@@ -169,7 +171,7 @@ class ForkServerLauncher(Launcher):
         of a worker that already ended. If it does not answer, it goes, and its workers with it.
         """
         ours = set(self.local_pids(workers)) | {pid for source, pid in self._spawned.values() if source == FORK_SERVER}
-        if not ours or self._conn is None or self.process is None or self.process.poll() is not None:
+        if not ours or self._conn is None or self.process is None or procs.exited(self.process):
             return  # no fork server: its workers died with it (PR_SET_PDEATHSIG)
         try:
             self._conn.send(Kill())
@@ -199,7 +201,7 @@ class ForkServerLauncher(Launcher):
     def _park(self) -> bool:
         """Leave the fork server, its workers stopped, for the next cluster to fork from (spare.py)."""
         seconds = spare.park_seconds()
-        if not (seconds and self._hello and self._conn is not None and self.process.poll() is None
+        if not (seconds and self._hello and self._conn is not None and not procs.exited(self.process)
                 and self._exit_status_complete()):
             return False
         try:

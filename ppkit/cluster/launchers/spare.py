@@ -76,7 +76,7 @@ def take(mode: str, address, key: bytes, log_path: Path) -> tuple[subprocess.Pop
         spare, _spare = _spare, None
     if spare is None:
         return None
-    fits = (spare.process.poll() is None and spare.fingerprint == fingerprint(mode)
+    fits = (not procs.exited(spare.process) and spare.fingerprint == fingerprint(mode)
             and time.monotonic() < spare.ends - MARGIN_S)
     if fits:
         told = {"addr": channel.format_address(address), "key": key.hex(), "log": str(log_path),
@@ -95,14 +95,14 @@ def take(mode: str, address, key: bytes, log_path: Path) -> tuple[subprocess.Pop
 def pid() -> int | None:
     """The waiting spare's pid, if one waits (tools that look for leftover processes pass over it)."""
     spare = _spare
-    return spare.process.pid if spare is not None and spare.process.poll() is None else None
+    return spare.process.pid if spare is not None and not procs.exited(spare.process) else None
 
 
 def pipe_fd() -> int | None:
     """This process's end of the waiting spare's stdin pipe, if one waits (leak checks pass over it too)."""
     spare = _spare
     try:
-        return spare.process.stdin.fileno() if spare is not None and spare.process.poll() is None else None
+        return spare.process.stdin.fileno() if spare is not None and not procs.exited(spare.process) else None
     except (OSError, ValueError):
         return None
 
