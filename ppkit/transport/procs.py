@@ -110,7 +110,8 @@ def pid_alive(pid: int) -> bool:
 
 def exited(process) -> bool:
     """Whether a ``subprocess.Popen`` has exited. Not ``poll() is not None`` alone: poll() answers None, without
-    looking, while another thread is inside ``wait()`` on the same Popen, even for a process that is long dead."""
+    looking, when it cannot take the Popen's wait lock (another thread is inside ``wait()`` on it), even for a
+    process that is long dead."""
     return process.poll() is not None or not pid_alive(process.pid)
 
 
