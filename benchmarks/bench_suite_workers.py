@@ -1,28 +1,24 @@
-"""The test suite in one pytest against two pytest-xdist workers (`make test`'s -n 2, tests/scheduling.py).
+"""`make test-fast` in one pytest against two pytest-xdist workers (`TEST_WORKERS`, tests/scheduling.py).
 
-    python benchmarks/bench_suite_workers.py                  # make test-fast's tests, -n 0 then -n 2
-    python benchmarks/bench_suite_workers.py --rounds 2 -- tests/test_spawn.py tests/test_cluster_run.py
+    python benchmarks/bench_suite_workers.py              # TEST_WORKERS=0, then TEST_WORKERS=2
+    python benchmarks/bench_suite_workers.py --rounds 2
 
-Runs the same selection (by default what `make test-fast` runs) with each worker count in turn, ``--rounds`` times,
-so that a machine that gets busier or quieter affects both. For each run it prints pytest's wall time, the passed and
-failed counts, and how busy the machine's cores were (/proc/stat over the run); then the ratio of the medians.
-Where the suite waits more than it computes, two workers finish sooner than one.
+Runs `make test-fast` with each worker count in turn, ``--rounds`` times, so that a machine that gets busier or
+quieter affects both. For each run it prints the wall time, pytest's summary line and how busy the machine's
+cores were (/proc/stat over the run); then the ratio of the medians. Where the suite waits more than it computes,
+two workers finish sooner than one.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["tests", "notebooks/00_start_here.ipynb", "--nbval-lax", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
-        "--ignore=tests/browser", "-m", "not slow and not slurm"]
 
 
 def cpu_times() -> tuple[int, int]:
@@ -32,32 +28,29 @@ def cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def run(workers: int, selection: list[str]) -> dict:
+def run(workers: int) -> dict:
     busy0, total0 = cpu_times()
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers),
-                           *selection], cwd=REPO, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(["make", "test-fast", f"TEST_WORKERS={workers}", "PYTEST_ARGS=-q -p no:cacheprovider"],
+                          cwd=REPO, capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - start
     busy1, total1 = cpu_times()
-    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-500:]
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?)", last)}
-    return {"workers": workers, "wall": wall, "busy": (busy1 - busy0) / max(1, total1 - total0), "counts": counts,
-            "summary": last}
+    lines = done.stdout.strip().splitlines()
+    return {"wall": wall, "busy": (busy1 - busy0) / max(1, total1 - total0),
+            "summary": lines[-1] if lines else done.stderr[-500:]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1, help="runs per worker count (default 1)")
-    parser.add_argument("selection", nargs="*", help="pytest arguments after --; default: make test-fast's tests")
     args = parser.parse_args()
-    selection = args.selection or FAST
     if not Path("/proc/stat").exists():
         raise SystemExit("this benchmark reads /proc/stat for how busy the cores were: Linux only")
-    print(f"{os.cpu_count()} cores; selection: {' '.join(selection)}")
+    print(f"{os.cpu_count()} cores; make test-fast")
     walls: dict[int, list[float]] = {0: [], 2: []}
     for _ in range(args.rounds):
         for workers in (0, 2):
-            r = run(workers, selection)
+            r = run(workers)
             walls[workers].append(r["wall"])
             print(f"-n {workers}: {r['wall']:7.1f} s, cores {r['busy']:.0%} busy; {r['summary']}", flush=True)
     one, two = statistics.median(walls[0]), statistics.median(walls[2])

@@ -30,30 +30,35 @@ FIRST = (BROWSER, SLURM)  # longest first: the workers then finish close togethe
 _USES_SLURM = re.compile(r"def \w+\([^)]*\bslurm(_clean|_restore_nodes)?\b|mark\.slurm")
 
 
-@cache
-def _file_uses_slurm(path: str) -> bool:
-    try:
-        return bool(_USES_SLURM.search(Path(path).read_text(encoding="utf-8")))
-    except OSError:
-        return False
-
-
 def scope_of(nodeid: str, root: Path) -> str:
     """The scope a test runs in: one of the groups above, or its own file (a notebook counts as a file)."""
-    path = PurePosixPath(nodeid.split("::", 1)[0])
+    return _scope_of_file(nodeid.split("::", 1)[0], root)
+
+
+@cache
+def _scope_of_file(name: str, root: Path) -> str:  # once per file: a notebook has hundreds of cells
+    path = PurePosixPath(name)
     if "browser" in path.parts or path.name.startswith("test_hub"):
         return BROWSER
     if path.suffix == ".ipynb":
-        return SLURM if slurm_session.notebook_uses_slurm(root / path) else str(path)
-    return SLURM if _file_uses_slurm(str(root / path)) else str(path)
+        return SLURM if slurm_session.notebook_uses_slurm(root / path) else name
+    return SLURM if _USES_SLURM.search(_read(root / path)) else name
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
 
 
 def check_scopes(items, root: Path, kind_of) -> None:
     """Raise if a test that starts the hub, the browser or the SLURM testbed (tests/timing.py's kinds) would
     run outside that component's group, where a second worker would start a second one."""
     wanted = {"hub": BROWSER, "browser": BROWSER, "SLURM": SLURM}
-    wrong = [f"{item.nodeid} ({kind_of(item)} test, scope {scope_of(item.nodeid, root)!r})" for item in items
-             if kind_of(item) in wanted and scope_of(item.nodeid, root) != wanted[kind_of(item)]]
+    kinds = {item.nodeid: kind_of(item) for item in items}
+    wrong = [f"{nodeid} ({kind} test, scope {scope_of(nodeid, root)!r})" for nodeid, kind in kinds.items()
+             if kind in wanted and scope_of(nodeid, root) != wanted[kind]]
     if wrong:
         raise RuntimeError(
             f"{len(wrong)} test(s) would run outside their component's xdist group: {wrong[:5]}. "
