@@ -52,6 +52,22 @@ def load_ipython_extension(ipython):
     spawn_call.prestart()
 
 
+def _prestart_in_a_kernel() -> None:
+    """In a Jupyter kernel (never in a plain script), ``import ppkit`` starts the fork server of a first
+    2-process ``ppkit.spawn`` / ``%%torchrun`` in the background, as ``%load_ext ppkit`` does
+    (PPKIT_PRESTART=0: not): that call then costs a few forks, not an ``import torch``."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if getattr(shell, "kernel", None) is not None:
+        from ppkit.cluster.spawn import call as spawn_call
+
+        spawn_call.prestart()
+
+
+_prestart_in_a_kernel()
+
 __all__ = [
     "AuthenticationError",
     "Cluster",

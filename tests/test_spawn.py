@@ -193,6 +193,8 @@ def hang_in_recv(i, port):
     dist.init_process_group("gloo", rank=i, world_size=2)
     if i == 0:
         dist.recv(torch.zeros(1), src=1)  # process 1 never sends
+    else:
+        dist.barrier()  # nor does it finish: a finished process would be gone, and the recv fail at once
 
 
 @pytest.mark.slow
@@ -201,10 +203,11 @@ def test_a_hang_past_the_timeout_says_where_each_process_waits(method):
         ppkit.spawn(hang_in_recv, args=(free_port(),), nprocs=2, timeout=8, start_method=method)
     err = info.value
     message = str(err)
-    assert message.startswith("the processes did not finish within 8 s (ppkit.spawn's timeout): process(es) [0] "
-                              "were still running (process(es) [1] had finished). Every process")
+    assert message.startswith("the processes did not finish within 8 s (ppkit.spawn's timeout): process(es) [0, 1] "
+                              "were still running. Every process")
     assert "Usually a send without a matching recv" in message and "ppkit.spawn(..., timeout=SECONDS)" in message
-    assert err.ranks == [0] and "dist.recv(torch.zeros(1), src=1)" in err.stacks[0]
+    assert err.ranks == [0, 1] and "dist.recv(torch.zeros(1), src=1)" in err.stacks[0]
+    assert "dist.barrier()" in err.stacks[1]
     assert_none_left()
 
 

@@ -10,9 +10,12 @@ e.g. stopped with SIGSTOP, would otherwise block a large job's send for ever: tr
 from __future__ import annotations
 
 import linecache
+import math
+import os
 import time
 
 from ppkit.cluster import diagnostics
+from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
 from ppkit.cluster.pdb_session import Ended, Sessions, ended_error
 from ppkit.errors import ConfigError
@@ -21,6 +24,7 @@ from ppkit.transport.messages import Cancel, Cancelled, CellSource, Result, Run
 from ppkit.transport.sending import Broadcast
 
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
+SEND_S = 60.0  # a run without a time limit still gives up sending its job after this long
 CANCEL_WAIT_S = 2.0  # after Kernel > Interrupt, how long the ranks get to stop
 
 
@@ -71,10 +75,17 @@ class Job:
         self.results: dict[int, Result | Cancelled] = {}
         self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
 
-    def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float, workers: dict) -> list:
-        """Every rank's return value, by rank; raises the job's error otherwise."""
-        deadline = time.monotonic() + timeout
-        self._deliver(Run(self.job_id, payload, sources), timeout, deadline)
+    def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float | None, workers: dict,
+            last: bool = False, watch: HangWatch | None = None) -> list:
+        """Every rank's return value, by rank; raises the job's error otherwise.
+
+        ``timeout`` None: no limit. ``watch`` (a HangWatch) says once where the ranks wait if they seem hung.
+        ``last``: each rank's process ends with the job, so a rank whose process exits with status
+        0 before it answers (``os._exit(0)``) has succeeded, returning None."""
+        self.last, self.watch = last, watch
+        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
+        self._deliver(Run(self.job_id, payload, sources, last), timeout or SEND_S,
+                      min(deadline, time.monotonic() + SEND_S) if timeout is None else deadline)
         try:
             self._collect(deadline, timeout, workers)
         except KeyboardInterrupt:
@@ -125,10 +136,14 @@ class Job:
         grace_ends = None
         while len(self.results) < self.world_size:
             ends = deadline if grace_ends is None else min(deadline, grace_ends)
+            look_at = self.watch.due(self._inbox.last_put) if self.watch and grace_ends is None else math.inf
             switch_at = self.debug.switch_at()
-            item = self._inbox.next(ends if switch_at is None else min(ends, switch_at))
+            item = self._inbox.next(min(ends, look_at) if switch_at is None else min(ends, look_at, switch_at))
             paused = self.debug.paused_s
-            if item is None and switch_at is not None and time.monotonic() < ends:
+            quiet = item is None and switch_at is None and self.debug.active is None
+            if quiet and self.watch and time.monotonic() < ends:
+                self._look_for_a_hang()  # the hang watch's time came: the run goes on
+            elif item is None and switch_at is not None and time.monotonic() < ends:
                 self.debug.switch()  # the active rank is blocked: on to a rank waiting at a prompt
             elif item is not None and self.debug.take(item.source, item.msg):
                 pass
@@ -142,6 +157,10 @@ class Job:
                 self._printer.flush()
                 self._on_break(f"a job timed out with rank(s) {waiting} still blocked.")
                 raise diagnostics.job_timed_out(timeout, waiting, sorted(self.results), stacks, self.rendezvous)
+            elif isinstance(item.msg, Closed) and not item.from_launcher and item.source in self.results:
+                pass  # a rank whose job was its last: its process ended after its answer
+            elif isinstance(item.msg, Closed) and not item.from_launcher and self._exited_cleanly(item.source):
+                self.results[item.source] = Result(self.job_id, True, byvalue.dumps(None))
             elif isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
@@ -160,6 +179,20 @@ class Job:
             grace_ends = grace_ends and grace_ends + pause
             if self.debug.ended:
                 self._stop_debugging(self.debug.ended)
+
+    def _exited_cleanly(self, rank: int) -> bool:
+        """A last job's rank whose process ended with status 0 without answering (``os._exit(0)``)."""
+        if not self.last:
+            return False
+        self._launcher.wait_exit_status(rank)
+        status = self._launcher.exit_status(rank)
+        return status is not None and os.waitstatus_to_exitcode(status) == 0
+
+    def _look_for_a_hang(self) -> None:
+        message = self.watch.look(self._stacks(self.waiting()))
+        if message:
+            self._printer.flush()
+            print(message, end="", flush=True)
 
     def _stop_debugging(self, ended: Ended) -> None:
         """The learner quit pdb, interrupted it, or cannot answer: stop the job on every rank, and

@@ -186,6 +186,7 @@ class Run:
     job_id: int
     payload: bytes
     sources: tuple[CellSource, ...] = ()
+    last: bool = False  # the process ends with the job, through the interpreter's own exit (ppkit.spawn, torchrun)
 
 
 @dataclass(frozen=True)

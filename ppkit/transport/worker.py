@@ -15,16 +15,14 @@ from __future__ import annotations
 import ctypes
 import linecache
 import os
-import platform
 import queue
 import socket
 import sys
 import threading
 import traceback
 from datetime import timedelta
-from importlib import metadata
 
-from ppkit.transport import byvalue, channel, procs, rendezvous
+from ppkit.transport import byvalue, channel, interpreter_exit, procs, rendezvous
 from ppkit.transport.capture import OutputPipe
 from ppkit.transport.debug_messages import DebugLine, PostMortem
 from ppkit.transport.debugger import RankDebugger, drop_async_exc
@@ -44,39 +42,17 @@ from ppkit.transport.messages import (
     Run,
     Shutdown,
     Stacks,
-    Versions,
     WorkerHello,
     WorkerInfo,
 )
+from ppkit.transport.versions import ppkit_version, torch_version, versions  # noqa: F401 - named here too
 
 NAMESPACE: dict = {}  # persistent globals of %%ranks cells on this worker
+_exit = os._exit  # the worker's own; a job's os._exit first sends what the rank printed (_exit_after_output)
 
 
 class _Cancelled(BaseException):
     """Raised asynchronously in the main thread when the controller cancels the job."""
-
-
-def ppkit_version() -> str:
-    """This installation's ppkit version, as pyproject.toml (the one place it is written) set it."""
-    try:
-        return metadata.version("ppkit")
-    except metadata.PackageNotFoundError:  # a source tree that was never pip-installed
-        return "0+unknown"
-
-
-def torch_version() -> str:
-    """The installed torch's version, from its package metadata: checking versions at admission
-    then costs no ``import torch`` (seconds) on either side; torch itself where there is none."""
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:  # a source checkout on sys.path
-        import torch
-
-        return str(torch.__version__)  # str(): a TorchVersion would need torch to unpickle
-
-
-def versions() -> Versions:
-    return Versions(python=platform.python_version(), torch=torch_version(), ppkit=ppkit_version())
 
 
 class Worker:
@@ -105,7 +81,7 @@ class Worker:
             try:
                 self.conn.send(msg)
             except OSError:
-                os._exit(1)
+                _exit(1)
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -116,6 +92,7 @@ class Worker:
             self._pipes = [OutputPipe(1, "stdout", self.send), OutputPipe(2, "stderr", self.send)]
             sys.stdout.reconfigure(line_buffering=True)
             sys.stderr.reconfigure(line_buffering=True)
+            os._exit = self._exit_after_output
         else:
             self._pipes = []
         os.environ.update(cfg.env)
@@ -168,6 +145,14 @@ class Worker:
 
         NAMESPACE.update(torch=torch, dist=dist)
 
+    def _exit_after_output(self, code: int) -> None:
+        """``os._exit`` in a job (a script's last line, a library's abort): what the rank printed is
+        still in the pipes, so send it first; a torchrun worker's output is never lost that way."""
+        try:
+            self._sync_output()
+        finally:
+            _exit(code)
+
     def _sync_output(self) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -180,7 +165,7 @@ class Worker:
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
-                os._exit(1)  # the controller is gone: so are we
+                _exit(1)  # the controller is gone: so are we
             if isinstance(msg, Run):
                 self._jobs.put(msg)
             elif isinstance(msg, AskStacks):
@@ -203,7 +188,7 @@ class Worker:
                     self._sync_output()
                 except Exception:
                     pass
-                os._exit(0)
+                _exit(0)
 
     # -- the main thread --------------------------------------------------------------------
     def serve(self) -> None:
@@ -219,8 +204,12 @@ class Worker:
                     break
                 except _Cancelled:
                     continue
+            if ends := job.last and isinstance(reply, Result) and reply.ok:  # the process ends as a script does
+                interpreter_exit.run_exit_functions()
             self._sync_output()
             self.send(reply)
+            if ends:
+                raise SystemExit(0)
 
     def _begin(self, job: Run) -> Cancelled | None:
         """Make ``job`` the current one; its reply at once if it was cancelled while queued."""

@@ -18,7 +18,9 @@ import threading
 from collections import OrderedDict
 
 from ppkit.checks import positive
-from ppkit.cluster.controller import DEFAULT_TIMEOUT_S, Cluster
+from ppkit.cluster import hang_watch
+from ppkit.cluster.controller import Cluster
+from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.rpc import pickler as rpc_pickle
 from ppkit.cluster.spawn import explain
 from ppkit.errors import ClusterStateError, ConfigError, JobInterrupted, WorkerError
@@ -39,7 +41,7 @@ _unused: set[tuple] = set()  # clusters whose processes, started by prestart, no
 
 
 def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False, start_method: str = "auto",
-          *, timeout: float = DEFAULT_TIMEOUT_S):
+          *, timeout: float | None = None):
     """Run ``fn(i, *args)`` in ``nprocs`` new processes, ``i`` = 0 .. nprocs-1, as mp.spawn does.
 
     >>> ppkit.spawn(demo_basic, args=(world_size,), nprocs=world_size)   # the DDP tutorial's run_demo
@@ -47,13 +49,17 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
     ``fn`` may be defined in a notebook cell. Each call gets fresh processes (forked from a fork
     server that imported torch once; ``start_method="spawn"``: fresh interpreters), prints what
     each writes as ``[rank i] ...``, and stops them all when it returns. A failure in any process
-    raises ``ProcessRaisedError`` or ``ProcessExitedError`` with its traceback and stops the others;
-    after ``timeout`` seconds ``JobTimeoutError`` says where each waited. ``join=False`` returns a
+    raises ``ProcessRaisedError`` or ``ProcessExitedError`` with its traceback and stops the others.
+    There is no time limit unless ``timeout`` (seconds) is given: then ``JobTimeoutError`` says where
+    each waited. Without one, a run that seems hung is shown once with where each process waits
+    (hang_watch.py) and goes on; Kernel > Interrupt stops it. A process ends when ``fn`` returns, as
+    under mp.spawn: its non-daemon threads are joined and its atexit handlers run; an exit with
+    status 0 (``sys.exit(0)``, ``os._exit(0)``) is a success. ``join=False`` returns a
     ``SpawnContext`` at once. ``daemon`` is accepted and ignored: the processes never outlive the
     kernel. Returns None, as mp.spawn does (return values are dropped; use ``cluster.run`` for them).
     """
     args = _check(fn, args, nprocs, start_method)
-    timeout = positive(timeout, "timeout")
+    timeout = time_limit(timeout)
     key = (nprocs, START_METHODS[start_method])
     if key in _running:
         raise ClusterStateError(
@@ -117,7 +123,7 @@ class SpawnContext:
 class _Call:
     """One call: ``fn(i, *args)`` on each fresh process, then every process stopped."""
 
-    def __init__(self, cluster: Cluster, fn, args: tuple, timeout: float, environ: dict,
+    def __init__(self, cluster: Cluster, fn, args: tuple, timeout: float | None, environ: dict,
                  caller: explain.Caller = explain.SPAWN):
         self.cluster, self.fn, self.args, self.timeout, self.caller = cluster, fn, args, timeout, caller
         self.shown = (fn, args)  # the learner's function and arguments, named when one cannot be pickled
@@ -127,7 +133,8 @@ class _Call:
 
     def run(self) -> None:
         try:
-            self.cluster.run(_call_rank, self.fn, self.args, self.environ, timeout=self.timeout)
+            watch = HangWatch(hang_watch.threshold(), explain.shown_stacks)  # also before a timeout ends it
+            self.cluster.run_to_exit(_call_rank, (self.fn, self.args, self.environ), self.timeout, watch)
         except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
             raise explain.cannot_send(*self.shown, exc, self.caller) from None
         except (WorkerError, JobInterrupted) as exc:
@@ -154,7 +161,13 @@ def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> N
             raise
 
 
-def run_fresh(fn, args: tuple, nprocs: int, timeout: float, caller: explain.Caller, shown: tuple | None = None) -> None:
+def time_limit(timeout) -> float | None:
+    """None (no limit, as mp.spawn and torchrun have none) or a positive number of seconds."""
+    return None if timeout is None else positive(timeout, "timeout", "None (no limit) or a positive number of seconds")
+
+
+def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: explain.Caller,
+              shown: tuple | None = None, output=None) -> None:
     """``fn(i, *args)`` on ``nprocs`` fresh forks of the fork server, as ``spawn(..., join=True)``
     runs it, its errors worded for ``caller`` (``%%torchrun`` runs its ranks with this). ``shown``:
     the learner's ``(fn, args)`` to name if something cannot be pickled, where ``fn`` wraps them."""
@@ -166,17 +179,19 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float, caller: explain.Call
             "needs. Call its join() first (context.join()).")
     call = _Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller)
     call.shown = shown or call.shown
-    call.run()
+    with call.cluster.printing(output):
+        call.run()
 
 
-def run_on(cluster: Cluster, fn, args: tuple, timeout: float, caller: explain.Caller,
-           shown: tuple | None = None) -> None:
+def run_on(cluster: Cluster, fn, args: tuple, timeout: float | None, caller: explain.Caller,
+           shown: tuple | None = None, output=None) -> None:
     """``fn(i, *args)`` on the processes of ``cluster`` (``%%torchrun --nnodes``'s SLURM cluster), as
     ``run_fresh`` runs it on the fork server's, its processes stopped when it ends."""
     __tracebackhide__ = True  # noqa: F841
     call = _Call(cluster, fn, args, timeout, dict(os.environ), caller)
     call.shown = shown or call.shown
-    call.run()
+    with cluster.printing(output):
+        call.run()
 
 
 def prestart(nprocs: int = PRESTART_NPROCS) -> threading.Thread | None:

@@ -57,14 +57,14 @@ class Caller:
 SPAWN = Caller()
 
 
-def translate(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: float,
+def translate(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: float | None,
               caller: Caller = SPAWN) -> BaseException:
     """The hidden cluster's error ``exc`` as ppkit.spawn's own (``exc`` itself if it has none)."""
     if isinstance(exc, RemoteError):
         return raised(exc, pids, nprocs, caller)
     if isinstance(exc, WorkerDiedError) and exc.ranks:
         return exited(exc.ranks[0], pids, nprocs, exc.status, exc.how, caller)
-    if isinstance(exc, JobTimeoutError):
+    if isinstance(exc, JobTimeoutError) and timeout is not None:  # without a limit: the job was not even taken
         return timed_out(exc, timeout, caller)
     if isinstance(exc, JobInterrupted):
         return interrupted(exc, caller)
@@ -82,6 +82,11 @@ def from_fn(text: str) -> str:
     after = [i for i in starts if i > ours[-1]]
     head = lines[:1] if lines and lines[0].startswith("Traceback") else []
     return "".join(head + lines[after[0]:]) if after else text
+
+
+def shown_stacks(stacks: dict) -> dict:
+    """Each rank's stack from the learner's function on (the hang watch's view)."""
+    return {rank: from_fn(text) for rank, text in stacks.items()}
 
 
 def _stacks(stacks: dict) -> str:

@@ -1,0 +1,63 @@
+"""A run without a time limit still says when it hangs: once, with where each rank waits, and runs on.
+
+``ppkit.spawn`` and ``%%torchrun`` have no wall-clock limit by default, as mp.spawn and torchrun have
+none: a training run takes as long as it takes. A hang is told apart from a long step by two signs
+together: for ``PPKIT_HANG_S`` seconds (default 60; 0 turns the watch off) no rank printed anything
+or finished, and every rank that is still running waits inside torch.distributed (a collective, a
+send/recv, a barrier, a store). Then the cell shows each rank's stack once and the run goes on:
+the learner decides (Kernel > Interrupt stops every rank). A rank that computes for a minute
+without printing is not reported: its stack is in its own code, and the watch looks again later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+HANG_ENV = "PPKIT_HANG_S"
+DEFAULT_HANG_S = 60.0
+_FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+, in (?P<func>\S+)', re.MULTILINE)
+WAITS = ("torch/distributed/", "torch\\distributed\\")
+
+
+def threshold() -> float:
+    """Seconds of silence before a look at the stacks, from ``PPKIT_HANG_S``; 0: no watch."""
+    text = os.environ.get(HANG_ENV, "")
+    try:
+        value = float(text) if text else DEFAULT_HANG_S
+    except ValueError:
+        value = DEFAULT_HANG_S
+    return value if value > 0 else 0.0
+
+
+def waits_on_peers(stack: str) -> bool:
+    """Whether a rank's stack ends inside torch.distributed, where a rank waits for the others."""
+    frames = _FRAME.findall(stack)
+    return bool(frames) and any(part in frames[-1][0] for part in WAITS)
+
+
+class HangWatch:
+    """Armed for one run; ``due(last_activity)`` says when to look, ``look(stacks)`` whether to tell."""
+
+    def __init__(self, seconds: float, show_stacks=None):
+        self.seconds = seconds
+        self.told = False
+        self._show = show_stacks or (lambda stacks: stacks)  # the caller's view of a stack (its own frames left out)
+        self._since = time.monotonic()  # the last look that found ranks busy, or the run's start
+
+    def due(self, last_activity: float) -> float:
+        """When to look next: ``seconds`` after the latest of the run's output, results and looks."""
+        return float("inf") if self.told or not self.seconds else max(last_activity, self._since) + self.seconds
+
+    def look(self, stacks: dict[int, str]) -> str | None:
+        """The message to print once if every waiting rank waits on its peers, else None (look again later)."""
+        self._since = time.monotonic()
+        if not stacks or not all(waits_on_peers(text) for text in stacks.values()):
+            return None
+        self.told = True
+        shown = "".join(f"\n--- rank {r} waits here ---\n{text}" for r, text in self._show(stacks).items())
+        return (f"[ppkit] possibly hung: for {self.seconds:g} s no rank printed or finished, and rank(s) "
+                f"{sorted(stacks)} each wait inside torch.distributed (a collective, send/recv or barrier that "
+                "another rank has not reached). The run goes on; Kernel > Interrupt stops every rank. "
+                f"(This look comes once per run, after {HANG_ENV}={self.seconds:g} s of silence.)" + shown + "\n")
