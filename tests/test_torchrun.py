@@ -224,9 +224,18 @@ def test_a_hang_stops_at_the_timeout_and_says_where_each_rank_waited(shell):
     ("--nnodes 1:2", "--nnodes 1:2: ppkit does not grow or shrink a run"),
     ("--standalone --nnodes 2", "--standalone is"),
     ("--nnodes 2 --node-rank 1", "--node-rank 1: one cell starts every node's ranks"),
-    ("--tee 3", "--tee 3"), ("--max-restarts 1", "--max-restarts 1"),
+    ("--max-restarts 1", "--max-restarts 1"),
     ("--no-such-option", "unrecognized arguments: --no-such-option"), ("train.py", "'train.py' cannot be a script"),
-    ("--nproc-per-node 0", "--nproc-per-node 0"), ("--timeout 0", "--timeout 0"),
+    ("--nproc-per-node 0", "--nproc-per-node 0"), ("--timeout -1", "--timeout -1"),
+    ("-m pkg.train", "-m runs a module, and %%torchrun runs the cell itself. Write %torchrun"),
+    ("--rdzv-backend etcd", "--rdzv-backend etcd: .* Write --rdzv-backend c10d"),
+    ("--rdzv-conf read_timeout=5", "--rdzv-conf read_timeout=5: ppkit's rendezvous .* has no settings"),
+    ("--rdzv-endpoint host:port", "--rdzv-endpoint host:port: .* Give HOST:PORT"),
+    ("--numa-binding node", "--numa-binding node: ppkit does not bind"),
+    ("--duplicate-stdout-filters loss", "--duplicate-stdout-filters \\['loss'\\]: .* --tee 3 --log-dir DIR"),
+    ("--tee 4", "--tee 4: give 0 \\(none\\), 1 \\(stdout\\)"), ("--redirects 5:3", "--redirects 5:3: names local rank 5"),
+    ("--local-ranks-filter 2", "--local-ranks-filter 2: give local ranks of this run, 0 to 0"),
+    ("--nproc-per-node xpu", "--nproc-per-node xpu: give a number"),
 ])
 def test_an_unsupported_option_is_a_usage_error_naming_it(line, named):
     from ppkit.cluster.torchrun import magic

@@ -21,7 +21,8 @@ from ppkit.cluster import diagnostics, launchers, post_mortem, worker_setup
 from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.budget import read_budget
 from ppkit.cluster.inbox import Closed, Inbox, Item
-from ppkit.cluster.jobs import Job, check_job_function, new_cell_sources, pack_job
+from ppkit.cluster.job_running import JobRunning
+from ppkit.cluster.jobs import check_job_function
 from ppkit.cluster.launchers import Process
 from ppkit.cluster.output import RankPrinter
 from ppkit.cluster.spec import DEFAULT_START_TIMEOUT_S, DEFAULT_TIMEOUT_S, ClusterSpec, cluster_spec
@@ -33,7 +34,7 @@ CONTROL_SEND_S = 2.0  # a control message (cancel, shutdown, ...) to a rank that
 _live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
-class Cluster(post_mortem.PostMortemDebugging):
+class Cluster(post_mortem.PostMortemDebugging, JobRunning):
     """A world of ``world_size`` ranks, each a background worker process.
 
     >>> with Cluster(2) as cluster:
@@ -76,10 +77,10 @@ class Cluster(post_mortem.PostMortemDebugging):
         self._pid = os.getpid()  # the process that owns the workers (see _close_all)
         self.workers: dict[int, dict] = {}
         self._key = spec.key or channel.new_key()
-        self._inbox = Inbox(self._routine)
+        self._printer = RankPrinter(list(spec.labels) if spec.labels else None, spec.world_size)  # "rank N"
+        self._inbox = Inbox(self._routine, output=self._printer)
         self._conns: dict[int, object] = {}  # rank -> this generation's connection
         self._job_ids, self._sources_sent, self._one_job = itertools.count(1), set(), threading.Lock()
-        self._printer = RankPrinter(list(spec.labels) if spec.labels else None)  # "rank N" by default
         self._launcher = launchers.create(spec, self._inbox, self._key)
         host, port = self._launcher.server_address()
         try:
@@ -109,6 +110,10 @@ class Cluster(post_mortem.PostMortemDebugging):
     def rendezvous_url(self, name: str) -> str:
         """A fresh ``init_method`` URL for a rendezvous that this machine's process hosts."""
         return self._launcher.rendezvous_url(name)
+
+    def printing(self, settings=None):
+        """``with cluster.printing(settings):`` a run's output as ``output.OutputSettings`` say (None: plain)."""
+        return self._printer.use(settings)
 
     def stop_workers(self, reason: str) -> None:
         """Stop the workers but not the cluster, quietly; ``run`` then asks for ``restart()``."""
@@ -259,12 +264,7 @@ class Cluster(post_mortem.PostMortemDebugging):
         a widget's callback may call this from another thread of the kernel (JupyterLab's subshells).
         """
         check_job_function(fn)
-        timeout = self.timeout if timeout is None else positive(timeout, "timeout")
-        with self._one_job:
-            self._check_usable()
-            job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
-                      self._printer, self._break, self._conns, self.restart)
-            return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout, self.workers)
+        return self._job(fn, args, kwargs, self.timeout if timeout is None else positive(timeout, "timeout"))
 
     def _check_usable(self) -> None:
         if self.state == "closed":

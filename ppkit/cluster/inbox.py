@@ -6,8 +6,9 @@ output lands in the right notebook cell. ``Inbox.next`` is the one polling loop:
 items (output, exit reports) to the cluster's ``routine`` function and returns the rest.
 
 Nobody reads between two cells, and a rank may print meanwhile (a thread that logs in a loop), so
-queued output is bounded: beyond ``MAX_OUTPUT_CHARS`` a rank's output is dropped, and a note says
-how much, where the gap is. Every other message is kept, whatever the queue holds.
+queued output is bounded: beyond ``MAX_OUTPUT_CHARS`` a rank's output goes to a file instead
+(output/logfiles.py), and a note in its place says how much and where. Every other message is kept,
+whatever the queue holds.
 """
 
 from __future__ import annotations
@@ -51,22 +52,30 @@ class Item:
 
 
 class Inbox:
-    def __init__(self, routine, max_output_chars: int = MAX_OUTPUT_CHARS):
+    def __init__(self, routine, max_output_chars: int | None = None, output=None):
         self._queue: queue.Queue[Item] = queue.Queue()
         self._routine = routine  # routine(item) -> True if it dealt with the item
-        self.max_output_chars = max_output_chars
+        self.max_output_chars = MAX_OUTPUT_CHARS if max_output_chars is None else max_output_chars
+        self._output = output  # the RankPrinter: its files (written here, in order) and tick() when idle
         self._lock = threading.Lock()  # guards the two below (readers put, the caller takes)
         self._output_chars = 0  # queued now
-        self._dropped: dict = {}  # source -> [chars dropped, the latest dropped item's generation]
+        self._dropped: dict = {}  # source -> [chars not queued, the latest one's generation, {files}]
+        self.last_put = time.monotonic()
 
     def put(self, item: Item) -> None:
+        self.last_put = time.monotonic()  # a run's last sign of life (hang_watch.py)
         if isinstance(item.msg, Output):
+            logs = self._output.logs if self._output is not None and isinstance(item.source, int) else None
+            kept = logs.write(item.source, item.msg.stream, item.msg.text) if logs else None
             with self._lock:
                 size = len(item.msg.text)
                 if self._output_chars + size > self.max_output_chars:
-                    dropped = self._dropped.setdefault(item.source, [0, None])
+                    if logs and not kept:
+                        kept = logs.spill(item.source, item.msg.stream, item.msg.text)
+                    dropped = self._dropped.setdefault(item.source, [0, None, set()])
                     dropped[0] += size
                     dropped[1] = item.generation
+                    dropped[2].add(kept)
                     return
                 if item.source in self._dropped:  # room again: say what is missing, in its place
                     self._queue.put(self._note(item.source))
@@ -74,10 +83,12 @@ class Inbox:
         self._queue.put(item)
 
     def _note(self, source) -> Item:
-        chars, generation = self._dropped.pop(source)
-        text = (f"[ppkit: {chars} characters of output were dropped here: this rank printed faster "
-                "than the notebook read it (more than "
-                f"{self.max_output_chars} waiting). Print less, or return the data from the job.]\n")
+        chars, generation, files = self._dropped.pop(source)
+        where = " and ".join(sorted(f for f in files if f))
+        text = (f"[ppkit: {chars} characters of this rank's output are not shown here but in {where}: "
+                if where else f"[ppkit: {chars} characters of output were dropped here: ")
+        text += (f"it printed faster than the notebook read it (more than {self.max_output_chars} waiting). "
+                 "Print less, or return the data from the job.]\n")
         self._output_chars += len(text)
         return Item(source, Output("stderr", text), generation)
 
@@ -114,6 +125,8 @@ class Inbox:
                         return None
                     item = self._queue.get(timeout=min(left, 0.1))
             except queue.Empty:
+                if self._output is not None:
+                    self._output.tick()
                 for note in self._notes():
                     self._queue.put(note)
                 if deadline is None and self._queue.empty():

@@ -5,13 +5,12 @@ from __future__ import annotations
 import inspect
 import os
 
-from ppkit.checks import positive
+from ppkit.cluster.output import OutputSettings
 from ppkit.cluster.spawn import call as spawn_call
 from ppkit.cluster.spawn.explain import Caller
-from ppkit.cluster.spec import DEFAULT_TIMEOUT_S
 from ppkit.cluster.torchrun import environ, nodes
 from ppkit.cluster.torchrun.options import Launch, new_run_id
-from ppkit.cluster.torchrun.rank import Call, Script, run_as_rank
+from ppkit.cluster.torchrun.rank import Call, Module, Script, run_as_rank
 from ppkit.cluster.worker_setup import free_port
 from ppkit.errors import ConfigError
 
@@ -21,7 +20,7 @@ FUNCTION = Caller("ppkit.torchrun", "rank", "Pass ppkit.torchrun(..., timeout=SE
 
 
 def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int = 1,
-             timeout: float = DEFAULT_TIMEOUT_S, master_port: int | None = None) -> None:
+             timeout: float | None = None, master_port: int | None = None, collapse: bool = True) -> None:
     """Run ``fn(*args, **kwargs)`` in ``nproc_per_node`` fresh processes, each with the environment
     torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 
@@ -31,11 +30,12 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int =
     >>> ppkit.torchrun(main, nproc_per_node=2)
 
     ``fn`` takes no rank (read it from ``os.environ["RANK"]`` or ``dist.get_rank()``). Output appears
-    as ``[rank i] ...``; a failure raises ``ProcessRaisedError`` naming the rank and stops the others;
-    after ``timeout`` seconds ``JobTimeoutError`` says where each rank waited. ``master_port``: None
-    picks a free port for each run, as torchrun does without ``--master-port``. ``nnodes`` above 1
+    as ``[rank i] ...``; a failure raises ``ProcessRaisedError`` naming the rank and stops the others.
+    No time limit unless ``timeout`` (seconds): then ``JobTimeoutError`` says where each rank waited.
+    ``master_port``: None picks a free port for each run, as torchrun does without ``--master-port``. ``nnodes`` above 1
     runs ``nproc_per_node`` processes on each of that many SLURM nodes, in a SLURM job of their own
-    (a step of the allocation inside one), as ``torchrun --nnodes`` would. Returns None.
+    (a step of the allocation inside one), as ``torchrun --nnodes`` would. ``collapse``: identical
+    lines of several ranks shown once, ``[ranks 0-3] ...``; False shows every line of every rank. Returns None.
     """
     if not callable(fn):
         raise ConfigError(f"ppkit.torchrun needs the function each rank runs, got {type(fn).__name__} {fn!r:.60}. "
@@ -61,8 +61,9 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int =
         raise ConfigError(f"nnodes must be a whole number of nodes, at least 1, got {nnodes!r}: "
                           "ppkit.torchrun(main, nproc_per_node=2, nnodes=2) runs 2 processes on each of 2 SLURM nodes.")
     __tracebackhide__ = True  # noqa: F841
-    launch = Launch(nproc_per_node, "127.0.0.1", master_port, new_run_id(), "default", positive(timeout, "timeout"),
-                    getattr(fn, "__name__", "fn"), (), nnodes)
+    launch = Launch(nproc_per_node, "127.0.0.1", master_port, new_run_id(), "default", spawn_call.time_limit(timeout),
+                    getattr(fn, "__name__", "fn"), (), nnodes,
+                    output=OutputSettings(collapse=bool(collapse), live=True))
     run(launch, Call(fn, args, kwargs), FUNCTION)
 
 
@@ -74,8 +75,11 @@ def run_cell(launch: Launch, source: str, cell_id: str) -> None:
 
 
 def run_file(launch: Launch) -> None:
-    """A script file, as ``torchrun [options] script.py [args]`` runs it."""
+    """A script file, as ``torchrun [options] script.py [args]`` runs it; a module with ``-m``."""
     __tracebackhide__ = True  # noqa: F841
+    if launch.module:
+        run(launch, Module(launch.script), LINE_MAGIC)
+        return
     path = os.path.abspath(launch.script)
     try:
         with open(path, encoding="utf-8") as file:
@@ -89,8 +93,8 @@ def run_file(launch: Launch) -> None:
 def run(launch: Launch, target, caller: Caller) -> None:
     __tracebackhide__ = True  # noqa: F841
     cwd = os.getcwd()
-    path0 = os.path.dirname(os.path.abspath(target.argv0)) if isinstance(target, Script) else cwd
-    argv = [target.argv0 if isinstance(target, Script) else launch.script, *launch.script_args]
+    path0 = os.path.dirname(os.path.abspath(target.argv0)) if isinstance(target, Script) else cwd  # -m: cwd
+    argv = [target.argv0 if isinstance(target, (Script, Module)) else launch.script, *launch.script_args]
     shown = (target.fn, (*target.args, *target.kwargs.values())) if isinstance(target, Call) else None
     if launch.nnodes > 1:
         nodes.run(launch, (cwd, path0, argv, target), caller, shown)
@@ -100,4 +104,4 @@ def run(launch: Launch, target, caller: Caller) -> None:
     port = launch.master_port or free_port()
     env = environ.common(launch.nproc_per_node, launch.master_addr, port, launch.run_id, launch.role)
     spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node, launch.timeout,
-                         caller, shown)
+                         caller, shown, output=launch.output)

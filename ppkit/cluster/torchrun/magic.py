@@ -20,7 +20,8 @@ _cell_ids = itertools.count(1)
 
 def torchrun(line: str, cell: str | None = None):
     """``%%torchrun [torchrun options] [-- script args]`` runs the cell as the script on every rank;
-    ``%torchrun [torchrun options] script.py [script args]`` runs a file. ppkit adds ``--timeout S``."""
+    ``%torchrun [torchrun options] script.py [script args]`` runs a file (``-m pkg.train``: a module).
+    ppkit adds ``--timeout S`` and ``--no-collapse`` (every line of every rank as printed)."""
     from IPython.core.error import UsageError
 
     __tracebackhide__ = True  # noqa: F841 - IPython then shows the message, not the frames that passed it on
@@ -30,6 +31,8 @@ def torchrun(line: str, cell: str | None = None):
             return
     except (ConfigError, ValueError) as exc:  # ValueError: shlex's unbalanced quotes
         raise UsageError(f"{'%%' if cell is not None else '%'}torchrun: {exc}") from None
+    for note in parsed.notes:  # options accepted that change nothing here, said once
+        print(note, flush=True)
     if cell is not None:
         launch.run_cell(parsed, cell, str(next(_cell_ids)))
     else:

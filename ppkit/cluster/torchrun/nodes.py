@@ -33,7 +33,8 @@ def run(launch, args: tuple, caller: explain.Caller, shown: tuple | None) -> Non
     try:
         placed = place(cluster, launch, caller)
         env, own = environment(launch, placed)
-        spawn_call.run_on(cluster, rank.run_as_rank, (env, *args, own), launch.timeout, caller, shown)
+        spawn_call.run_on(cluster, rank.run_as_rank, (env, *args, own), launch.timeout, caller, shown,
+                          output=launch.output)
     finally:
         cluster.close()  # the job (or step) ends with it
 

@@ -11,6 +11,7 @@ import builtins
 import errno
 import linecache
 import os
+import runpy
 import sys
 import types
 from dataclasses import dataclass
@@ -39,6 +40,18 @@ class Script:
         module = types.ModuleType("__main__")
         module.__dict__.update(__file__=self.argv0, __builtins__=builtins)
         return compile(self.source, self.filename, "exec"), module
+
+
+@dataclass(frozen=True)
+class Module:
+    """``torchrun -m name``: the module run as ``python -m name`` runs it (runpy), found from the
+    notebook's folder; ``argv0`` is its name until runpy puts its file's path in ``sys.argv[0]``."""
+
+    name: str
+
+    @property
+    def argv0(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,9 @@ def _run_target(target) -> None:
     try:
         if isinstance(target, Call):
             target.fn(*target.args, **target.kwargs)
+            return
+        if isinstance(target, Module):
+            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
             return
         code, module = target.module()
         saved = sys.modules.get("__main__")

@@ -1,0 +1,70 @@
+"""What one run asks of its output: which ranks and streams reach the cell, which go to files, the
+prefix of each line, whether identical lines are collapsed and ``\\r``-redrawn lines shown in place.
+
+``%%torchrun`` builds one from torchrun's ``--tee``, ``--redirects``, ``--log-dir``,
+``--local-ranks-filter`` and ``--log-line-prefix-template`` (torchrun/options.py); ``cluster.run``
+and ``%%ranks`` use ``PLAIN``: every line of every rank, ``[rank N] ...``, as printed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from string import Template
+
+STREAMS = ("stdout", "stderr")
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """``hidden``: ``(rank, stream)`` pairs kept out of the cell; ``logged``: those written to
+    ``log_dir``'s files, in torchrun's layout (logfiles.py); ``prefix``: a torchrun template
+    (``${rank}``, ``${local_rank}``, ``${role_name}``, ``${hostname}``), "" for ``[rank N] ``;
+    ``collapse``: identical lines of several ranks shown once (collapse.py); ``live``: a line
+    redrawn with ``\\r`` (tqdm) updated in place (live.py)."""
+
+    hidden: frozenset[tuple[int, str]] = frozenset()
+    logged: frozenset[tuple[int, str]] = frozenset()
+    log_dir: str | None = None
+    run_id: str = "none"
+    prefix: str = ""
+    role: str = "default"
+    nproc_per_node: int = 0  # for ${local_rank}; 0: the rank itself
+    collapse: bool = False
+    live: bool = False
+
+    def shown(self, rank: int, stream: str) -> bool:
+        return (rank, stream) not in self.hidden
+
+    def label(self, ranks: list[int], labels: list[str] | None = None) -> str:
+        """The prefix of a line that ``ranks`` printed (several: a collapsed line)."""
+        if self.prefix:
+            local = [r % self.nproc_per_node for r in ranks] if self.nproc_per_node else ranks
+            return Template(self.prefix).safe_substitute(
+                rank=rank_ranges(ranks), local_rank=rank_ranges(sorted(set(local))), role_name=self.role,
+                hostname=_hostname())
+        if len(ranks) == 1:
+            return f"[{labels[ranks[0]] if labels else f'rank {ranks[0]}'}] "
+        return f"[ranks {rank_ranges(ranks)}] "
+
+
+PLAIN = OutputSettings()
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` -> ``"0-3,5"``."""
+    parts, start = [], None
+    for i, rank in enumerate(ranks):
+        if start is None:
+            start = rank
+        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
+            parts.append(str(start) if start == rank else f"{start}-{rank}")
+            start = None
+    return ",".join(parts)
+
+
+@cache
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
