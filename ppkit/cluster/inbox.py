@@ -134,6 +134,9 @@ class Inbox:
                 continue
             self._took(item)
             if not self._routine(item):
+                for note in self._notes():  # before a result: the output that went to files is named first
+                    self._took(note)
+                    self._routine(note)
                 return item
 
     def put_back(self, items: list[Item]) -> None:

@@ -72,9 +72,11 @@ class RankPrinter:
                 shown = []
                 self._live.end(key, settings.label([rank], self._labels) + line)
             elif self._collapser is not None:
-                shown += self._collapser.add(rank, stream, line, now)
+                self._collapser.add(rank, stream, line, now)
             else:
                 shown.append((stream, line, [rank]))
+        if self._collapser is not None:
+            shown += self._collapser.ready(now)  # once the whole chunk is in: a rank's next lines say more
         if settings.live and "\r" in rest:
             if self._collapser is not None:
                 shown += self._collapser.through(rank)  # its earlier lines first
