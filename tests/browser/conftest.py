@@ -358,13 +358,14 @@ class Notebook:
         self.held_back = hold_back_last
         self.wait_cells_done(timeout, before, upto=len(before) - 1 if hold_back_last else None)
 
-    def run_last_cell(self, timeout: float = 120) -> None:
-        """Select the last code cell and Run > Run Selected Cell."""
+    def run_last_cell(self, timeout: float = 120, wait: bool = True) -> None:
+        """Select the last code cell and Run > Run Selected Cell (``wait=False``: return while it runs)."""
         before = self._prompts()
         self._select_last_code_cell()
         self._menu("Run", "runmenu:run")
         self.held_back = False
-        self.wait_cells_done(timeout, before)
+        if wait:
+            self.wait_cells_done(timeout, before)
 
     def _select_last_code_cell(self) -> None:
         prompt = self.page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").last

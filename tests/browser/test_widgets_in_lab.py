@@ -119,13 +119,28 @@ if os.environ["RANK"] == "1":
 dist.barrier()
 """
 
+TORCHRUN_TQDM = """%%torchrun --nproc-per-node 2
+import os, time
+from tqdm import tqdm
 
-def test_a_torchrun_cell_as_the_learner_sees_it(lab, open_notebook):
+for step in tqdm(range(12), mininterval=0, desc="train"):
+    if step == 6:  # half way: wait until the test has looked
+        while not os.path.exists("tqdm-go"):
+            time.sleep(0.1)
+    time.sleep(0.1)
+print("trained")
+"""
+PROGRESS = re.compile(r"^\[rank (\d)\] train: +\d+%.*\| (\d+)/12 ", re.M)
+
+
+def test_a_torchrun_cell_as_the_learner_sees_it(lab, open_notebook, tmp_path):
     """%%torchrun in real JupyterLab: each rank's output (logging's too) under the cell, labelled; a failing rank's
-    error names the rank and shows the cell's own line; the others are stopped and the kernel stays usable."""
-    name = write_notebook(lab.notebook_dir, "torchrun_cell.ipynb", "%load_ext ppkit", TORCHRUN_SCRIPT, TORCHRUN_FAILS)
+    error names the rank and shows the cell's own line; the others are stopped and the kernel stays usable; a
+    tqdm bar on each of 2 ranks is one line per rank, redrawn in place while the cell runs."""
+    name = write_notebook(lab.notebook_dir, "torchrun_cell.ipynb", "%load_ext ppkit", TORCHRUN_SCRIPT, TORCHRUN_FAILS,
+                          TORCHRUN_TQDM)
     nb = open_notebook(name)
-    nb.run_all(timeout=180)
+    nb.run_all(timeout=180, hold_back_last=True)
     cells = nb.page.locator(".jp-CodeCell")
     said = cells.nth(1).locator(".jp-OutputArea").inner_text()
     for rank in (0, 1):
@@ -135,6 +150,22 @@ def test_a_torchrun_cell_as_the_learner_sees_it(lab, open_notebook):
     assert "ProcessRaisedError" in error and "rank 1 of 2" in error, error
     assert "ValueError: rank 1 cannot go on" in error and 'raise ValueError("rank 1 cannot go on")' in error, error
     assert "rank 0 is waiting here" in error and "dist.barrier()" in error, error
+
+    bars = cells.nth(3)
+    nb.run_last_cell(wait=False)
+    output = bars.locator(".jp-OutputArea")
+    nb.page.wait_for_function("el => (el.innerText.match(/\\| 6\\/12 /g) || []).length == 2",
+                              arg=output.element_handle(), timeout=120_000)
+    running = output.inner_text()
+    bars.screenshot(path=str(tmp_path / "tqdm-running.png"))
+    (lab.notebook_dir / "tqdm-go").touch()
+    nb.page.wait_for_function("el => el.innerText.includes('trained')", arg=output.element_handle(), timeout=120_000)
+    nb.wait_kernel_idle()
+    ended = output.inner_text()
+    bars.screenshot(path=str(tmp_path / "tqdm-ended.png"))
+    assert sorted(PROGRESS.findall(running)) == [("0", "6"), ("1", "6")], running  # two lines, half way
+    assert sorted(PROGRESS.findall(ended)) == [("0", "12"), ("1", "12")], ended  # the same two lines, redrawn
+    assert "trained" in ended and "Error" not in ended, ended
     nb.assert_console_clean()
 
 
