@@ -23,6 +23,28 @@ class JobRunning:
         finally:
             self._break("its processes ran their last job.")
 
+    @property
+    def generation(self) -> int:
+        """How many times its workers were started anew (``restart()``): a kept rank belongs to one."""
+        return self._generation
+
+    def stop_workers_but(self, keep: tuple[int, ...], reason: str) -> None:
+        """Stop every worker but ``keep``'s, SIGTERM then SIGKILL, as torchrun's agent stops the other
+        ranks after a failure; ``keep``'s stay connected, for a post-mortem, until ``stop_kept``."""
+        others = {rank: worker for rank, worker in self.workers.items() if rank not in keep}
+        self._launcher.stop(others)
+        for rank in others:
+            conn = self._conns.pop(rank, None)
+            if conn is not None:
+                conn.close()
+        self._break(reason)
+
+    def stop_kept(self, generation: int) -> None:
+        """Stop the workers ``stop_workers_but`` kept, if they are still this cluster's (``generation``)."""
+        with self._one_job:  # not during a post-mortem on them
+            if self.state != "closed" and self._generation == generation:
+                self.stop_workers("the rank kept for %debug was released.")
+
     def _job(self, fn, args: tuple, kwargs: dict, timeout: float | None, **how) -> list:
         with self._one_job:
             self._check_usable()

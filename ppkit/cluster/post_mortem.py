@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ppkit.cluster import parked
 from ppkit.cluster.inbox import Closed
 from ppkit.cluster.pdb_session import Sessions
 from ppkit.errors import ClusterStateError, ConfigError, DebuggerQuit, ProcessRaisedError, RemoteError
@@ -102,9 +103,13 @@ def debug_magic(original, active_cluster):
         if line.strip() or cell is not None or not isinstance(error, RemoteError) or not error.ranks:
             return original(line, cell)
         if isinstance(error, ProcessRaisedError):
-            print("[ppkit] the processes of ppkit.spawn and %%torchrun are gone once they fail: there is no rank "
-                  "left to look at. Run the same function with cluster.run(fn) on a ppkit.start() cluster, where "
-                  "%debug and breakpoint() work, or put breakpoint() in it before the run.")
+            found = parked.find(error)
+            if found is not None:  # the rank that raised was kept for this
+                cluster, rank = found
+                return cluster.debug(rank)
+            print(f"[ppkit] the process that raised is gone: ppkit.spawn and %%torchrun keep it for %debug until "
+                  f"the end of the cell after the failing one (or {parked.PARK_S:g} s, or the next call). Run the "
+                  "cell again, then %debug in the next cell; or put breakpoint() where it fails.")
             return None
         cluster = active_cluster()
         if cluster is None:

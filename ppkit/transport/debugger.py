@@ -142,7 +142,8 @@ class RankDebugger:
                                      "started since. Run the failing job again, then cluster.debug().")
             return
         tb = exc.__traceback__
-        tb = tb.tb_next or tb  # the first frame is the worker's own call of the job
+        while tb.tb_next is not None and _ours(tb.tb_frame):  # the worker's call of the job, spawn's, torchrun's
+            tb = tb.tb_next
         debugger = self.new_pdb()
         debugger.message(f"post-mortem on rank {self.rank}: {type(exc).__name__}: {exc}")
         debugger.reset()
@@ -151,6 +152,11 @@ class RankDebugger:
         finally:
             if not debugger.told:
                 self.left(debugger.quitting, debugger.terminal.take())
+
+
+def _ours(frame) -> bool:
+    """A frame of ppkit's own machinery that runs the learner's code (not of a lesson the learner runs)."""
+    return frame.f_globals.get("__name__", "").startswith(("ppkit.transport.", "ppkit.cluster."))
 
 
 class _Terminal:

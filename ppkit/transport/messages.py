@@ -15,12 +15,10 @@ Who talks to whom (each arrow is one authenticated channel connection, see chann
                                 Kill, Shutdown
     doctor      -> controller   Probe; the controller answers ProbeReply and hangs up
 
-Liveness: only the controller <-> agent connection crosses machines with nothing else to notice
-a dead peer (a machine that loses power, a SIGSTOPped process or a pulled cable closes no
-connection). Both ends send Heartbeat every HEARTBEAT_EVERY_S (2 s) from a thread of their own,
-and each gives the other up after SILENT_AFTER_S (12 s) without any message (heartbeat.py).
-Workers need none: a remote rank dies with its agent (PR_SET_PDEATHSIG), a local one with the
-kernel, and a frozen rank ends its job's ``timeout`` (JobTimeoutError).
+Liveness: only the controller <-> agent connection crosses machines with nothing else to notice a dead
+peer (power lost, a SIGSTOPped process, a pulled cable close no connection). Both ends send Heartbeat
+every HEARTBEAT_EVERY_S (2 s) and give the other up after SILENT_AFTER_S (12 s) of silence (heartbeat.py).
+Workers need none: a remote rank dies with its agent (PR_SET_PDEATHSIG), a local one with the kernel.
 
 The first message on a connection says what the peer is. Both ends run the same ppkit (admission
 checks the versions), so the classes pickle by reference. Fields hold plain data only, never
@@ -264,8 +262,9 @@ class Spawn:
 
 @dataclass(frozen=True)
 class Kill:
-    """Stop the workers you forked, and stay (the fork server or an agent, before a restart;
-    their parent stops them: only it knows which of its pids it has not reaped yet)."""
+    """Stop the workers you forked (only ``ranks``' where given: the fork server), and stay. Their parent
+    stops them: only it knows which of its pids it has not reaped yet."""
+    ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

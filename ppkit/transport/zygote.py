@@ -64,21 +64,26 @@ def _reap(conn, children: dict, lock: threading.Lock, have_children: threading.C
                     os._exit(1)
 
 
-def stop_children(children: dict, have_children: threading.Condition, grace: float = 0.5) -> None:
-    """SIGTERM every worker still ours, wait up to ``grace`` s, then SIGKILL the rest (and wait
-    up to 2 s more). Only this process may signal them: it alone knows which pids it has not
-    reaped yet (see ``_reap``); the controller, which is not their parent, cannot tell."""
+def stop_children(children: dict, have_children: threading.Condition, grace: float = 0.5,
+                  ranks: tuple[int, ...] = ()) -> None:
+    """SIGTERM every worker still ours (those of ``ranks`` only, if given), wait up to ``grace`` s,
+    then SIGKILL the rest (and wait up to 2 s more). Only this process may signal them: it alone
+    knows which pids it has not reaped yet (see ``_reap``); the controller, which is not their
+    parent, cannot tell."""
+    def targets():
+        return [pid for pid, rank in children.items() if not ranks or rank in ranks]
+
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
         deadline = time.monotonic() + wait
         with have_children:
-            for pid in children:
+            for pid in targets():
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            while children and time.monotonic() < deadline:
+            while targets() and time.monotonic() < deadline:
                 have_children.wait(deadline - time.monotonic())
-            if not children:
+            if not targets():
                 return
 
 
@@ -183,7 +188,7 @@ def main() -> None:
                     pass
             preload = []
         elif isinstance(msg, Kill):
-            stop_children(children, have_children)
+            stop_children(children, have_children, ranks=msg.ranks)
         elif isinstance(msg, Shutdown) and msg.park_s > 0:  # parked: wait for the next cluster
             stop_children(children, have_children)
             with lock:

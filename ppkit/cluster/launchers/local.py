@@ -170,11 +170,13 @@ class ForkServerLauncher(Launcher):
         it has not reaped yet; signalling from here could hit a process that reuses the number
         of a worker that already ended. If it does not answer, it goes, and its workers with it.
         """
-        ours = set(self.local_pids(workers)) | {pid for source, pid in self._spawned.values() if source == FORK_SERVER}
+        some = set(workers) < set(self._spawned)  # only these ranks (the others stay: a post-mortem)
+        ours = set(self.local_pids(workers)) | {pid for rank, (source, pid) in self._spawned.items()
+                                                if source == FORK_SERVER and (not some or rank in workers)}
         if not ours or self._conn is None or self.process is None or procs.exited(self.process):
             return  # no fork server: its workers died with it (PR_SET_PDEATHSIG)
         try:
-            self._conn.send(Kill())
+            self._conn.send(Kill(tuple(sorted(workers)) if some else ()))
         except OSError:
             return
         if not self.await_reports(lambda: all((FORK_SERVER, pid) in self._exit_status for pid in ours),

@@ -17,13 +17,11 @@ import os
 import threading
 from collections import OrderedDict
 
-from ppkit.checks import positive
-from ppkit.cluster import hang_watch
+from ppkit.cluster import parked
 from ppkit.cluster.controller import Cluster
-from ppkit.cluster.hang_watch import HangWatch
-from ppkit.cluster.rpc import pickler as rpc_pickle
 from ppkit.cluster.spawn import explain
-from ppkit.errors import ClusterStateError, ConfigError, JobInterrupted, WorkerError
+from ppkit.cluster.spawn.one_call import Call, time_limit
+from ppkit.errors import ClusterStateError, ConfigError
 from ppkit.transport.zygote import PRELOAD_ENV
 
 PRELOAD = ("torch._dynamo",)  # DDP, FSDP and DTensor import it on first use: 1-2 s in each new process
@@ -65,7 +63,7 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
         raise ClusterStateError(
             f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running. Call its join() first "
             "(context = ppkit.spawn(..., join=False); context.join()).")
-    call = _Call(_fresh_cluster(key), fn, args, timeout, _environ[key])
+    call = Call(_fresh_cluster(key), fn, args, timeout, _environ[key])
     if join:
         call.run()
         return None
@@ -80,7 +78,7 @@ class SpawnContext:
     the processes' ids. Kernel > Interrupt during ``join()`` stops them.
     """
 
-    def __init__(self, call: _Call, key: tuple):
+    def __init__(self, call: Call, key: tuple):
         self._call = call
         self._key = key
         self._error: BaseException | None = None
@@ -120,52 +118,6 @@ class SpawnContext:
         return True
 
 
-class _Call:
-    """One call: ``fn(i, *args)`` on each fresh process, then every process stopped."""
-
-    def __init__(self, cluster: Cluster, fn, args: tuple, timeout: float | None, environ: dict,
-                 caller: explain.Caller = explain.SPAWN):
-        self.cluster, self.fn, self.args, self.timeout, self.caller = cluster, fn, args, timeout, caller
-        self.shown = (fn, args)  # the learner's function and arguments, named when one cannot be pickled
-        self.pids = {rank: worker.get("pid") for rank, worker in cluster.workers.items()}
-        changed = {k: v for k, v in os.environ.items() if environ.get(k) != v}
-        self.environ = (changed, [k for k in environ if k not in os.environ])
-
-    def run(self) -> None:
-        try:
-            watch = HangWatch(hang_watch.threshold(), explain.shown_stacks)  # also before a timeout ends it
-            self.cluster.run_to_exit(_call_rank, (self.fn, self.args, self.environ), self.timeout, watch)
-        except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
-            raise explain.cannot_send(*self.shown, exc, self.caller) from None
-        except (WorkerError, JobInterrupted) as exc:
-            raise explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, self.caller) from None
-        finally:
-            self.cluster.stop_workers(f"{self.caller.name} stops its processes when a call ends.")
-
-
-def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> None:
-    """What each process runs: mp.spawn's ``fn(i, *args)``, in the kernel's environment as it is
-    now (mp.spawn's processes inherit it), its return value dropped as mp.spawn drops it."""
-    changed, removed = environ
-    os.environ.update(changed)
-    for name in removed:
-        os.environ.pop(name, None)
-    try:  # RPC sends a cell's functions and classes by value, as ppkit's RPC world does
-        rpc_pickle.install()
-    except (ImportError, ClusterStateError):  # a torch without RPC (Windows) or without its internals
-        pass
-    try:
-        fn(rank, *args)
-    except SystemExit as exc:  # sys.exit(0) ends a process of mp.spawn successfully
-        if exc.code not in (None, 0):
-            raise
-
-
-def time_limit(timeout) -> float | None:
-    """None (no limit, as mp.spawn and torchrun have none) or a positive number of seconds."""
-    return None if timeout is None else positive(timeout, "timeout", "None (no limit) or a positive number of seconds")
-
-
 def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: explain.Caller,
               shown: tuple | None = None, output=None) -> None:
     """``fn(i, *args)`` on ``nprocs`` fresh forks of the fork server, as ``spawn(..., join=True)``
@@ -177,7 +129,7 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: expla
         raise ClusterStateError(
             f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running, on the processes {caller.name} "
             "needs. Call its join() first (context.join()).")
-    call = _Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller)
+    call = Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller)
     call.shown = shown or call.shown
     with call.cluster.printing(output):
         call.run()
@@ -188,8 +140,8 @@ def run_on(cluster: Cluster, fn, args: tuple, timeout: float | None, caller: exp
     """``fn(i, *args)`` on the processes of ``cluster`` (``%%torchrun --nnodes``'s SLURM cluster), as
     ``run_fresh`` runs it on the fork server's, its processes stopped when it ends."""
     __tracebackhide__ = True  # noqa: F841
-    call = _Call(cluster, fn, args, timeout, dict(os.environ), caller)
-    call.shown = shown or call.shown
+    call = Call(cluster, fn, args, timeout, dict(os.environ), caller)
+    call.shown, call.park = shown or call.shown, False  # ranks on SLURM nodes are not kept for %debug
     with cluster.printing(output):
         call.run()
 
@@ -223,6 +175,7 @@ def _prestart(key: tuple, closes: int) -> None:
 
 def _fresh_cluster(key: tuple) -> Cluster:
     """The hidden cluster for ``key``, with processes started for this call."""
+    parked.release()  # a rank kept for %debug goes when the next call comes
     _waiting[key] = _waiting.get(key, 0) + 1
     try:
         _starting.acquire()

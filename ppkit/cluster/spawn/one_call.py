@@ -1,0 +1,80 @@
+"""One call of ppkit.spawn or %%torchrun: ``fn(i, *args)`` on each fresh process, each process ending
+with it as a script does (transport/interpreter_exit.py), and what is left stopped when the call ends.
+
+The first rank that raises stays, in IPython, for ``%debug`` (parked.py); the others are stopped.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ppkit.checks import positive
+from ppkit.cluster import hang_watch, parked
+from ppkit.cluster.controller import Cluster
+from ppkit.cluster.hang_watch import HangWatch
+from ppkit.cluster.rpc import pickler as rpc_pickle
+from ppkit.cluster.spawn import explain
+from ppkit.errors import ClusterStateError, ConfigError, JobInterrupted, RemoteError, WorkerError
+
+
+class Call:
+    """One call: ``fn(i, *args)`` on each fresh process, then what is left stopped."""
+
+    def __init__(self, cluster: Cluster, fn, args: tuple, timeout: float | None, environ: dict,
+                 caller: explain.Caller = explain.SPAWN):
+        self.cluster, self.fn, self.args, self.timeout, self.caller = cluster, fn, args, timeout, caller
+        self.park = True  # its processes are this machine's: the one that raised may stay for %debug
+        self.shown = (fn, args)  # the learner's function and arguments, named when one cannot be pickled
+        self.pids = {rank: worker.get("pid") for rank, worker in cluster.workers.items()}
+        changed = {k: v for k, v in os.environ.items() if environ.get(k) != v}
+        self.environ = (changed, [k for k in environ if k not in os.environ])
+
+    def run(self) -> None:
+        kept = ()
+        try:
+            watch = HangWatch(hang_watch.threshold(), explain.shown_stacks)  # also before a timeout ends it
+            self.cluster.run_to_exit(_call_rank, (self.fn, self.args, self.environ), self.timeout, watch)
+        except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
+            raise explain.cannot_send(*self.shown, exc, self.caller) from None
+        except (WorkerError, JobInterrupted) as exc:
+            kept = _to_keep(exc) if self.park and parked.can_park() else ()
+            error = explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, self.caller)
+            if kept:
+                parked.park(self.cluster, kept).error = error
+            raise error from None
+        finally:
+            if kept:  # the rank that raised stays for %debug (parked.py); the others are stopped
+                self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug.")
+            else:
+                self.cluster.stop_workers(f"{self.caller.name} stops its processes when a call ends.")
+
+
+def _to_keep(exc: BaseException) -> tuple[int, ...]:
+    """The first rank that raised an exception (not sys.exit), to keep for a post-mortem."""
+    if not isinstance(exc, RemoteError):
+        return ()
+    raised = [rank for rank in exc.ranks if exc.exc_types.get(rank) != "SystemExit"]
+    return tuple(raised[:1])
+
+
+def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> None:
+    """What each process runs: mp.spawn's ``fn(i, *args)``, in the kernel's environment as it is
+    now (mp.spawn's processes inherit it), its return value dropped as mp.spawn drops it."""
+    changed, removed = environ
+    os.environ.update(changed)
+    for name in removed:
+        os.environ.pop(name, None)
+    try:  # RPC sends a cell's functions and classes by value, as ppkit's RPC world does
+        rpc_pickle.install()
+    except (ImportError, ClusterStateError):  # a torch without RPC (Windows) or without its internals
+        pass
+    try:
+        fn(rank, *args)
+    except SystemExit as exc:  # sys.exit(0) ends a process of mp.spawn successfully
+        if exc.code not in (None, 0):
+            raise
+
+
+def time_limit(timeout) -> float | None:
+    """None (no limit, as mp.spawn and torchrun have none) or a positive number of seconds."""
+    return None if timeout is None else positive(timeout, "timeout", "None (no limit) or a positive number of seconds")
