@@ -157,3 +157,20 @@ def test_import_ppkit_in_a_kernel_prestarts_the_fork_server_and_in_a_script_does
                       "print([' '.join(p.cmdline()) for p in psutil.Process().children(recursive=True)])\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_pdb_Pdb_set_trace_on_a_rank_works_as_breakpoint_does_without_ppkit_frames(kernel):
+    _, kc = kernel
+    cell = run_cell(kc, """
+        %%torchrun --nproc-per-node 2
+        import os, pdb
+        secret = 40 + int(os.environ["RANK"])
+        if os.environ["RANK"] == "1":
+            pdb.Pdb().set_trace()
+        print("after the breakpoint", secret, flush=True)
+        """, answers=["p secret + 1", "w", "c"])
+    assert cell.error is None, cell.text
+    assert "(Pdb rank 1)" in " ".join(cell.prompts) and "42" in cell.text
+    assert "after the breakpoint 41" in cell.text and "after the breakpoint 40" in cell.text
+    for ours in ("run_as_rank", "_call_rank", "_run_job", "_run_target"):
+        assert ours not in cell.text, cell.text

@@ -26,7 +26,8 @@ import threading
 from ppkit.transport.debug_messages import DebugLeft, DebugPrompt
 
 LINE_POLL_S = 0.2  # how often the waiting main thread lets an asynchronous exception (a cancel) in
-SKIP = ["ppkit.transport.*"]  # stepping out of a job never stops in the worker's own frames
+# stepping out of a job never stops in the worker's own frames, nor in ppkit.spawn's or %%torchrun's
+SKIP = ["ppkit.transport.*", "ppkit.cluster.spawn.*", "ppkit.cluster.torchrun.*"]
 
 
 class _Dropped(BaseException):
@@ -67,6 +68,8 @@ class RankDebugger:
         """Make ``breakpoint()``, ``pdb.set_trace()`` and torch's distributed breakpoint open a RankPdb."""
         sys.breakpointhook = self.breakpointhook
         pdb.set_trace = self.set_trace
+        # pdb.Pdb().set_trace() and its subclasses' (ipdb's): a RankPdb there too, not a pdb that reads EOF
+        pdb.Pdb.set_trace = lambda _debugger, frame=None: self._pdb_in_job().set_trace(frame or sys._getframe(1))
         self.patch_torch()
 
     def patch_torch(self) -> None:
