@@ -85,9 +85,9 @@ class Inbox:
     def _note(self, source) -> Item:
         chars, generation, files = self._dropped.pop(source)
         where = " and ".join(sorted(f for f in files if f))
-        text = (f"[ppkit: {chars} characters of this rank's output are not shown here but in {where}: "
-                if where else f"[ppkit: {chars} characters of output were dropped here: ")
-        text += (f"it printed faster than the notebook read it (more than {self.max_output_chars} waiting). "
+        text = (f"[ppkit: {chars} characters of this rank's output are not shown here but in {where}: it "
+                if where else f"[ppkit: {chars} characters of output were dropped here: this rank ")
+        text += (f"printed faster than the notebook read it (more than {self.max_output_chars} waiting). "
                  "Print less, or return the data from the job.]\n")
         self._output_chars += len(text)
         return Item(source, Output("stderr", text), generation)
@@ -134,8 +134,8 @@ class Inbox:
                 continue
             self._took(item)
             if not self._routine(item):
-                for note in self._notes():  # before a result: the output that went to files is named first
-                    self._took(note)
+                for note in self._notes() if self._output is not None else ():  # before a result: the output
+                    self._took(note)  # that went to files is named first (a cluster's routine prints it)
                     self._routine(note)
                 return item
 
