@@ -130,3 +130,43 @@ def test_a_nodes_ranks_follow_slurms_tasks_per_node():
         layout.tasks_per_node("three")
     with pytest.raises(ppkit.ConfigError, match="not one of the 2 node"):
         layout.node_ranks("3,1", 2)
+
+
+@pytest.mark.parametrize("tasks, expected", [
+    ("2,1", [("0", "0", "0,1"), ("0", "1", "0,1"), ("1", "0", "2")]),
+    ("1,2", [("0", "0", "0"), ("1", "0", "1,2"), ("1", "1", "1,2")]),
+    ("2(x2),1", [("0", "0", "0,1"), ("0", "1", "0,1"), ("1", "0", "2,3"), ("1", "1", "2,3"), ("2", "0", "4")]),
+])
+def test_each_rank_gets_what_srun_gives_its_task_on_an_uneven_layout(tasks, expected):
+    counts = layout.tasks_per_node(tasks)
+    for rank, (node, local, gtids) in enumerate(expected):
+        env = layout.task_env(counts, rank)
+        assert (env["SLURM_NODEID"], env["SLURM_LOCALID"], env["SLURM_GTIDS"]) == (node, local, gtids), (rank, env)
+        assert rank in layout.node_ranks(tasks, int(node))  # the node whose agent forks it
+        assert env["SLURM_PROCID"] == str(rank) and env["SLURM_DISTRIBUTION"] == "block"
+        assert env["SLURM_TASKS_PER_NODE"] == env["SLURM_STEP_TASKS_PER_NODE"] == tasks  # SLURM's compressed form
+        assert env["SLURM_NTASKS"] == env["SLURM_NPROCS"] == env["SLURM_STEP_NUM_TASKS"] == str(len(expected))
+        assert env["SLURM_NNODES"] == env["SLURM_STEP_NUM_NODES"] == str(len(counts))
+    with pytest.raises(ppkit.ConfigError, match=r"rank 3 has no place in a layout of \[2, 1\]"):
+        layout.task_env([2, 1], 3)
+
+
+def test_tasks_per_node_is_written_as_slurm_writes_it():
+    assert layout.compressed([2, 2, 1]) == "2(x2),1" and layout.compressed([2, 1]) == "2,1"
+    assert layout.compressed([1, 1]) == "1(x2)" and layout.compressed([3, 1, 1, 3]) == "3,1(x2),3"
+    assert layout.tasks_per_node(layout.compressed([4, 4, 2, 4])) == [4, 4, 2, 4]
+
+
+@pytest.mark.parametrize("guess, said, placed", [
+    # node0 joins first and says (0, 1) where the guess was "1,2": rank 1 is node0's alone (it was node1's too,
+    # and rank 1 was told SLURM_NODEID 1 while it ran on node 0)
+    ([(0,), (1, 2)], {0: (0, 1)}, [(0, 1), (2,)]),
+    ([(0, 1), (2, 3)], {0: (0, 1, 2)}, [(0, 1, 2), (3,)]),  # "3,1" where "2,2" was guessed
+    ([(0, 1), (2,)], {1: (1, 2)}, [(0,), (1, 2)]),
+    ([(0, 1), (2, 3), (4, 5)], {1: (1, 2, 3, 4)}, [(0,), (1, 2, 3, 4), (5,)]),
+    ([(0, 1), (2, 3), (4, 5)], {0: (0, 1, 2), 2: (4, 5)}, [(0, 1, 2), (3,), (4, 5)]),
+    ([(0, 1), (2, 3)], {0: (0,), 1: (1, 2, 3)}, [(0,), (1, 2, 3)]),
+    ([(0, 1), (2, 3), (4, 5)], {0: (0, 1, 2), 2: (3, 4, 5)}, [(0, 1), (2, 3), (4, 5)]),  # no task left for node1
+])
+def test_what_a_nodes_agent_says_stands_and_every_rank_has_one_node(guess, said, placed):
+    assert layout.settle(sum(map(len, guess)), guess, said) == placed

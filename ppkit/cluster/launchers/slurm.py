@@ -2,7 +2,8 @@
 
 ``ppkit.start(4, launcher="slurm", nodes=2)`` from a login node (no allocation) submits one batch
 job with ``sbatch`` whose 4 tasks run ``ppkit worker`` and connect back over the authenticated
-channel that remote workers use (remote.py); rank = SLURM_PROCID. Inside an allocation
+channel that remote workers use (remote.py); rank = SLURM_PROCID, and each rank sees the SLURM_*
+variables srun would give that task on its node (layout.task_env). Inside an allocation
 (``SLURM_JOB_ID`` set: salloc, Open OnDemand) it submits nothing: the tasks are a step of that
 allocation (``srun --overlap``), over all of its nodes and spread as ``srun -n4`` would spread them.
 Every restart and close cancels what it started (scancel), and a reaper process cancels it if the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -36,6 +38,9 @@ class SlurmLauncher(RemoteLauncher):
         super().__init__(spec, inbox, key)
         self._layout = self._first_layout()  # SLURM's own, once a batch job runs
         self.lay_out({name: tuple(layout.node_ranks(self._layout, i)) for i, name in enumerate(self.names)})
+        self._said: dict[int, tuple[int, ...]] = {}  # this job's ranks by node, as each node's agent said them
+        self._placed = threading.Condition(self._lock)  # an agent said its ranks, or the job ended
+        self._jobs = 0  # jobs ended so far: a rank waiting on an ended job's agents stops waiting
         self.job_id: str | None = None  # this generation's job (inside an allocation: the allocation's)
         self.slurm_script = ""  # what was submitted, or the srun command inside an allocation
         self._srun: subprocess.Popen | None = None
@@ -64,12 +69,19 @@ class SlurmLauncher(RemoteLauncher):
         return [f"node{i}" for i in range(self.options.nodes)]  # `ppkit worker --name node{rank}`, one a node
 
     def accept(self, conn, first) -> bool:
-        """A node's agent says which of the job's ranks SLURM placed on it (layout.py)."""
-        ranks = first.info.ranks if isinstance(first, AgentHello) else ()
+        """A node's agent says which of the job's ranks SLURM placed on it (layout.py): node{i} is the agent
+        whose SLURM_NODEID is i, and what it says stands over any guess (layout.settle)."""
+        ranks = tuple(first.info.ranks) if isinstance(first, AgentHello) else ()
         name = first.info.name if isinstance(first, AgentHello) else None
-        if name in self.ranks_of and ranks and set(ranks) <= set(range(self.world_size)):
-            with self._lock:
-                self.lay_out({**self.ranks_of, name: tuple(ranks)})
+        if name in self.ranks_of:
+            usable = bool(ranks) and ranks == tuple(range(ranks[0], ranks[-1] + 1)) \
+                and 0 <= ranks[0] <= ranks[-1] < self.world_size  # a run of ranks, as block order gives
+            with self._placed:
+                self._said[self.names.index(name)] = ranks if usable else ()  # (): it said nothing of use
+                said = {node: held for node, held in self._said.items() if held}
+                placed = layout.settle(self.world_size, [self.ranks_of[n] for n in self.names], said)
+                self.lay_out(dict(zip(self.names, placed)))
+                self._placed.notify_all()
         return super().accept(conn, first)
 
     def init_config(self, rank: int, config: JoinConfig, generation: int) -> JoinConfig:
@@ -77,12 +89,20 @@ class SlurmLauncher(RemoteLauncher):
         config = replace(super().init_config(rank, config, generation), cwd=config.cwd, sys_path=config.sys_path)
         if self._master_addr is None and self._last is not None and self._last.status is not None:
             self._master_addr = hosts.master_addr(self._last.status.nodes)
-        node = self.name_of[rank]
-        task = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(self.world_size),  # as if srun started each rank
-                "SLURM_LOCALID": str(self.ranks_of[node].index(rank)), "SLURM_NODEID": node.removeprefix("node")}
+        task = layout.task_env(self._tasks_per_node(), rank)  # what srun would have given this task
         if self._master_addr:  # as under srun: the allocation's first node
             task["MASTER_ADDR"] = self._master_addr
         return replace(config, env={**config.env, **task})
+
+    def _tasks_per_node(self) -> list[int]:
+        """How many ranks each node holds, once every node's agent has said (they join within moments of each
+        other, in one srun step): a rank's SLURM_TASKS_PER_NODE and SLURM_GTIDS need every node's count, and a
+        batch job's layout is SLURM's, known to its nodes only. After start_timeout: the best guess so far."""
+        with self._placed:
+            jobs = self._jobs
+            self._placed.wait_for(lambda: len(self._said) == len(self.names) or self._jobs != jobs,
+                                  timeout=self.spec.start_timeout)
+            return [len(self.ranks_of[name]) for name in self.names]
 
     # -- a job per generation -----------------------------------------------------------------
     def request(self, missing: list[str], say=print) -> None:
@@ -193,6 +213,10 @@ class SlurmLauncher(RemoteLauncher):
             self._view.close()
         self.job_id, self._srun, self._watch, self._view, self._last = None, None, None, None, None
         self._master_addr = None
+        with self._placed:  # the next job's nodes say their ranks afresh (its layout may differ)
+            self._said.clear()
+            self._jobs += 1
+            self._placed.notify_all()
 
     def close(self) -> None:
         self._end_job()
