@@ -332,8 +332,8 @@ def test_breakpoints_in_ppkit_spawn_torchrun_and_ranks_cells_and_their_post_mort
     cell = run_cell(kc, torchrun, ["p rank", "c"])
     assert cell.error is None and cell.prompts == ["(Pdb rank 1) "] * 2 and "\n1\n" in cell.text, cell.text
     assert run_cell(kc, "ppkit.spawn(lambda i: 1 / i, nprocs=2)").error[0] == "ProcessRaisedError"
-    cell = run_cell(kc, "%debug")
-    assert cell.error is None and "the processes of ppkit.spawn and %%torchrun are gone" in cell.text, cell.text
+    cell = run_cell(kc, "%debug", ["p i", "q"])  # the process that raised stays for it
+    assert cell.error is None and "post-mortem on rank 0: ZeroDivisionError" in cell.text, cell.text
     ranks_cell = "%%ranks\nlabel = f'on {rank}'\nif rank == 0:\n    breakpoint()\nprint(label)"
     cell = run_cell(kc, ranks_cell, ["p label", "c"])
     assert cell.error is None and cell.prompts == ["(Pdb rank 0) "] * 2 and "'on 0'" in cell.text, cell.text

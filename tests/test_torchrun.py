@@ -211,10 +211,12 @@ def test_a_failing_rank_names_its_rank_and_the_cells_line(shell):
     assert isinstance(err, ppkit.ProcessRaisedError) and err.error_index == 1
     message = str(err)
     assert message.startswith("rank 1 of 2 (pid ") and "raised ValueError: only on one" in message
+    assert "rank 1 stays until the end of the next cell, for %debug there" in message
     assert "The next %%torchrun starts fresh ones." in message
     traceback = message.split("--- traceback in rank 1 ---\n")[1]
     assert traceback.startswith('Traceback (most recent call last):\n  File "<%%torchrun cell')
     assert "line 4, in <module>\n    raise ValueError('only on one')" in traceback  # the cell's own line
+    run_cell(shell, "pass")  # the next cell: at its end the rank kept for %debug goes
     assert_ranks_gone()
 
 
@@ -222,9 +224,10 @@ def test_a_failing_rank_names_its_rank_and_the_cells_line(shell):
 def test_a_hang_stops_at_the_timeout_and_says_where_each_rank_waited(shell):
     result = run_cell(shell, "%%torchrun --nproc-per-node 2 --timeout 4\nimport torch, torch.distributed as dist\n"
                              "dist.init_process_group('gloo')\nif dist.get_rank() == 0:\n"
-                             "    dist.recv(torch.zeros(1), src=1)  # rank 1 never sends\n")
+                             "    dist.recv(torch.zeros(1), src=1)  # rank 1 never sends\n"
+                             "else:\n    dist.barrier()  # nor ends: its process would be gone\n")
     err = result.error_in_exec
-    assert isinstance(err, ppkit.JobTimeoutError) and err.ranks == [0]
+    assert isinstance(err, ppkit.JobTimeoutError) and err.ranks == [0, 1]
     assert "within 4 s (%%torchrun's timeout)" in str(err) and "%%torchrun --timeout SECONDS" in str(err)
     assert "dist.recv(torch.zeros(1), src=1)" in err.stacks[0]
     assert_ranks_gone()

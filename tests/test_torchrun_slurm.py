@@ -103,10 +103,11 @@ def test_a_failing_rank_on_the_second_node_names_it_and_the_cells_line(shell, cl
 def test_a_hang_on_two_nodes_stops_at_the_timeout_and_ends_the_job(shell, clean):
     result = shell.run_cell("%%torchrun --nnodes 2 --nproc-per-node 2 --timeout 5\n"
                             "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-                            "if dist.get_rank() == 2:\n    dist.recv(torch.zeros(1), src=1)  # rank 1 never sends\n",
+                            "if dist.get_rank() == 2:\n    dist.recv(torch.zeros(1), src=1)  # rank 1 never sends\n"
+                            "else:\n    dist.barrier()  # nor do the others end: their processes would be gone\n",
                             store_history=False)
     err = result.error_in_exec
-    assert isinstance(err, ppkit.JobTimeoutError) and err.ranks == [2], err
+    assert isinstance(err, ppkit.JobTimeoutError) and err.ranks == [0, 1, 2, 3], err
     assert "within 5 s (%%torchrun's timeout)" in str(err)
     assert "dist.recv(torch.zeros(1), src=1)" in err.stacks[2]
 

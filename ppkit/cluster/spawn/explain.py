@@ -49,8 +49,14 @@ class Caller:
         """One or more: process(es), rank(s)."""
         return self.unit + ("(es)" if self.unit.endswith("s") else "(s)")
 
+    kept: int | None = None  # the rank kept for %debug (parked.py), if one is
+
     @property
     def stopped(self) -> str:
+        if self.kept is not None:
+            return (f"The other processes of this call have been stopped; {self.unit} {self.kept} stays until the "
+                    f"end of the next cell, for %debug there (pdb in its frame). The next {self.name} starts fresh "
+                    "ones.")
         return f"Every process of this call has been stopped. The next {self.name} starts fresh ones."
 
 

@@ -7,6 +7,7 @@ The first rank that raises stays, in IPython, for ``%debug`` (parked.py); the ot
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from ppkit.checks import positive
 from ppkit.cluster import hang_watch, parked
@@ -38,7 +39,8 @@ class Call:
             raise explain.cannot_send(*self.shown, exc, self.caller) from None
         except (WorkerError, JobInterrupted) as exc:
             kept = _to_keep(exc) if self.park and parked.can_park() else ()
-            error = explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, self.caller)
+            caller = replace(self.caller, kept=kept[0]) if kept else self.caller
+            error = explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, caller)
             if kept:
                 parked.park(self.cluster, kept).error = error
             raise error from None
