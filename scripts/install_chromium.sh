@@ -9,24 +9,10 @@
 set -uo pipefail
 
 CHROMIUM="${PPKIT_CHROMIUM:-/usr/bin/chromium}"
-. "$(dirname "$0")/lib.sh"  # in_ci, apt_retry
+. "$(dirname "$0")/lib.sh"  # apt_install_or_skip
 
 if [ ! -x "$CHROMIUM" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "installing Debian's chromium for the browser tests (apt-get)"
-        apt_retry update -qq && apt_retry install -y -qq chromium || {
-            echo "could not install chromium with apt-get; the browser tests need it" >&2
-            exit 1
-        }
-    else
-        msg="chromium is missing: install Debian's chromium (sudo apt-get install chromium) to run tests/browser"
-        if in_ci; then
-            echo "$msg (CI=true: the browser tests must run)" >&2
-            exit 1
-        fi
-        echo "$msg; until then they are skipped"
-        exit 0
-    fi
+    apt_install_or_skip chromium "the browser tests (tests/browser)"
 fi
 
 # A browser that is installed but cannot start would only show up as a confusing test failure later.

@@ -143,3 +143,52 @@ def test_notebook_04_runs_in_the_isolated_kernel_with_the_committed_outputs(jupy
                            "tests/nbval_sanitize.cfg", "--nbval-kernel-name", KERNEL_NAME],
                           cwd=REPO, env=jupyter_env, capture_output=True, text=True, timeout=500)
     assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+NO_NETWORK_CELL = """
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+shell.extension_manager.load_extension("ppkit.kernel.offline")  # as the kernelspec's --ext loads it
+shell.run_cell('''
+import ppkit, urllib.request
+def fetch(rank, world_size, url):
+    return urllib.request.urlopen(url, timeout=10).read()
+with ppkit.Cluster(2, "gloo") as cluster:
+    print("isolation:", cluster.isolation)
+    cluster.run(fetch, URL)
+'''.replace("URL", repr(sys.argv[1])))
+"""
+
+
+def test_a_ranks_connection_out_fails_with_a_note_that_there_is_no_network_by_design(jupyter_env):
+    """A rank of the isolated kernel fetches from this machine's own non-loopback address: no route (nothing leaves
+    the namespace), and below the rank's traceback the kernel says why, as the IPython extension of the kernelspec
+    does in a real kernel."""
+    import psutil
+
+    own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+           if a.family.name == "AF_INET" and not a.address.startswith(("127.", "169.254."))]
+    if not own:
+        pytest.skip("this machine has no IPv4 address besides loopback")
+    done = subprocess.run([sys.executable, "-m", "ppkit.kernel.netns", "--", sys.executable, "-c", NO_NETWORK_CELL,
+                           f"http://{own[0]}:9/"], capture_output=True, text=True, timeout=300, env=jupyter_env)
+    said = done.stdout + done.stderr
+    assert "isolation: private network (the isolated kernel's)" in said, said
+    assert "Network is unreachable" in said, said  # the rank's own error, with its traceback
+    assert "ppkit: this failed for want of a network, by design" in said and "docs/isolation.md" in said, said
+    assert said.index("Network is unreachable") < said.index("for want of a network"), said
+
+
+def test_only_errors_that_found_no_route_get_the_note():
+    try:
+        try:
+            raise OSError(101, "Network is unreachable")
+        except OSError as exc:
+            raise RuntimeError("rank 1 raised URLError") from exc  # as a rank's error comes back: chained
+    except RuntimeError as exc:
+        assert offline.lost_for_want_of_network(exc)
+    assert offline.lost_for_want_of_network(OSError(-3, "Temporary failure in name resolution"))
+    assert not offline.lost_for_want_of_network(ValueError("bad value"))
+    assert not offline.lost_for_want_of_network(None)

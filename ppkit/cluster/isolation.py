@@ -2,17 +2,22 @@
 
 torch's store, gloo's pairs and TensorPipe accept connections without authentication. On a
 machine shared by several learners (JupyterHub with a Unix user each, a teaching server), anyone
-there could reach them on 127.0.0.1. A cluster of the local launcher therefore starts its fork
+there could reach them on 127.0.0.1. There a cluster of the local launcher starts its fork
 server, and so every worker, in a private user+network namespace (ppkit/transport/private_net.py)
 that only this learner's processes are in; the kernel talks to them over ppkit's authenticated
-channel on a Unix socket in a folder only this user can open.
+channel on a Unix socket in a folder only this user can open. The namespace reaches out through
+slirp4netns where it is installed (downloads, hubs, loggers), and lets nothing in.
 
 ``isolation=`` (``ppkit.start``, ``Cluster``) or the environment variable PPKIT_ISOLATION:
 
-- ``"auto"`` (default): a private network where the machine allows it, else as before (the cluster's
-  ``isolation`` says why not; on a machine with several users a warning says so once);
+- ``"auto"`` (default): on a shared machine (``shared_machine()``), a private network where the machine
+  allows it, else as before (the cluster's ``isolation`` says why not, and a warning says so once); on a
+  one-user machine the ranks use the machine's network, as the kernel does: there is no one to protect;
 - ``"netns"``: a private network or an error;
-- ``"off"``: as before ppkit had it, every rank on the machine's loopback.
+- ``"off"``: as before ppkit had it, every rank on the machine's network.
+
+PPKIT_SHARED_MACHINE=1 or 0 overrides ``shared_machine()``'s guess (accounts from a directory that
+/etc/passwd does not list; several accounts but a container per learner).
 
 What cannot be isolated: an RPC world (``ppkit.start_rpc``) makes the kernel itself rank 0, and the
 kernel stays on the machine's network, so its workers must too; the other launchers (spawn, remote,
@@ -36,7 +41,10 @@ from ppkit.transport.zygote import ISOLATION_ENV
 MODES = ("auto", "netns", "off")
 RPC_REASON = ("the notebook kernel is RPC rank 0 ('master'), so its workers share its network: any user "
               "of this machine can reach the RPC world's listeners")
-_warned = _warned_rpc = False  # each warning once per process
+SHARED_ENV = "PPKIT_SHARED_MACHINE"  # "1"/"0": overrides shared_machine()'s guess
+ONE_USER = ("this machine has one user, so the ranks use its network as the kernel does (a private network "
+            "protects only where others log in; docs/isolation.md)")
+_warned = _warned_rpc = _warned_outbound = False  # each warning once per process
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,26 @@ def resolve(mode: str, launcher: str) -> tuple[str, bool, str]:
         if mode == "netns":
             raise ConfigError(f"{where} needs Linux namespaces; this is {sys.platform}. Use 'auto' or 'off'.")
         return "off", False, f"private networks need Linux (this is {sys.platform})"
+    shared = shared_machine()
+    if mode == "auto" and not shared:
+        return "off", False, ONE_USER
+    no_way_out(private_net.outbound_missing(), shared)
     return "netns", mode == "netns", ""
+
+
+def no_way_out(missing: str, shared: str) -> None:
+    """Warn once that the ranks of a private network will have no network beyond their loopback."""
+    global _warned_outbound
+    if missing and not _warned_outbound:
+        _warned_outbound = True
+        why = f"this machine is shared ({shared}), so" if shared else "isolation='netns':"
+        warnings.warn(
+            f"{why} the workers run in a private network that other users cannot reach, and it has no way out "
+            f"({missing}): downloads (datasets' download=True, the Hugging Face hub), loggers (W&B) and another "
+            "machine's --master-addr fail on the ranks. Ask the administrator to install slirp4netns (`apt-get "
+            "install slirp4netns`; /dev/net/tun must be open to users, mode 0666 as Debian has it), which gives "
+            "the private network a way out and still lets nothing in; or pass isolation='off' (the ranks then "
+            "use the machine's network, where other users can reach their listeners).", stacklevel=4)
 
 
 def login_users() -> list[str]:
@@ -120,7 +147,13 @@ def login_users() -> list[str]:
 
 def shared_machine() -> str:
     """Why this machine looks shared by several people ("" if it does not): a JupyterHub, or more
-    than one user with a login."""
+    than one user with a login; PPKIT_SHARED_MACHINE=1 or 0 says so instead."""
+    said = os.environ.get(SHARED_ENV, "").strip().lower()
+    if said in ("1", "0", "yes", "no", "true", "false"):
+        return f"{SHARED_ENV}={os.environ[SHARED_ENV]}" if said in ("1", "yes", "true") else ""
+    if said:
+        warnings.warn(f"{SHARED_ENV}={os.environ[SHARED_ENV]!r} is neither 1 nor 0, so ppkit guesses whether this "
+                      "machine is shared (docs/isolation.md). Set it to 1 (shared) or 0 (one user).", stacklevel=2)
     if os.environ.get("JUPYTERHUB_USER") or os.environ.get("JUPYTERHUB_API_URL"):
         return f"a JupyterHub serves this notebook (JUPYTERHUB_USER={os.environ.get('JUPYTERHUB_USER', '?')})"
     if sys.platform.startswith("linux"):

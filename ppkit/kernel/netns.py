@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     if not command:
         print("usage: python -m ppkit.kernel.netns -- COMMAND [ARG...]", file=sys.stderr)
         return 2
-    refused = private_net.enter()
+    refused = private_net.enter(outbound=False)  # no network, by design: no way out either
     if refused is not None:
         print(f"ppkit: the kernel {DISPLAY_NAME!r} did not start: this machine refused it a private network "
               f"({refused}). Unprivileged user namespaces must be allowed (docs/isolation.md, 'When the machine "

@@ -9,7 +9,16 @@ and everything it forks shares it. It keeps its uid, gid and files: the new user
 this user (and its primary group) to itself, nothing else; other groups still count for file access
 but cannot be changed there (setgroups is denied, as an unprivileged user namespace requires).
 Processes outside (the notebook kernel) are reached through a Unix socket instead, in a folder only
-this user can open. The mount namespace serves one purpose: a view of /etc/hosts (``_loopback_names``).
+this user can open. The mount namespace gives views of /etc/hosts (``_loopback_names``) and, with outbound
+traffic, of /etc/resolv.conf (``_outbound_dns``).
+
+``enter(outbound=True)`` also gives the namespace a way out, as rootless containers have it: slirp4netns, started
+outside the namespace before it is made (a helper forked while this process still has one thread), attaches a tap
+device inside and carries the namespace's outbound connections through its own sockets on the machine's network. It
+forwards nothing inward, so what listens inside stays out of every other user's reach; loopback inside stays private
+(``--disable-host-loopback``: the machine's 127.0.0.1 is not reached either). It dies with this process
+(PR_SET_PDEATHSIG, and ``--exit-fd``). Without slirp4netns, or where it fails, the namespace stays isolated with only
+its loopback, and ``enter`` says why on stderr (the fork server's log).
 
 Linux only, unprivileged where the kernel allows it (user.max_user_namespaces > 0); Ubuntu's
 AppArmor (kernel.apparmor_restrict_unprivileged_userns) may allow the namespace but withhold the
@@ -25,6 +34,9 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import select
+import shutil
+import signal
 import socket
 import struct
 import sys
@@ -41,6 +53,12 @@ HOSTS = "/etc/hosts"
 LOOPBACK_NAMES = "::1 ip6-localhost ip6-loopback\n::ffff:127.0.0.1 ip6-mapped-loopback\n"
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 LOOPBACK = b"lo"
+PR_SET_PDEATHSIG = 1
+SLIRP = "slirp4netns"
+SLIRP_DNS = "10.0.2.3"  # slirp4netns's DNS forwarder, inside the namespace
+SLIRP_READY_S = 10.0  # how long slirp4netns gets to set the namespace's tap device up
+TUN = "/dev/net/tun"
+RESOLV = "/etc/resolv.conf"
 
 
 def _unshare() -> None:
@@ -70,22 +88,51 @@ def _loopback_up() -> None:
             raise OSError(exc.errno, f"bringing the loopback up: {exc.strerror}") from None
 
 
-def _loopback_names() -> None:
-    """This namespace's view of /etc/hosts: the machine's, plus names for the loopback addresses
-    (a bind mount of a file that is unlinked at once: nothing is left on disk). Best effort: without
-    it everything works, and c10d logs a warning per connection."""
+def _overlay(target: str, text: str) -> None:
+    """This namespace's view of ``target``: ``text`` (a bind mount of a file that is unlinked at once: nothing is
+    left on disk). Best effort: the callers' views are conveniences."""
     try:
-        with open(HOSTS) as f:
-            text = f.read()
-        fd, path = tempfile.mkstemp(prefix="ppkit-hosts-")
+        fd, path = tempfile.mkstemp(prefix="ppkit-view-")
         with os.fdopen(fd, "w") as f:
-            f.write(text.rstrip("\n") + "\n" + LOOPBACK_NAMES)
+            f.write(text)
         os.chmod(path, 0o644)
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.mount(path.encode(), os.path.realpath(HOSTS).encode(), None, MS_BIND, None)
+        libc.mount(path.encode(), os.path.realpath(target).encode(), None, MS_BIND, None)
         os.unlink(path)
     except OSError:
         pass
+
+
+def _loopback_names() -> None:
+    """The machine's /etc/hosts plus names for the loopback addresses. Without it everything works, and c10d logs a
+    warning per connection."""
+    try:
+        with open(HOSTS) as f:
+            _overlay(HOSTS, f.read().rstrip("\n") + "\n" + LOOPBACK_NAMES)
+    except OSError:
+        pass
+
+
+def dns_view(resolv_conf: str) -> str | None:
+    """What the namespace should read as /etc/resolv.conf (None: the machine's own will do). A resolver on the
+    machine's loopback (systemd-resolved's 127.0.0.53, a dnsmasq) is out of reach inside, where 127.0.0.1 is the
+    namespace's own: ask slirp4netns's forwarder instead, which asks the machine's."""
+    lines = resolv_conf.splitlines()
+    on_loopback = [line for line in lines if line.split()[:1] == ["nameserver"] and len(line.split()) > 1
+                   and (line.split()[1].startswith("127.") or line.split()[1] == "::1")]
+    if not on_loopback:
+        return None
+    return "\n".join([f"nameserver {SLIRP_DNS}", *(line for line in lines if line not in on_loopback)]) + "\n"
+
+
+def _outbound_dns() -> None:
+    try:
+        with open(RESOLV) as f:
+            view = dns_view(f.read())
+    except OSError:
+        return
+    if view is not None:
+        _overlay(RESOLV, view)
 
 
 def _steps() -> None:
@@ -134,11 +181,78 @@ def inside() -> bool:
         return False
 
 
-def enter() -> str | None:
-    """Move this process into a new user+network namespace with its loopback up (already in one,
-    ``inside()``: stay there).
+def outbound_missing() -> str:
+    """Why a private network made here would have no way out ("" where slirp4netns can give it one)."""
+    if shutil.which(SLIRP) is None:
+        return f"{SLIRP} is not installed"
+    if not os.access(TUN, os.R_OK | os.W_OK):
+        return f"{TUN}, which {SLIRP} needs, is missing or closed to this user"
+    return ""
 
-    Returns None when done, else why not, in words (this process is then unchanged)."""
+
+class _Slirp:
+    """slirp4netns, forked before the namespaces are made (so outside them), waiting to be told they exist."""
+
+    def __init__(self):
+        go_r, self.go = os.pipe()
+        self.ready, ready_w = os.pipe()
+        exit_r, self.keep = os.pipe()  # slirp4netns exits once every process holding ``keep`` is gone
+        parent, tool = os.getpid(), shutil.which(SLIRP)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                for fd in (self.go, self.ready, self.keep):
+                    os.close(fd)
+                ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() == parent and os.read(go_r, 1) == b"1":
+                    quiet = os.open(os.devnull, os.O_RDWR)
+                    os.dup2(quiet, 0)  # not the fork server's stdin (spare.py)
+                    os.dup2(quiet, 1)  # its banner; what goes wrong comes on stderr, to the fork server's log
+                    for fd in (ready_w, exit_r):
+                        os.set_inheritable(fd, True)
+                    os.execve(tool, [SLIRP, "--configure", "--mtu=65520", "--disable-host-loopback",
+                                     f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(parent), "tap0"],
+                              {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})  # none of ppkit's marks
+            finally:
+                os._exit(127)
+        for fd in (go_r, ready_w, exit_r):
+            os.close(fd)
+
+    def start(self) -> str:
+        """Tell it the namespaces exist: "" once their tap device is up, else why not (it is then gone)."""
+        os.write(self.go, b"1")
+        os.close(self.go)
+        ready, _, _ = select.select([self.ready], [], [], SLIRP_READY_S)
+        said = os.read(self.ready, 1) if ready else b""
+        os.close(self.ready)
+        if said == b"1":
+            return ""
+        code = self.stop()
+        return (f"{SLIRP} did not set the network up within {SLIRP_READY_S:.0f} s" if code is None
+                else f"{SLIRP} exited with status {code}; its own words are above")
+
+    def stop(self) -> int | None:
+        """End it; its exit status if it had ended by itself."""
+        done, status = os.waitpid(self.pid, os.WNOHANG)
+        if not done:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        os.close(self.keep)
+        return os.waitstatus_to_exitcode(status) if done else None
+
+    def cancel(self) -> None:
+        os.close(self.go)  # EOF: it exits without starting slirp4netns
+        os.close(self.ready)
+        os.waitpid(self.pid, 0)
+        os.close(self.keep)
+
+
+def enter(outbound: bool = True) -> str | None:
+    """Move this process into a new user+network namespace with its loopback up (already in one,
+    ``inside()``: stay there); ``outbound``: with a way out through slirp4netns where it can be had.
+
+    Returns None when done, else why not, in words (this process is then unchanged). A namespace without
+    the asked-for way out is still made: why there is none goes to stderr."""
     if not sys.platform.startswith("linux"):
         return f"private networks need Linux namespaces (this is {sys.platform})"
     if inside():
@@ -148,9 +262,19 @@ def enter() -> str | None:
     reason = _trial()
     if reason is not None:
         return reason
+    missing = outbound_missing() if outbound else ""
+    slirp = _Slirp() if outbound and not missing else None
     try:
         _steps()
     except OSError as exc:  # passed in the trial a moment ago: only a changed machine gets here
+        if slirp is not None:
+            slirp.cancel()
         raise RuntimeError(f"a private network was allowed a moment ago and now is not: {exc}") from exc
+    if slirp is not None:
+        missing = slirp.start()
+    if outbound and missing:
+        print(f"ppkit: this private network has only its loopback, no way out ({missing}): downloads and "
+              "connections to other machines fail here (docs/isolation.md).", file=sys.stderr, flush=True)
+    elif outbound:
+        _outbound_dns()
     return None
-
