@@ -23,7 +23,7 @@ from leftovers import ppkit_children, wait_gone
 from test_layout import payload_problems
 
 import ppkit
-from ppkit.transport import debug_messages
+from ppkit.transport.debug import messages as debug_messages
 
 CELL_TIMEOUT_S = 120.0
 
@@ -388,7 +388,7 @@ def test_interact_opens_a_console_in_the_ranks_frame(kc):
 
 TRACED_CALL_AFTER_A_DROP = """
 import sys, threading
-from ppkit.transport.debugger import drop_async_exc
+from ppkit.transport.debug.rank_pdb import drop_async_exc
 def helper():
     return 1
 drop_async_exc(threading.get_ident())  # what a worker does at the end of every job

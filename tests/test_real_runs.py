@@ -11,8 +11,7 @@ import time
 
 import psutil
 import pytest
-from jupyter_client.manager import start_new_kernel
-from leftovers import ppkit_children, wait_gone
+from kernels import kernel_in
 from test_debugger import run_cell
 
 pytestmark = pytest.mark.slow
@@ -26,18 +25,10 @@ import ppkit
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path_factory.mktemp("notebook")))
-    try:
+    with kernel_in(tmp_path_factory.mktemp("notebook")) as (km, kc):
         cell = run_cell(kc, START)
         assert cell.error is None, cell.text
         yield km, kc
-    finally:
-        kernel_pid = km.provisioner.process.pid
-        mine = {p.pid for p in psutil.Process(kernel_pid).children(recursive=True)}
-        children = [p.pid for p in ppkit_children() if p.pid in mine]
-        kc.stop_channels()
-        km.shutdown_kernel(now=False)
-        assert wait_gone(children, 15.0) == [], f"ppkit processes outlived the kernel (pid {kernel_pid})"
 
 
 def test_a_75_s_torchrun_cell_without_timeout_runs_to_its_end(kernel):
@@ -139,8 +130,7 @@ def fork_servers(pid: int) -> list[int]:
 
 
 def test_import_ppkit_in_a_kernel_prestarts_the_fork_server_and_in_a_script_does_not(tmp_path):
-    fresh, fresh_kc = start_new_kernel(kernel_name="python3")
-    try:
+    with kernel_in(tmp_path) as (fresh, fresh_kc):
         cell = run_cell(fresh_kc, "import ppkit")  # no %load_ext, no call yet
         assert cell.error is None, cell.text
         deadline = time.monotonic() + 60
@@ -149,9 +139,6 @@ def test_import_ppkit_in_a_kernel_prestarts_the_fork_server_and_in_a_script_does
         assert fork_servers(fresh.provisioner.process.pid), "import ppkit in a kernel started no fork server"
         cell = run_cell(fresh_kc, "ppkit.spawn(lambda i: print('ran on', i), nprocs=2)")
         assert cell.error is None and "ran on 1" in cell.text, cell.text
-    finally:
-        fresh_kc.stop_channels()
-        fresh.shutdown_kernel(now=False)
     script = tmp_path / "script.py"
     script.write_text("import os, time, psutil, ppkit\ntime.sleep(3)\n"
                       "print([' '.join(p.cmdline()) for p in psutil.Process().children(recursive=True)])\n")

@@ -1,9 +1,9 @@
 """The Cluster: a world of worker processes driven from the notebook kernel.
 
-The kernel is the *controller*: it listens on an authenticated control channel, a launcher (ppkit/cluster/launchers/,
-chosen by name) starts one worker per rank, and every worker connects back. What the connections say arrives in one
-inbox (inbox.py), read in the thread that called ``start``/``run``, so output lands in the right notebook cell. This
-module keeps the state machine (starting, ready, broken, closed) and the public methods; diagnostics.py words errors.
+The kernel is the *controller*: it listens on an authenticated control channel, a launcher (launchers/, chosen by
+name) starts one worker per rank, and every worker connects back. What they say arrives in one inbox (inbox.py), read
+in the thread that called ``start``/``run``, so output lands in the right cell. Here: the state machine (starting,
+ready, broken, closed) and the public methods; jobs in job_running.py, errors worded in diagnostics.py.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import weakref
 from dataclasses import asdict
 
 from ppkit.checks import positive
-from ppkit.cluster import diagnostics, launchers, post_mortem, worker_setup
+from ppkit.cluster import diagnostics, launchers, worker_setup
 from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.budget import read_budget
+from ppkit.cluster.debug import post_mortem
 from ppkit.cluster.inbox import Closed, Inbox, Item
 from ppkit.cluster.job_running import JobRunning
-from ppkit.cluster.jobs import check_job_function
 from ppkit.cluster.launchers import Process
 from ppkit.cluster.output import RankPrinter
 from ppkit.cluster.spec import DEFAULT_START_TIMEOUT_S, DEFAULT_TIMEOUT_S, ClusterSpec, cluster_spec
@@ -263,7 +263,6 @@ class Cluster(post_mortem.PostMortemDebugging, JobRunning):
         ``JobTimeoutError`` (with where each rank waits) after ``timeout`` seconds. One job at a time:
         a widget's callback may call this from another thread of the kernel (JupyterLab's subshells).
         """
-        check_job_function(fn)
         return self._job(fn, args, kwargs, self.timeout if timeout is None else positive(timeout, "timeout"))
 
     def _check_usable(self) -> None:

@@ -17,7 +17,6 @@ class JobRunning:
         does (non-daemon threads joined, atexit handlers run), and an exit with status 0 is a success.
         ``timeout`` None: no limit; ``watch`` (a ``HangWatch``) then says once where ranks hang.
         What ppkit.spawn and %%torchrun run on; the cluster needs ``restart()`` afterwards."""
-        check_job_function(fn)
         try:
             return self._job(fn, args, {}, timeout, last=True, watch=watch)
         finally:
@@ -46,6 +45,7 @@ class JobRunning:
                 self.stop_workers("the rank kept for %debug was released.")
 
     def _job(self, fn, args: tuple, kwargs: dict, timeout: float | None, **how) -> list:
+        check_job_function(fn)
         with self._one_job:
             self._check_usable()
             job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,

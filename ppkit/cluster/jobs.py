@@ -15,9 +15,9 @@ import os
 import time
 
 from ppkit.cluster import diagnostics
+from ppkit.cluster.debug.sessions import Ended, Sessions, ended_error
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
-from ppkit.cluster.pdb_session import Ended, Sessions, ended_error
 from ppkit.errors import ConfigError
 from ppkit.transport import byvalue, channel
 from ppkit.transport.messages import Cancel, Cancelled, CellSource, Result, Run

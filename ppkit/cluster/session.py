@@ -18,8 +18,8 @@ import itertools
 import shlex
 
 from ppkit.checks import check_keywords
-from ppkit.cluster import post_mortem
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.debug import post_mortem
 from ppkit.cluster.spec import cluster_spec
 from ppkit.errors import ClusterStateError, ConfigError
 

@@ -5,7 +5,7 @@ Who talks to whom (each arrow is one authenticated channel connection, see chann
     worker      -> controller   Hello, then Ready or JoinFailed; afterwards Output, Result,
                                 Cancelled and Stacks (forked, or a fresh interpreter: fresh.py)
     controller  -> worker       Init or Reject (the answer to Hello); then Run, AskStacks, Cancel,
-                                Shutdown; and both ways, pdb on a rank (debug_messages.py)
+                                Shutdown; and both ways, pdb on a rank (debug/messages.py)
     fork server -> controller   ForkServerHello, then Spawned and Exited for each worker it forks
     controller  -> fork server  Spawn, Kill, Shutdown
     agent       -> controller   AgentHello, then Spawned and Exited (as a fork server does);

@@ -24,8 +24,8 @@ from datetime import timedelta
 
 from ppkit.transport import byvalue, channel, interpreter_exit, procs, rendezvous
 from ppkit.transport.capture import OutputPipe
-from ppkit.transport.debug_messages import DebugLine, PostMortem
-from ppkit.transport.debugger import RankDebugger, drop_async_exc
+from ppkit.transport.debug.messages import DebugLine, PostMortem
+from ppkit.transport.debug.rank_pdb import RankDebugger, drop_async_exc
 from ppkit.transport.messages import (
     AskStacks,
     Cancel,
@@ -104,7 +104,7 @@ class Worker:
             if path not in sys.path:
                 sys.path.insert(0, path)
         self.debugger = RankDebugger(self.rank, self.send, self._sync_output)
-        self.debugger.install()  # breakpoint() on this rank asks the notebook (debugger.py)
+        self.debugger.install()  # breakpoint() on this rank asks the notebook (debug/rank_pdb.py)
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
         rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
         info = WorkerInfo(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), backend=cfg.backend,
@@ -229,7 +229,7 @@ class Worker:
         self.debugger.end_job()  # no more pdb sessions; untraced, if one stepped out of the job
         with self._current_lock:
             self._current = None
-            drop_async_exc(self._main_ident)  # not SetAsyncExc(NULL): see debugger.py
+            drop_async_exc(self._main_ident)  # not SetAsyncExc(NULL): see debug/rank_pdb.py
 
     def _run_job(self, job_id, payload):
         self.debugger.start_job()

@@ -1,8 +1,8 @@
 """Post-mortem on a rank: ``cluster.debug()``, and IPython's ``%debug`` after a rank's error.
 
-A rank keeps the exception its last job raised until its next job starts (transport/debugger.py).
+A rank keeps the exception its last job raised until its next job starts (transport/debug/rank_pdb.py).
 ``debug`` asks it to open pdb on that traceback, at the frame that raised, with its locals; the
-prompts come through the kernel's stdin as for a breakpoint (pdb_session.py). The session runs in
+prompts come through the kernel's stdin as for a breakpoint (sessions.py). The session runs in
 a thread of its own on the rank, so a cluster left broken by the error (other ranks still blocked
 in a collective) can still be looked at before ``restart()``.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import sys
 import time
 
-from ppkit.cluster import parked
+from ppkit.cluster.debug import parked
+from ppkit.cluster.debug.sessions import Sessions
 from ppkit.cluster.inbox import Closed
-from ppkit.cluster.pdb_session import Sessions
 from ppkit.errors import ClusterStateError, ConfigError, DebuggerQuit, ProcessRaisedError, RemoteError
-from ppkit.transport.debug_messages import DebugLeft, DebugLine, DebugPrompt, PostMortem
+from ppkit.transport.debug.messages import DebugLeft, DebugLine, DebugPrompt, PostMortem
 
 POLL_S = 0.5
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ppkit.cluster.inbox import Closed
 from ppkit.errors import DebuggerQuit, JobInterrupted
-from ppkit.transport.debug_messages import DebugLeft, DebugLine, DebugPrompt
+from ppkit.transport.debug.messages import DebugLeft, DebugLine, DebugPrompt
 from ppkit.transport.messages import Cancelled, Result
 
 SWITCH_AFTER_S = 1.5  # an active rank silent this long after a command, with others waiting: theirs now

@@ -17,8 +17,8 @@ import os
 import threading
 from collections import OrderedDict
 
-from ppkit.cluster import parked
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.debug import parked
 from ppkit.cluster.spawn import explain
 from ppkit.cluster.spawn.one_call import Call, time_limit
 from ppkit.errors import ClusterStateError, ConfigError

@@ -26,7 +26,7 @@ from ppkit.transport import byvalue
 
 STOPPED = "Every process of this call has been stopped. The next ppkit.spawn starts fresh ones."
 # the frames of ppkit's own that run the learner's code in a process: a traceback starts after them
-OWN_FRAMES = (", in _call_rank", ", in run_as_rank", ", in _run_target")
+OWN_FRAMES = (", in _call_rank", ", in run_as_rank", ", in _run_target", ", in _run_code")  # _run_code: runpy's, -m
 
 
 @dataclass(frozen=True)

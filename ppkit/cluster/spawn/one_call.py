@@ -10,8 +10,9 @@ import os
 from dataclasses import replace
 
 from ppkit.checks import positive
-from ppkit.cluster import hang_watch, parked
+from ppkit.cluster import hang_watch
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.debug import parked
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.rpc import pickler as rpc_pickle
 from ppkit.cluster.spawn import explain

@@ -1,5 +1,5 @@
-"""The control-channel messages of a pdb session on a rank (debugger.py), held to the same rules
-as messages.py (small frozen dataclasses of plain fields; tests/test_debugger.py checks them).
+"""The control-channel messages of a pdb session on a rank (rank_pdb.py), held to the same rules
+as ../messages.py (small frozen dataclasses of plain fields; tests/test_debugger.py checks them).
 
     worker      -> controller   DebugPrompt while pdb waits for a command, DebugLeft when it stops
                                 asking (continue, quit, or a post-mortem that could not start)

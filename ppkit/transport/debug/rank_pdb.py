@@ -23,11 +23,11 @@ import queue
 import sys
 import threading
 
-from ppkit.transport.debug_messages import DebugLeft, DebugPrompt
+from ppkit.transport.debug.messages import DebugLeft, DebugPrompt
 
 LINE_POLL_S = 0.2  # how often the waiting main thread lets an asynchronous exception (a cancel) in
 # stepping out of a job never stops in the worker's own frames, nor in ppkit.spawn's or %%torchrun's
-SKIP = ["ppkit.transport.*", "ppkit.cluster.spawn.*", "ppkit.cluster.torchrun.*"]
+SKIP = ["ppkit.transport.*", "ppkit.cluster.spawn.*", "ppkit.cluster.torchrun.*", "runpy"]
 
 
 class _Dropped(BaseException):
@@ -159,7 +159,7 @@ class RankDebugger:
 
 def _ours(frame) -> bool:
     """A frame of ppkit's own machinery that runs the learner's code (not of a lesson the learner runs)."""
-    return frame.f_globals.get("__name__", "").startswith(("ppkit.transport.", "ppkit.cluster."))
+    return frame.f_globals.get("__name__", "").startswith(("ppkit.transport.", "ppkit.cluster.", "runpy"))
 
 
 class _Terminal:
