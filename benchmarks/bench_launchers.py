@@ -31,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = {"ppkit.spawn": "ppkit.spawn(main, args=(port,), nprocs=2)",
+         "import ppkit": "ppkit.spawn(main, args=(port,), nprocs=2) in a Jupyter kernel after `import ppkit` only",
          "ppkit.torchrun": "ppkit.torchrun(main, nproc_per_node=2)",
          "%%torchrun": "`%%torchrun --nproc-per-node 2` cell",
          "accelerate": "accelerate.notebook_launcher(main, num_processes=2)"}
@@ -103,7 +104,49 @@ def child(tool: str, calls: int, pause: float, accelerate: str | None) -> None:
     print("RESULT " + json.dumps({"times": times, "starting": starting}), flush=True)
 
 
+KERNEL_SETUP = """
+import json, socket, sys, threading, time
+import torch
+import ppkit
+"""  # then main and free_port, defined in the kernel as a learner's cell defines them
+KERNEL_CALLS = """
+time.sleep({pause})
+starting = any(t.name == "ppkit-spawn-prestart" for t in threading.enumerate())
+times = []
+for _ in range({calls}):
+    started = time.perf_counter()
+    ppkit.spawn(main, args=(free_port(),), nprocs=2)
+    times.append(time.perf_counter() - started)
+print("RESULT " + json.dumps({{"times": times, "starting": starting}}), flush=True)
+"""
+
+
+def run_in_kernel(calls: int, pause: float, prestart: bool) -> dict:
+    """A real Jupyter kernel, where ``import ppkit`` alone prestarts the fork server (never in a script)."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(REPO),
+                              env={**os.environ, "PPKIT_PRESTART": "1" if prestart else "0"})
+    texts: list[str] = []
+    try:
+        import inspect
+
+        defined = inspect.getsource(main) + "\n" + inspect.getsource(free_port)
+        for code in (KERNEL_SETUP, defined, KERNEL_CALLS.format(pause=pause, calls=calls)):
+            reply = kc.execute_interactive(code, timeout=600, output_hook=lambda msg: texts.append(
+                msg["content"].get("text", "")))
+            if reply["content"]["status"] != "ok":
+                raise SystemExit(f"the kernel failed: {reply['content'].get('evalue')}\n{''.join(texts)[-2000:]}")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+    lines = [line for line in "".join(texts).splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def run_child(tool: str, calls: int, pause: float, accelerate: str | None, prestart: bool = True) -> dict:
+    if tool == "import ppkit":
+        return run_in_kernel(calls, pause, prestart)
     env = {**os.environ, "PPKIT_PRESTART": "1" if prestart else "0"}
     command = [sys.executable, __file__, "--child", tool, "--calls", str(calls), "--pauses", str(pause)]
     if accelerate:
