@@ -137,3 +137,19 @@ def in_dist_autograd_context() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def set_fsdp_unshard_async(model, async_op: bool) -> None:
+    """FSDP2's all-gathers as ``async_op=True`` work (private: ``FSDPModule._set_unshard_async_op``).
+
+    On GPUs FSDP2 overlaps an all-gather with compute through CUDA streams and needs nothing of this. On CPU
+    there are no streams: by default each all-gather blocks the thread that issued it, and a prefetch only
+    runs beside compute when its all-gather is asynchronous work, waited for when the layer starts."""
+    setter = getattr(model, "_set_unshard_async_op", None)
+    if setter is None:
+        from ppkit.errors import ConfigError
+
+        raise ConfigError(f"this torch ({_torch_version()}) has no FSDPModule._set_unshard_async_op, which the "
+                          "overlap lesson uses to make FSDP2's all-gathers asynchronous on CPU; wrap the model "
+                          "with fully_shard first, or run the lesson with the torch named in pyproject.toml.")
+    setter(async_op)

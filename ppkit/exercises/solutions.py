@@ -174,3 +174,14 @@ def choose_mesh(meshes, budget, memory_of):
         if memory_of(mesh) <= budget:                # measured: state + activations, as held
             return mesh
     return None
+
+
+def first_bucket(params, bucket_cap_mb):
+    cap = int(bucket_cap_mb * 1024 * 1024)
+    bucket, size = [], 0
+    for name, nbytes in reversed(params):  # backward makes the last layer's gradients first
+        bucket.append(name)
+        size += nbytes
+        if size >= cap:                     # a bucket closes once it reaches the cap, with the one that crossed it
+            break
+    return bucket

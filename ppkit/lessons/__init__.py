@@ -17,6 +17,9 @@ are in ppkit/exercises/.
     tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version
     sequence_parallel  lesson 10: TP + SP by hand (norms on the shard, all_gather, reduce_scatter) vs TP and one process
     sequence_parallel_torch  lesson 10: torch's SequenceParallel plan vs the hand version; TP/SP activation formulas
+    overlap          lesson 10b: DDP's buckets (reverse parameter order, all-reduced during backward), the sweep
+    overlap_sharded  lesson 10b: FSDP2's forward/backward prefetch and reshard_after_forward; TP's all-reduces
+    overlap_trace    lesson 10b: one step under torch.profiler per rank; compute, communication, overlap, idle
     sharding_plots   lessons 9-10: memory and traffic per rank, formula and measured
     ring_attention   lesson 11: block attention, the log-sum-exp merge, ring attention forward and backward
     context_parallel lesson 11: contiguous and zig-zag layouts, the ring vs full attention, torch's version

@@ -1,0 +1,174 @@
+"""Lesson 10b on a real 2-rank cluster: DDP's buckets in reverse parameter order, all-reduced while backward
+runs; the no-overlap step's all-reduces after it; FSDP2's prefetch settings; TP's all-reduces on the critical
+path; and the first_bucket checker, which names each plausible mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+import ppkit
+from ppkit.errors import ConfigError, ExerciseFailed
+from ppkit.exercises import check_overlap, solutions
+from ppkit.lessons import overlap as ov
+from ppkit.lessons import overlap_sharded as osh
+from ppkit.lessons import overlap_trace as ot
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ppkit.Cluster(2, "gloo", timeout=300) as c:
+        yield c
+
+
+# -- the interval arithmetic and the breakdown, on events made by hand -------------------------------------
+
+def test_intervals():
+    assert ot.union([(3, 5), (0, 1), (4, 8), (8, 9)]) == [(0, 1), (3, 9)]
+    assert ot.length([(0, 2), (1, 3)]) == 3
+    assert ot.intersect([(0, 4), (6, 9)], [(3, 7)]) == [(3, 4), (6, 7)]
+    assert ot.subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
+
+
+def _event(name, start, dur, tid=1, rank=0):
+    return {"name": name, "rank": rank, "tid": tid, "start_us": start, "dur_us": dur, "kind": ot.kind_of(name),
+            "args": {}}
+
+
+def test_breakdown_counts_overlap_only_while_compute_runs():
+    events = [_event(ot.STEP, 0, 10_000), _event("aten::mm", 0, 4_000), _event("aten::mm", 6_000, 2_000),
+              _event("c10d::allreduce_", 4_000, 500),  # issuing it on the step's thread is not compute
+              _event("aten::copy_", 4_100, 200),        # ... nor what runs inside that call
+              _event("gloo:all_reduce", 3_000, 4_000, tid=2)]
+    b = ot.breakdown(events, 0)
+    assert b["step"] == 10 and b["compute"] == 6
+    assert b["comm"] == 4 and b["overlapped"] == 2 and b["exposed"] == 2  # 3-4 ms and 6-7 ms beside an mm
+    assert b["idle"] == pytest.approx(10 - 6 - 2)
+    with pytest.raises(ValueError, match="no span named"):
+        ot.breakdown(events, 1)
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match="bucket_cap_mb must be a positive number"):
+        ov._check_cap(0)
+    with pytest.raises(ConfigError, match="at least two widths"):
+        ov.make_mlp([8])
+
+
+# -- DDP ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_ddp_buckets_go_in_reverse_parameter_order_while_backward_runs(cluster):
+    per_rank = cluster.run(ov.ddp_step, 0.5)
+    out = per_rank[0]
+    buckets = [b["params"] for b in out["buckets"]]
+    assert len(buckets) == 3  # 6 layers of 320 x 320 floats (0.39 MiB each): two layers reach 0.5 MiB
+    launched = [name for b in buckets for name in b]
+    assert launched == list(reversed(out["params"]))  # the last layer's bucket first, the first layer's last
+    assert [b["index"] for b in out["buckets"]] == [0, 1, 2]
+    assert len(out["first_step_buckets"]) == 1  # before DDP rebuilt its buckets: everything at once
+    events = [e for r in per_rank for e in r["events"]]
+    for rank in (0, 1):
+        step = ot.step_span(events, rank)
+        reduces = [e for e in ot.collectives(events, rank) if e["name"] == "gloo:all_reduce"
+                   and step["start_us"] <= e["start_us"] < step["start_us"] + step["dur_us"]]
+        assert len(reduces) == len(buckets)  # one all-reduce per bucket
+        backward_ops = [e for e in events if e["rank"] == rank and e["name"] == "AddmmBackward0"
+                        and step["start_us"] <= e["start_us"] < step["start_us"] + step["dur_us"]]
+        # the first bucket's all-reduce starts before backward has reached the first layer
+        assert reduces[0]["start_us"] < max(e["start_us"] for e in backward_ops)
+
+
+@pytest.mark.slow
+def test_sweep_and_no_overlap_step(cluster):
+    rows = ov.bucket_sweep(cluster, caps_mb=(0.05, 25.0))
+    by = {r["setting"]: r for r in rows}
+    assert by["DDP, bucket_cap_mb=0.05"]["buckets"] == 6 and by["DDP, bucket_cap_mb=25"]["buckets"] == 1
+    plain = by["no overlap (notebook 03)"]
+    assert plain["overlapped"] == 0  # every all-reduce runs after backward, while the thread waits
+    assert plain["exposed"] == plain["comm"] > 0
+    assert by["DDP, bucket_cap_mb=0.05"]["overlapped"] > 0
+    assert {0, 1} == {e["rank"] for e in plain["events"]}
+    table = ov.sweep_table(rows)
+    assert table.splitlines()[0].split()[:2] == ["setting", "buckets"] and len(table.splitlines()) == 4
+
+
+# -- FSDP2 and TP ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_fsdp_settings(cluster):
+    rows = osh.fsdp_sweep(cluster, settings=osh.SETTINGS[1:4:2], layers=4, width=256)
+    prefetch, keep = rows
+    assert prefetch["setting"].startswith("backward prefetch")
+    # resharded after forward: each layer is all-gathered in forward and again in backward (the root's
+    # own parameters none); kept gathered: only in forward, and the held weights raise the peak
+    assert prefetch["all_gathers"] == 2 * 4 and keep["all_gathers"] == 4
+    assert keep["peak_bytes"] > prefetch["peak_bytes"]
+    assert "reshard_after_forward=False" in osh.fsdp_table(rows)
+
+
+@pytest.mark.slow
+def test_tp_all_reduces_sit_on_the_critical_path(cluster):
+    m = osh.tp_measure(cluster, blocks=3)
+    assert m["all_reduces"] == 3 + 2  # one per block forward, one per block backward but the first's input
+    assert m["comm"] > 0 and m["overlapped"] < 0.1 * m["comm"]  # nothing left to compute while they run
+
+
+# -- the exercise --------------------------------------------------------------------------------------------
+
+def first_layers_bucket(params, bucket_cap_mb):
+    cap, bucket, size = int(bucket_cap_mb * 1024 * 1024), [], 0
+    names = [n for n, _ in params]
+    for name, nbytes in reversed(params):  # the reverse fill, but the bucket that holds the first parameter
+        bucket.append(name)
+        size += nbytes
+        if size >= cap and name != names[0]:
+            bucket, size = [], 0
+    return bucket
+
+
+def forward_fill(params, bucket_cap_mb):
+    return check_overlap.forward_fill_first(params, int(bucket_cap_mb * 1024 * 1024))
+
+
+def all_at_once(params, bucket_cap_mb):
+    return [n for n, _ in params]
+
+
+def stops_before_the_cap(params, bucket_cap_mb):
+    cap, bucket, size = int(bucket_cap_mb * 1024 * 1024), [], 0
+    for name, nbytes in reversed(params):
+        if size + nbytes > cap and bucket:
+            break
+        bucket.append(name)
+        size += nbytes
+    return bucket
+
+
+def made_up(params, bucket_cap_mb):
+    return ["fc.weight"]
+
+
+@pytest.mark.slow
+def test_first_bucket_checker(cluster):
+    report = check_overlap.check_first_bucket(solutions.first_bucket, cluster=cluster)
+    assert report.passed and len(report.cases) == len(check_overlap.CASES)
+    wrong = {first_layers_bucket: "that is the first layer's bucket, and its all-reduce starts last: backward runs "
+                                  "from the loss back to the input",
+             forward_fill: "that is a bucket filled from the first parameter",
+             all_at_once: "that is every parameter at once: one all-reduce after backward, as notebook 03",
+             stops_before_the_cap: "no DDP bucket holds exactly .*closes once it reaches bucket_cap_mb",
+             made_up: r"\[fc.weight\] is not a parameter of this model"}
+    for fn, message in wrong.items():
+        with pytest.raises(ExerciseFailed, match=message):
+            check_overlap.check_first_bucket(fn, cluster=cluster)
+
+
+def test_first_bucket_names_a_middle_bucket_and_a_wrong_type():
+    params = ov.param_sizes(ov.make_mlp([96, 96, 96, 96]))
+    buckets = [["4.bias", "4.weight"], ["2.bias", "2.weight"], ["0.bias", "0.weight"]]
+    assert check_overlap.mistake(["2.weight", "2.bias"], buckets, params, 0.01).startswith(
+        "that bucket's all-reduce starts second, not first")
+    assert check_overlap.mistake(["4.weight", "4.bias"], buckets, params, 0.01) is None  # any order
+    assert check_overlap._as_names("4.bias") is None and check_overlap._as_names([1, 2]) is None
