@@ -6,6 +6,7 @@
     cluster.close()
     ppkit.spawn(fn, args=(2,), nprocs=2)  # mp.spawn's fn(i, *args), fresh processes every call
     ppkit.torchrun(main, nproc_per_node=2)  # a torchrun script's main(): RANK, WORLD_SIZE... in os.environ
+    prof = ppkit.spawn(fn, args=(2,), nprocs=2, profile=True)  # a ppkit.Profile: every rank's timeline
 
     %load_ext ppkit                     # then a cell that starts with %%torchrun --nproc-per-node 2
                                         # runs as a torchrun script (__main__, argparse after --)
@@ -35,6 +36,7 @@ from ppkit.errors import (
     WorkerDiedError,
     WorkerError,
 )
+from ppkit.profiling.profile import Profile
 from ppkit.transport.worker import ppkit_version
 
 __version__ = ppkit_version()  # pyproject.toml is the one place it is written
@@ -78,6 +80,7 @@ __all__ = [
     "JobTimeoutError",
     "LaunchError",
     "PPKitError",
+    "Profile",
     "ProcessExitedError",
     "ProcessRaisedError",
     "RemoteError",

@@ -6,6 +6,8 @@ ends as a script ends (transport/interpreter_exit.py), as mp.spawn's and torchru
 
 from __future__ import annotations
 
+import contextlib
+
 from ppkit.cluster.jobs import Job, check_job_function, new_cell_sources, pack_job
 
 
@@ -21,6 +23,31 @@ class JobRunning:
             return self._job(fn, args, {}, timeout, last=True, watch=watch)
         finally:
             self._break("its processes ran their last job.")
+
+    @contextlib.contextmanager
+    def profile(self, profile=True):
+        """Every ``run`` in the block runs under torch.profiler on every rank; the ``Profile`` it gives
+        is filled when the block ends (docs/profiling.md). ``profile=dict(record_shapes=True)`` adds shapes.
+
+        >>> with cluster.profile() as prof:
+        ...     cluster.run(train_step)
+        >>> prof.summary()
+        """
+        from ppkit.profiling import clocks, collect
+        from ppkit.profiling.profile import Profile
+
+        options = collect.request(profile) or collect.Request()
+        offsets = clocks.measure(self.run)
+        prof = Profile()
+        self.run(collect.start, options)
+        try:
+            yield prof
+        except BaseException:  # a job of the block failed: the recording ends, and its error goes on
+            with contextlib.suppress(Exception):
+                self.run(collect.stop)
+            raise
+        values = self.run(collect.stop)
+        prof._load({rank: v for rank, v in enumerate(values) if isinstance(v, dict)}, offsets)
 
     @property
     def generation(self) -> int:

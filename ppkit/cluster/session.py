@@ -9,7 +9,8 @@ runs a whole cell on every rank of that cluster:
     print(t)
 
 ``rank``, ``world_size``, ``torch`` and ``dist`` are defined; names a cell defines stay on the
-workers for the next ``%%ranks`` cell. ``%%ranks --timeout 10`` sets the job timeout.
+workers for the next ``%%ranks`` cell. ``%%ranks --timeout 10`` sets the job timeout. ``%%ranks --profile``
+runs the cell under torch.profiler on every rank: the cell's value is a ``ppkit.Profile``.
 """
 
 from __future__ import annotations
@@ -63,13 +64,15 @@ def parse_line(line: str) -> dict:
     options: dict = {}
     while args:
         flag = args.pop(0)
-        if flag == "--timeout" and args:
+        if flag in ("--profile", "--profile-shapes"):
+            options["profile"] = {"record_shapes": True} if flag == "--profile-shapes" else True
+        elif flag == "--timeout" and args:
             try:
                 options["timeout"] = float(args.pop(0))
             except ValueError:
                 raise ConfigError(f"%%ranks --timeout needs seconds, e.g. --timeout 10; got {line!r}")
         else:
-            raise ConfigError(f"%%ranks does not understand {flag!r}. Usage: %%ranks [--timeout S]")
+            raise ConfigError(f"%%ranks does not understand {flag!r}. Usage: %%ranks [--timeout S] [--profile]")
     return options
 
 
@@ -79,7 +82,14 @@ def ranks(line: str, cell: str):
     cluster = active()
     if cluster is None:
         raise ClusterStateError("%%ranks needs a running cluster: run cluster = ppkit.start(4) first.")
-    cluster.run(exec_cell, cell, str(next(_cell_ids)), **parse_line(line))
+    options = parse_line(line)
+    profile = options.pop("profile", None)
+    if profile is None:
+        cluster.run(exec_cell, cell, str(next(_cell_ids)), **options)
+        return None
+    with cluster.profile(profile) as prof:
+        cluster.run(exec_cell, cell, str(next(_cell_ids)), **options)
+    return prof
 
 
 def register(ipython=None) -> bool:

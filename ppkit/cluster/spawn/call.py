@@ -39,7 +39,7 @@ _unused: set[tuple] = set()  # clusters whose processes, started by prestart, no
 
 
 def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False, start_method: str = "auto",
-          *, timeout: float | None = None):
+          *, timeout: float | None = None, profile=False):
     """Run ``fn(i, *args)`` in ``nprocs`` new processes, ``i`` = 0 .. nprocs-1, as mp.spawn does.
 
     >>> ppkit.spawn(demo_basic, args=(world_size,), nprocs=world_size)   # the DDP tutorial's run_demo
@@ -55,19 +55,31 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
     status 0 (``sys.exit(0)``, ``os._exit(0)``) is a success. ``join=False`` returns a
     ``SpawnContext`` at once. ``daemon`` is accepted and ignored: the processes never outlive the
     kernel. Returns None, as mp.spawn does (return values are dropped; use ``cluster.run`` for them).
+    ``profile=True`` runs every process under torch.profiler and returns a ``ppkit.Profile``: one
+    timeline of all of them (docs/profiling.md); ``profile=dict(record_shapes=True)`` adds input shapes.
     """
     args = _check(fn, args, nprocs, start_method)
     timeout = time_limit(timeout)
+    profiling = _profile_request(profile)
     key = (nprocs, START_METHODS[start_method])
     if key in _running:
         raise ClusterStateError(
             f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running. Call its join() first "
             "(context = ppkit.spawn(..., join=False); context.join()).")
+    if profiling is not None and not join:
+        raise ConfigError("profile=True needs join=True: the profile is what the call returns once every process "
+                          "has finished. Leave join out, or profile a join=False run's function with torch.profiler.")
     call = Call(_fresh_cluster(key), fn, args, timeout, _environ[key])
+    call.profile = profiling
     if join:
-        call.run()
-        return None
+        return call.run()
     return SpawnContext(call, key)
+
+
+def _profile_request(profile):
+    from ppkit.profiling import collect
+
+    return collect.request(profile)
 
 
 class SpawnContext:
@@ -119,10 +131,11 @@ class SpawnContext:
 
 
 def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: explain.Caller,
-              shown: tuple | None = None, output=None) -> None:
+              shown: tuple | None = None, output=None, profile=None):
     """``fn(i, *args)`` on ``nprocs`` fresh forks of the fork server, as ``spawn(..., join=True)``
     runs it, its errors worded for ``caller`` (``%%torchrun`` runs its ranks with this). ``shown``:
-    the learner's ``(fn, args)`` to name if something cannot be pickled, where ``fn`` wraps them."""
+    the learner's ``(fn, args)`` to name if something cannot be pickled, where ``fn`` wraps them.
+    ``profile``: a profiling.collect.Request, and then the run's ``ppkit.Profile`` is returned."""
     __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback
     key = (nprocs, "auto")  # the fork server that ppkit.spawn's default start method uses
     if key in _running:
@@ -130,20 +143,21 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: expla
             f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running, on the processes {caller.name} "
             "needs. Call its join() first (context.join()).")
     call = Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller)
-    call.shown = shown or call.shown
+    call.shown, call.profile = shown or call.shown, profile
     with call.cluster.printing(output):
-        call.run()
+        return call.run()
 
 
 def run_on(cluster: Cluster, fn, args: tuple, timeout: float | None, caller: explain.Caller,
-           shown: tuple | None = None, output=None) -> None:
+           shown: tuple | None = None, output=None, profile=None):
     """``fn(i, *args)`` on the processes of ``cluster`` (``%%torchrun --nnodes``'s SLURM cluster), as
     ``run_fresh`` runs it on the fork server's, its processes stopped when it ends."""
     __tracebackhide__ = True  # noqa: F841
     call = Call(cluster, fn, args, timeout, dict(os.environ), caller)
     call.shown, call.park = shown or call.shown, False  # ranks on SLURM nodes are not kept for %debug
+    call.profile = profile
     with cluster.printing(output):
-        call.run()
+        return call.run()
 
 
 def prestart(nprocs: int = PRESTART_NPROCS) -> threading.Thread | None:

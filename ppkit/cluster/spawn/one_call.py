@@ -26,16 +26,21 @@ class Call:
                  caller: explain.Caller = explain.SPAWN):
         self.cluster, self.fn, self.args, self.timeout, self.caller = cluster, fn, args, timeout, caller
         self.park = True  # its processes are this machine's: the one that raised may stay for %debug
+        self.profile = None  # a profiling.collect.Request: every rank runs under torch.profiler
         self.shown = (fn, args)  # the learner's function and arguments, named when one cannot be pickled
         self.pids = {rank: worker.get("pid") for rank, worker in cluster.workers.items()}
         changed = {k: v for k, v in os.environ.items() if environ.get(k) != v}
         self.environ = (changed, [k for k in environ if k not in os.environ])
 
-    def run(self) -> None:
+    def run(self):
+        """None, or with ``profile`` set the run's ``ppkit.Profile`` (ppkit/profiling/)."""
         kept = ()
         try:
+            offsets = _clock_offsets(self.cluster) if self.profile else None
             watch = HangWatch(hang_watch.threshold(), explain.shown_stacks)  # also before a timeout ends it
-            self.cluster.run_to_exit(_call_rank, (self.fn, self.args, self.environ), self.timeout, watch)
+            values = self.cluster.run_to_exit(_call_rank, (self.fn, self.args, self.environ, self.profile),
+                                              self.timeout, watch)
+            return _profile(values, offsets) if self.profile else None
         except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
             raise explain.cannot_send(*self.shown, exc, self.caller) from None
         except (WorkerError, JobInterrupted) as exc:
@@ -60,9 +65,26 @@ def _to_keep(exc: BaseException) -> tuple[int, ...]:
     return tuple(raised[:1])
 
 
-def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple) -> None:
+def _clock_offsets(cluster: Cluster) -> dict:
+    from ppkit.profiling import clocks
+
+    return clocks.measure(cluster.run)
+
+
+def _profile(values: list, offsets: dict):
+    from ppkit.profiling.profile import Profile
+
+    return Profile.from_results(values, offsets)
+
+
+def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple, profile=None):
     """What each process runs: mp.spawn's ``fn(i, *args)``, in the kernel's environment as it is
-    now (mp.spawn's processes inherit it), its return value dropped as mp.spawn drops it."""
+    now (mp.spawn's processes inherit it), its return value dropped as mp.spawn drops it. With
+    ``profile`` (a Request) it runs under torch.profiler, and the rank's trace is what it returns."""
+    if profile is not None:
+        from ppkit.profiling import collect
+
+        return collect.profiled(lambda: _call_rank(rank, world_size, fn, args, environ), profile)
     changed, removed = environ
     os.environ.update(changed)
     for name in removed:

@@ -20,7 +20,7 @@ FUNCTION = Caller("ppkit.torchrun", "rank", "Pass ppkit.torchrun(..., timeout=SE
 
 
 def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int = 1,
-             timeout: float | None = None, master_port: int | None = None, collapse: bool = True) -> None:
+             timeout: float | None = None, master_port: int | None = None, collapse: bool = True, profile=False):
     """Run ``fn(*args, **kwargs)`` in ``nproc_per_node`` fresh processes, each with the environment
     torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 
@@ -35,8 +35,12 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int =
     ``master_port``: None picks a free port for each run, as torchrun does without ``--master-port``. ``nnodes`` above 1
     runs ``nproc_per_node`` processes on each of that many SLURM nodes, in a SLURM job of their own
     (a step of the allocation inside one), as ``torchrun --nnodes`` would. ``collapse``: identical
-    lines of several ranks shown once, ``[ranks 0-3] ...``; False shows every line of every rank. Returns None.
+    lines of several ranks shown once, ``[ranks 0-3] ...``; False shows every line of every rank. Returns None;
+    with ``profile=True`` every rank runs under torch.profiler and a ``ppkit.Profile`` is returned
+    (``profile=dict(record_shapes=True)`` adds input shapes; docs/profiling.md).
     """
+    from ppkit.profiling import collect
+
     if not callable(fn):
         raise ConfigError(f"ppkit.torchrun needs the function each rank runs, got {type(fn).__name__} {fn!r:.60}. "
                           "Pass the function itself: ppkit.torchrun(main, nproc_per_node=2), not main().")
@@ -63,23 +67,22 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int =
     __tracebackhide__ = True  # noqa: F841
     launch = Launch(nproc_per_node, "127.0.0.1", master_port, new_run_id(), "default", spawn_call.time_limit(timeout),
                     getattr(fn, "__name__", "fn"), (), nnodes,
-                    output=OutputSettings(collapse=bool(collapse), live=True))
-    run(launch, Call(fn, args, kwargs), FUNCTION)
+                    output=OutputSettings(collapse=bool(collapse), live=True), profile=collect.request(profile))
+    return run(launch, Call(fn, args, kwargs), FUNCTION)
 
 
-def run_cell(launch: Launch, source: str, cell_id: str) -> None:
+def run_cell(launch: Launch, source: str, cell_id: str):
     """A cell's text as the ``__main__`` script; its folder is the notebook's (the kernel's cwd)."""
     __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback
     filename = f"<%%torchrun cell {cell_id}>"
-    run(launch, Script(source, filename, os.path.join(os.getcwd(), filename)), CELL_MAGIC)
+    return run(launch, Script(source, filename, os.path.join(os.getcwd(), filename)), CELL_MAGIC)
 
 
-def run_file(launch: Launch) -> None:
+def run_file(launch: Launch):
     """A script file, as ``torchrun [options] script.py [args]`` runs it; a module with ``-m``."""
     __tracebackhide__ = True  # noqa: F841
     if launch.module:
-        run(launch, Module(launch.script), LINE_MAGIC)
-        return
+        return run(launch, Module(launch.script), LINE_MAGIC)
     path = os.path.abspath(launch.script)
     try:
         with open(path, encoding="utf-8") as file:
@@ -87,21 +90,21 @@ def run_file(launch: Launch) -> None:
     except OSError as exc:
         raise ConfigError(f"%torchrun cannot read the script {launch.script!r} ({exc.strerror}); it looks in the "
                           f"notebook's folder, {os.getcwd()}. Give the script's path from there.") from None
-    run(launch, Script(source, path, launch.script), LINE_MAGIC)
+    return run(launch, Script(source, path, launch.script), LINE_MAGIC)
 
 
-def run(launch: Launch, target, caller: Caller) -> None:
+def run(launch: Launch, target, caller: Caller):
+    """The run on its ranks: None, or its ``ppkit.Profile`` where ``launch.profile`` asks for one."""
     __tracebackhide__ = True  # noqa: F841
     cwd = os.getcwd()
     path0 = os.path.dirname(os.path.abspath(target.argv0)) if isinstance(target, Script) else cwd  # -m: cwd
     argv = [target.argv0 if isinstance(target, (Script, Module)) else launch.script, *launch.script_args]
     shown = (target.fn, (*target.args, *target.kwargs.values())) if isinstance(target, Call) else None
     if launch.nnodes > 1:
-        nodes.run(launch, (cwd, path0, argv, target), caller, shown)
-        return
+        return nodes.run(launch, (cwd, path0, argv, target), caller, shown)
     # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
     # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s
     port = launch.master_port or free_port()
     env = environ.common(launch.nproc_per_node, launch.master_addr, port, launch.run_id, launch.role)
-    spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node, launch.timeout,
-                         caller, shown, output=launch.output)
+    return spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node,
+                                launch.timeout, caller, shown, output=launch.output, profile=launch.profile)

@@ -21,7 +21,8 @@ _cell_ids = itertools.count(1)
 def torchrun(line: str, cell: str | None = None):
     """``%%torchrun [torchrun options] [-- script args]`` runs the cell as the script on every rank;
     ``%torchrun [torchrun options] script.py [script args]`` runs a file (``-m pkg.train``: a module).
-    ppkit adds ``--timeout S`` and ``--no-collapse`` (every line of every rank as printed)."""
+    ppkit adds ``--timeout S``, ``--no-collapse`` (every line of every rank as printed) and ``--profile``
+    (every rank under torch.profiler: the cell's value is a ``ppkit.Profile``, ``_`` in the next cell)."""
     from IPython.core.error import UsageError
 
     __tracebackhide__ = True  # noqa: F841 - IPython then shows the message, not the frames that passed it on
@@ -34,9 +35,8 @@ def torchrun(line: str, cell: str | None = None):
     for note in parsed.notes:  # options accepted that change nothing here, said once
         print(note, flush=True)
     if cell is not None:
-        launch.run_cell(parsed, cell, str(next(_cell_ids)))
-    else:
-        launch.run_file(parsed)
+        return launch.run_cell(parsed, cell, str(next(_cell_ids)))
+    return launch.run_file(parsed)
 
 
 def register(ipython) -> None:

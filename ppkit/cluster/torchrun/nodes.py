@@ -25,7 +25,7 @@ PLACE_TIMEOUT_S = 120.0  # what saying where each rank is may take, store includ
 DEFAULT_ADDR = "127.0.0.1"  # torchrun's --master-addr default: here, rank 0's node's address instead
 
 
-def run(launch, args: tuple, caller: explain.Caller, shown: tuple | None) -> None:
+def run(launch, args: tuple, caller: explain.Caller, shown: tuple | None):
     """``rank.run_as_rank`` on ``launch.nnodes`` SLURM nodes; ``args``: its ``(cwd, path0, argv, target)``."""
     __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback
     require_slurm(launch, caller)
@@ -33,8 +33,8 @@ def run(launch, args: tuple, caller: explain.Caller, shown: tuple | None) -> Non
     try:
         placed = place(cluster, launch, caller)
         env, own = environment(launch, placed)
-        spawn_call.run_on(cluster, rank.run_as_rank, (env, *args, own), launch.timeout, caller, shown,
-                          output=launch.output)
+        return spawn_call.run_on(cluster, rank.run_as_rank, (env, *args, own), launch.timeout, caller, shown,
+                                 output=launch.output, profile=launch.profile)
     finally:
         cluster.close()  # the job (or step) ends with it
 

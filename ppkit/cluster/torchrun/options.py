@@ -34,7 +34,7 @@ NO_EFFECT = {
 HONOURED = {"nproc_per_node", "master_addr", "master_port", "rdzv_id", "role", "timeout", "standalone", "nnodes",
             "training_script", "training_script_args", "rdzv_endpoint", "rdzv_backend", "run_path", "module",
             "tee", "redirects", "log_dir", "local_ranks_filter", "log_line_prefix_template", "no_collapse",
-            "print_completion"}
+            "print_completion", "profile", "profile_shapes"}
 WHY_NOT = {
     "nnodes": "ppkit does not grow or shrink a run (torchrun's elastic MIN:MAX); give one number of nodes: "
               "--nnodes 1 on this machine, --nnodes 2 for two nodes of a SLURM cluster",
@@ -72,6 +72,7 @@ class Launch:
     module: bool = False  # -m: script is a module's name, run as python -m runs it
     output: OutputSettings = PLAIN  # what reaches the cell and the files (output_options.py)
     notes: tuple[str, ...] = field(default=(), compare=False)  # options accepted that change nothing here
+    profile: object = None  # a profiling.collect.Request: every rank under torch.profiler (--profile)
 
 
 def parser():
@@ -89,6 +90,11 @@ def parser():
                           "[--standalone] [--timeout S]")
 
     parsed.error = error
+    parsed.add_argument("--profile", action="store_true",
+                        help="ppkit's own: run every rank under torch.profiler; the cell's value is a ppkit.Profile, "
+                             "one timeline of every rank (docs/profiling.md)")
+    parsed.add_argument("--profile-shapes", action="store_true",
+                        help="ppkit's own: --profile, and record each op's input shapes (a larger trace)")
     output_options.add_arguments(parsed)
     return parsed
 
@@ -117,7 +123,14 @@ def parse(argv: list[str], cell: bool) -> Launch | None:
     addr, port = _rendezvous(args)
     return Launch(nproc, addr, port, run_id, args.role,
                   positive_timeout(args.timeout), args.training_script, tuple(args.training_script_args),
-                  count, bool(args.module), output_options.settings(args, nproc, count, run_id), notes)
+                  count, bool(args.module), output_options.settings(args, nproc, count, run_id), notes,
+                  _profile(args))
+
+
+def _profile(args):
+    from ppkit.profiling import collect
+
+    return collect.request({"record_shapes": True} if args.profile_shapes else args.profile)
 
 
 def refuse(args) -> tuple[str, ...]:

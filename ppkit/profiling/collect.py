@@ -1,0 +1,120 @@
+"""The ranks' side of profiling: run a job under ``torch.profiler`` and send its trace back.
+
+A rank records CPU activities only (gloo's collectives included: they are recorded on its threads);
+input shapes and Python stacks only when asked, since they make the trace larger and the run slower."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from ppkit.errors import ClusterStateError, ConfigError
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a profiled run records: ``record_shapes`` (each op's input shapes, shown on hover) and
+    ``with_stack`` (the Python stack of each op). Both off by default: they cost time and trace size."""
+
+    record_shapes: bool = False
+    with_stack: bool = False
+
+
+def request(profile) -> Request | None:
+    """``profile=`` of spawn, torchrun and cluster.profile as a Request: False/None (no profiling),
+    True, a dict of Request's fields, or a Request."""
+    if profile is None or profile is False:
+        return None
+    if profile is True:
+        return Request()
+    if isinstance(profile, Request):
+        return profile
+    if isinstance(profile, dict):
+        unknown = sorted(set(profile) - {"record_shapes", "with_stack"})
+        if not unknown:
+            return Request(**{k: bool(v) for k, v in profile.items()})
+        raise ConfigError(f"profile={profile!r} names {', '.join(map(repr, unknown))}, which the profiler does not "
+                          "take. Give profile=True, or profile=dict(record_shapes=True, with_stack=True).")
+    raise ConfigError(f"profile must be True, False or a dict of options, got {type(profile).__name__} "
+                      f"{profile!r:.60}: profile=True, or profile=dict(record_shapes=True) for input shapes.")
+
+
+def _profiler(options: Request):
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU], record_shapes=options.record_shapes,
+                   with_stack=options.with_stack)
+
+
+def profiled(body, options: Request) -> dict:
+    """``body()`` under the profiler; what the kernel needs of it (``trace_of``). ``body``'s
+    exception passes through, and then nothing is sent: the run's error matters more."""
+    prof = _profiler(options)
+    _quietly(prof.__enter__)
+    try:
+        body()
+    finally:
+        _quietly(lambda: prof.__exit__(None, None, None))
+    return trace_of(prof)
+
+
+def _quietly(step) -> None:
+    """``step()`` with the process's stderr (fd 2) sent nowhere: kineto writes lines such as
+    ``USDT: ... profiler_start`` and, on a machine without a GPU, ``ERROR: ... gpuGetDeviceCount failed``
+    straight to fd 2 whatever its log level, and every rank would print them into the cell. Only the
+    profiler's start and stop are silenced (a few ms), never the learner's own code."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        step()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def trace_of(prof) -> dict:
+    """The rank's chrome trace (as torch writes it), its EventList, and where it ran."""
+    fd, path = tempfile.mkstemp(prefix="ppkit-profile-", suffix=".json")
+    os.close(fd)
+    try:
+        _quietly(lambda: prof.export_chrome_trace(path))
+        with open(path, encoding="utf-8") as file:
+            trace = json.load(file)
+    finally:
+        os.unlink(path)
+    return {"trace": trace, "events": prof.events(), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+# -- cluster.profile(): the profiler runs across several jobs of a persistent worker ---------------
+_running: list = []  # this worker's profiler, between start() and stop()
+
+
+def start(rank: int, world_size: int, options: Request) -> None:
+    """A job: start the profiler on this worker; later jobs run under it until ``stop``."""
+    if _running:
+        raise ClusterStateError("a profile is already being recorded on this rank: a cluster.profile() block "
+                                "cannot hold another. End the first block, then start the next.")
+    prof = _profiler(options)
+    _quietly(prof.__enter__)
+    _running.append(prof)
+
+
+def stop(rank: int, world_size: int) -> dict | None:
+    """A job: stop the profiler that ``start`` started and send its trace (None if none ran here)."""
+    if not _running:
+        return None
+    prof = _running.pop()
+    _quietly(lambda: prof.__exit__(None, None, None))
+    return trace_of(prof)
+
+
+def now_ns(rank: int, world_size: int) -> int:
+    """A job: this rank's clock, for clocks.py's ping."""
+    return time.time_ns()

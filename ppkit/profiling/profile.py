@@ -1,0 +1,86 @@
+"""``ppkit.Profile``: what a profiled run returns, every rank's trace on one clock.
+
+    prof = ppkit.spawn(train, args=(2,), nprocs=2, profile=True)
+    prof                    # the timeline: a row per rank and thread, hover for each op
+    prof.summary()          # per rank: compute, communication, overlapped, idle, top ops
+    prof.save("step.json")  # one trace for ui.perfetto.dev or chrome://tracing
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from ppkit.errors import ConfigError
+from ppkit.profiling import merge
+from ppkit.profiling.classify import COMMUNICATION, COMPUTE
+from ppkit.profiling.clocks import Offset
+from ppkit.profiling.summary import Summary
+
+
+class Profile:
+    """Every rank's ``torch.profiler`` recording of one run, merged on the kernel's clock.
+
+    ``ranks[r]``: rank r's own profiler events (torch's EventList: ``prof.ranks[0].key_averages()``).
+    ``offsets[r]``: rank r's clock against the kernel's (clocks.py); applied for ranks on other machines.
+    """
+
+    def __init__(self, results: dict[int, dict] | None = None, offsets: dict[int, Offset] | None = None,
+                 here: str | None = None):
+        self._load(results or {}, offsets, here)
+
+    def _load(self, results: dict[int, dict], offsets: dict[int, Offset] | None, here: str | None = None) -> None:
+        """Take the ranks' recordings (``cluster.profile()`` fills its Profile when its block ends)."""
+        self.offsets = dict(offsets or {})
+        here = socket.gethostname() if here is None else here
+        applied = {rank: self.offsets[rank].offset_us for rank, result in results.items()
+                   if rank in self.offsets and result.get("host", here) != here}
+        self._merged = merge.merge(results, applied)
+        self.ranks = {rank: result.get("events") for rank, result in sorted(results.items())}
+        self.hosts = dict(self._merged.hosts)
+
+    @classmethod
+    def from_results(cls, values: list, offsets: dict[int, Offset] | None = None) -> Profile:
+        """From a job's values by rank (collect.trace_of's dicts); a rank that sent none is left out."""
+        return cls({rank: value for rank, value in enumerate(values) if isinstance(value, dict)}, offsets)
+
+    def events(self, rank: int | None = None, kind: str | None = None) -> list[dict]:
+        """The merged events as plain dicts, start order per thread: ``name``, ``rank``, ``tid``,
+        ``start_us`` (from the first op of any rank), ``dur_us``, ``kind`` ("compute" or
+        "communication"), ``cat`` and ``args`` (torch's; ``Input Dims`` with record_shapes)."""
+        if kind not in (None, COMPUTE, COMMUNICATION):
+            raise ConfigError(f"kind must be None, {COMPUTE!r} or {COMMUNICATION!r}, got {kind!r}: "
+                              "prof.events(kind='communication') lists the collectives.")
+        if rank is not None and rank not in self.ranks:
+            raise ConfigError(f"this profile has no rank {rank!r}; its ranks are {sorted(self.ranks)}.")
+        return [dict(e, args=dict(e["args"])) for e in self._merged.events
+                if (rank is None or e["rank"] == rank) and (kind is None or e["kind"] == kind)]
+
+    def summary(self) -> Summary:
+        """Per rank: span, compute, communication, communication overlapped with compute, idle (ms),
+        and the top ops by self time. A table in the notebook; ``.rows`` for code."""
+        return Summary(self._merged.events)
+
+    def save(self, path) -> str:
+        """Write one Chrome-trace JSON of every rank (pid = rank, named "rank N"), which
+        ui.perfetto.dev and chrome://tracing open as it is. Returns the path."""
+        path = os.fspath(path)
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(merge.chrome_trace(self._merged), file)
+        return path
+
+    def timeline(self):
+        """The interactive timeline (a plotly figure as ``.figure``); what the profile shows as."""
+        from ppkit.profiling.timeline import Timeline
+
+        return Timeline(self._merged)
+
+    def _repr_html_(self) -> str:
+        return self.timeline()._repr_html_()
+
+    def __repr__(self) -> str:
+        events = self._merged.events
+        span = max((e["start_us"] + e["dur_us"] for e in events), default=0.0) / 1000
+        return (f"<ppkit.Profile: {len(self.ranks)} ranks, {len(events)} ops over {span:.1f} ms; "
+                ".summary(), .save(path), .timeline()>")

@@ -1,0 +1,128 @@
+"""Per rank: compute, communication, how much of it overlapped compute, idle, and the top ops.
+
+Times are unions of intervals, so nested ops (``aten::linear`` around ``aten::addmm``) count once,
+and so do ops of several threads at the same time. Communication that overlaps compute is the part
+of the communication intervals during which some compute op ran too: the hidden part. Idle is the
+rank's span (first op's start to last op's end) in which neither ran. Top ops: by self time (an op's
+own time, its children's taken off), the profiler's usual ranking."""
+
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+
+from ppkit.profiling.classify import COMMUNICATION, COMPUTE
+
+TOP = 5
+COLUMNS = ("rank", "span_ms", "compute_ms", "communication_ms", "overlapped_ms", "overlap_pct", "idle_ms", "top_ops")
+
+
+def union(intervals) -> list[tuple[float, float]]:
+    """Sorted, disjoint (start, end) intervals covering ``intervals``."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def length(intervals) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def intersection(a, b) -> list[tuple[float, float]]:
+    """The overlap of two sorted, disjoint interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if start < end:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def self_times(events: list[dict]) -> dict[str, float]:
+    """Microseconds by op name, each op's children on its thread taken off."""
+    totals: dict[str, float] = defaultdict(float)
+    by_thread: dict[tuple, list[dict]] = defaultdict(list)
+    for event in events:
+        by_thread[(event["rank"], event["tid"])].append(event)
+    for thread in by_thread.values():
+        stack: list[list] = []  # [event, end, children's time]
+        for event in sorted(thread, key=lambda e: (e["start_us"], -e["dur_us"])):
+            end = event["start_us"] + event["dur_us"]
+            while stack and stack[-1][1] <= event["start_us"]:
+                _close(stack.pop(), totals)
+            if stack:
+                stack[-1][2] += event["dur_us"]
+            stack.append([event, end, 0.0])
+        while stack:
+            _close(stack.pop(), totals)
+    return dict(totals)
+
+
+def _close(entry: list, totals: dict) -> None:
+    event, _, children = entry
+    totals[event["name"]] += max(0.0, event["dur_us"] - children)
+
+
+def rank_row(rank: int, events: list[dict]) -> dict:
+    spans = {k: union((e["start_us"], e["start_us"] + e["dur_us"]) for e in events if e["kind"] == k)
+             for k in (COMPUTE, COMMUNICATION)}
+    busy = union(spans[COMPUTE] + spans[COMMUNICATION])
+    span = (busy[-1][1] - busy[0][0]) if busy else 0.0
+    communication = length(spans[COMMUNICATION])
+    overlapped = length(intersection(spans[COMPUTE], spans[COMMUNICATION]))
+    top = sorted(self_times(events).items(), key=lambda item: -item[1])[:TOP]
+    return {"rank": rank, "span_ms": span / 1000, "compute_ms": length(spans[COMPUTE]) / 1000,
+            "communication_ms": communication / 1000, "overlapped_ms": overlapped / 1000,
+            "overlap_pct": 100 * overlapped / communication if communication else 0.0,
+            "idle_ms": (span - length(busy)) / 1000, "top_ops": [(name, us / 1000) for name, us in top]}
+
+
+class Summary:
+    """``Profile.summary()``: one row per rank. ``.rows`` (a list of dicts), ``.to_pandas()``, and a
+    table in the notebook. Times in milliseconds; ``top_ops``: (name, self time in ms), largest first."""
+
+    def __init__(self, events: list[dict]):
+        by_rank: dict[int, list[dict]] = defaultdict(list)
+        for event in events:
+            by_rank[event["rank"]].append(event)
+        self.rows = [rank_row(rank, by_rank[rank]) for rank in sorted(by_rank)]
+
+    def __getitem__(self, rank: int) -> dict:
+        """The row of ``rank``."""
+        for row in self.rows:
+            if row["rank"] == rank:
+                return row
+        raise KeyError(f"no rank {rank} in this profile; its ranks are {[r['rank'] for r in self.rows]}")
+
+    def to_pandas(self):
+        """The rows as a pandas DataFrame indexed by rank (pandas must be installed)."""
+        import pandas
+
+        return pandas.DataFrame(self.rows).set_index("rank")
+
+    def _cells(self, row: dict) -> list[str]:
+        tops = ", ".join(f"{name} {ms:.2f}" for name, ms in row["top_ops"])
+        return [str(row["rank"]), *(f"{row[c]:.2f}" for c in COLUMNS[1:5]), f"{row['overlap_pct']:.0f}%",
+                f"{row['idle_ms']:.2f}", tops]
+
+    def __repr__(self) -> str:
+        heads = ["rank", "span ms", "compute ms", "comm ms", "overlapped ms", "overlap", "idle ms", "top ops (self ms)"]
+        lines = [heads] + [self._cells(row) for row in self.rows]
+        widths = [max(len(line[i]) for line in lines) for i in range(len(heads) - 1)]
+        return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) + "  " + line[-1] for line in lines)
+
+    def _repr_html_(self) -> str:
+        heads = ["rank", "span (ms)", "compute (ms)", "communication (ms)", "overlapped with compute (ms)",
+                 "overlap", "idle (ms)", "top ops (self ms)"]
+        head = "".join(f"<th>{h}</th>" for h in heads)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(row)) + "</tr>"
+                       for row in self.rows)
+        return f"<table class='ppkit-profile-summary'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -1,0 +1,189 @@
+"""ppkit/profiling on a real trace: every rank's recording merged on one clock, classified, summed up,
+saved as one Chrome trace, and drawn; cluster.profile() on the module's shared 2-rank cluster."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from ppkit import ConfigError, Profile, RemoteError
+from ppkit.profiling import classify, collect, merge, summary, timeline
+from ppkit.profiling.clocks import Offset, measure
+
+
+def ddp_step(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)))
+    model(torch.randn(16, 64)).sum().backward()
+    total = torch.ones(4) * (rank + 1)
+    dist.all_reduce(total)
+    return total.tolist()
+
+
+@pytest.fixture(scope="module")
+def recorded(cluster2):
+    """One profiled DDP step on the shared cluster: the Profile and the job's values."""
+    with cluster2.profile(dict(record_shapes=True)) as prof:
+        values = cluster2.run(ddp_step)
+    return prof, values
+
+
+@pytest.mark.slow
+def test_cluster_profile_records_every_rank_and_keeps_the_run_values(recorded):
+    prof, values = recorded
+    assert values == [[3.0] * 4, [3.0] * 4]
+    assert sorted(prof.ranks) == [0, 1]
+    names = {e["name"] for e in prof.events()}
+    assert "aten::addmm" in names
+    assert {e["rank"] for e in prof.events(kind="communication") if "all_reduce" in e["name"]} == {0, 1}
+    # each rank's own torch.profiler result, for those who know it
+    assert "aten::addmm" in {row.key for row in prof.ranks[0].key_averages()}
+
+
+@pytest.mark.slow
+def test_the_real_trace_is_classified_by_name(recorded):
+    prof, _ = recorded
+    kinds = {e["name"]: e["kind"] for e in prof.events()}
+    assert kinds["gloo:all_reduce"] == "communication"
+    assert kinds["c10d::allreduce_"] == "communication"
+    assert kinds["aten::addmm"] == "compute"
+    assert kinds["DistributedDataParallel.forward"] == "compute"
+    assert classify.kind("aten::broadcast_tensors") == "compute"  # aten's ops compute, whatever their names
+    assert classify.kind("nccl:all_gather") == classify.kind("record_param_comms") == "communication"
+    assert classify.kind("c10d::send") == classify.kind("gloo:recv") == "communication"
+
+
+@pytest.mark.slow
+def test_save_writes_one_trace_with_both_ranks_named(recorded, tmp_path):
+    prof, _ = recorded
+    trace = json.loads(open(prof.save(tmp_path / "step.json")).read())
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(names) == [0, 1] and names[1].startswith("rank 1")
+    ops = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in ops if e["name"].startswith("aten::")} == {0, 1}
+    assert {e["pid"] for e in ops if e["name"] == "gloo:all_reduce"} == {0, 1}
+    assert min(e["ts"] for e in ops) == 0 and all(e["dur"] >= 0 for e in ops)
+    assert any("Input Dims" in e["args"] for e in ops)  # record_shapes was asked for
+
+
+@pytest.mark.slow
+def test_summary_gives_every_rank_its_times(recorded):
+    prof, _ = recorded
+    table = prof.summary()
+    assert [row["rank"] for row in table.rows] == [0, 1]
+    for row in table.rows:
+        assert row["compute_ms"] > 0 and row["communication_ms"] > 0
+        assert 0 <= row["overlapped_ms"] <= min(row["compute_ms"], row["communication_ms"])
+        assert row["idle_ms"] >= 0
+        assert row["span_ms"] == pytest.approx(
+            row["compute_ms"] + row["communication_ms"] - row["overlapped_ms"] + row["idle_ms"])
+        assert row["top_ops"] and all(ms >= 0 for _, ms in row["top_ops"])
+    assert "<table" in table._repr_html_() and "overlapped" in table._repr_html_()
+    assert "rank" in repr(table).splitlines()[0]
+    assert table[1]["rank"] == 1
+
+
+@pytest.mark.slow
+def test_the_timeline_names_both_ranks_and_loads_nothing_from_the_network(recorded):
+    prof, _ = recorded
+    page = prof.timeline().html()
+    rows = [json.dumps(f"rank {r} · main")[1:-1] for r in (0, 1)]  # as plotly writes them in the page
+    assert all(row in page for row in rows)
+    assert re.findall(r"<(?:script|link|img)[^>]*(?:src|href)\s*=\s*['\"]?https?://", page) == []
+    fig = prof.timeline().figure
+    assert {trace.name for trace in fig.data} == {"compute", "communication"}
+    hover = [row for trace in fig.data for row in trace.customdata if row[0] == "aten::addmm"][0]
+    assert hover[1].endswith("µs") and hover[2].startswith("shapes [[")
+
+
+def test_a_job_that_fails_in_the_block_raises_and_ends_the_recording(cluster2):
+    def fails(rank, world_size):
+        raise ValueError("on purpose")
+
+    with pytest.raises(RemoteError), cluster2.profile():
+        cluster2.run(fails)
+    with cluster2.profile() as prof:  # the ranks' profilers were stopped: a new block starts
+        cluster2.run(lambda rank, world_size: None)
+    assert sorted(prof.ranks) == [0, 1]
+
+
+def test_clock_offsets_are_measured_as_ntp_does():
+    # a rank whose clock runs 5 s ahead: found within half the round trip
+    import time
+
+    def run(fn, timeout):
+        return [time.time_ns() + 5_000_000_000, time.time_ns()]
+
+    offsets = measure(run, pings=3)
+    assert offsets[0].offset_us == pytest.approx(5e6, abs=offsets[0].error_us + 1)
+    assert offsets[1].offset_us == pytest.approx(0, abs=offsets[1].error_us + 1)
+
+
+def _trace(events, base_ns=0):
+    return {"baseTimeNanoseconds": base_ns, "traceEvents": [
+        {"ph": "M", "name": "thread_name", "pid": 7, "tid": 7, "args": {"name": "thread 7 (python)"}},
+        *({"ph": "X", "cat": "cpu_op", "pid": 7, "tid": 7, "name": n, "ts": ts, "dur": dur, "args": {}}
+          for n, ts, dur in events)]}
+
+
+def test_merge_takes_a_remote_ranks_offset_off_its_times():
+    # rank 1 ran on a machine whose clock is 2 s ahead: its all_reduce lands on rank 0's
+    results = {0: {"trace": _trace([("gloo:all_reduce", 1000.0, 50.0)], base_ns=10**15), "host": "a"},
+               1: {"trace": _trace([("gloo:all_reduce", 1010.0, 40.0)], base_ns=10**15 + 2 * 10**9), "host": "b"}}
+    offsets = {0: Offset(0.0, 10.0), 1: Offset(2e6, 10.0)}
+    prof = Profile(results, offsets, here="a")
+    starts = {e["rank"]: e["start_us"] for e in prof.events()}
+    assert starts == {0: 0.0, 1: 10.0}
+    unaligned = merge.merge(results, {})
+    assert {e["rank"]: e["start_us"] for e in unaligned.events}[1] == 2e6 + 10.0
+    assert unaligned.threads[(0, 7)] == "main"
+
+
+def test_summary_counts_nested_ops_once_and_overlap_as_the_intersection():
+    events = [{"name": n, "rank": 0, "tid": t, "start_us": s, "dur_us": d, "kind": classify.kind(n), "args": {}}
+              for n, t, s, d in [("aten::linear", 1, 0.0, 100.0), ("aten::addmm", 1, 10.0, 80.0),
+                                 ("gloo:all_reduce", 2, 60.0, 100.0), ("aten::add", 1, 200.0, 50.0)]]
+    row = summary.Summary(events).rows[0]
+    assert row["compute_ms"] == pytest.approx(0.150)
+    assert row["communication_ms"] == pytest.approx(0.100)
+    assert row["overlapped_ms"] == pytest.approx(0.040)
+    assert row["span_ms"] == pytest.approx(0.250) and row["idle_ms"] == pytest.approx(0.040)
+    assert dict(row["top_ops"]) == pytest.approx({"gloo:all_reduce": 0.1, "aten::addmm": 0.08, "aten::add": 0.05,
+                                                  "aten::linear": 0.02})
+    assert row["overlap_pct"] == pytest.approx(40.0)
+
+
+def test_the_timeline_inlines_plotly_once_per_kernel():
+    results = {0: {"trace": _trace([("aten::mm", 0.0, 5.0)]), "host": "a"}}
+    prof = Profile(results, here="a")
+    timeline._shown_js[0] = False
+    first, second = prof._repr_html_(), prof._repr_html_()
+    assert "window.Plotly" in first and len(first) > 1_000_000  # plotly.js itself
+    assert len(second) < 100_000 and "Plotly.newPlot" in second
+
+
+def test_bytes_of_an_op_come_from_its_message_or_its_input_shapes():
+    assert timeline.op_bytes({"In msg nelems": 10, "dtype": "Float"}) == 40
+    assert timeline.op_bytes({"Input Dims": [[16, 64], []], "Input type": ["float", "Scalar"]}) == 16 * 64 * 4
+    assert timeline.op_bytes({}) is None
+
+
+def test_profile_options_are_checked():
+    assert collect.request(True) == collect.Request()
+    assert collect.request(False) is None and collect.request(None) is None
+    assert collect.request({"with_stack": 1}) == collect.Request(with_stack=True)
+    with pytest.raises(ConfigError, match="record_shape"):
+        collect.request({"record_shape": True})
+    with pytest.raises(ConfigError, match="True, False or a dict"):
+        collect.request("yes")
+    with pytest.raises(ConfigError, match="no rank 5"):
+        Profile({}).events(rank=5)
+    with pytest.raises(ConfigError, match="kind must be"):
+        Profile({}).events(kind="idle")
