@@ -4,11 +4,15 @@ pipes and sent to the controller as ``Output`` messages, which it prints with a 
 from __future__ import annotations
 
 import os
+import select
 import threading
+import time
 
 from ppkit.transport.messages import Output
 
 _SYNC = b"\x00ppkit-sync\x00"
+BATCH_S = 0.05  # after the first bytes, how long more may gather into the same Output message
+CHUNK = 65536
 
 
 class OutputPipe:
@@ -27,7 +31,7 @@ class OutputPipe:
         pending = b""
         while True:
             try:
-                data = os.read(self._read_end, 65536)
+                data = self._read_batch()
             except OSError:
                 return
             if not data:
@@ -46,6 +50,22 @@ class OutputPipe:
             if cut:
                 self._send(Output(self.stream, pending[:cut].decode("utf-8", "replace")))
                 pending = pending[cut:]
+
+    def _read_batch(self) -> bytes:
+        """What the rank wrote, gathered for up to ``BATCH_S`` after the first bytes: a rank that prints a
+        line per step sends a message every 50 ms, not one per line (each costs the rank and the kernel CPU
+        time that the training loop would otherwise have; docs/benchmarks.md). A sync marker ends the wait."""
+        data = os.read(self._read_end, CHUNK)
+        deadline = time.monotonic() + BATCH_S
+        while data and len(data) < CHUNK and _SYNC not in data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._read_end], [], [], left)[0]:
+                break
+            more = os.read(self._read_end, CHUNK - len(data))
+            if not more:
+                break
+            data += more
+        return data
 
     def sync(self, timeout: float = 2.0) -> None:
         """Return once everything written to the descriptor so far has been sent."""

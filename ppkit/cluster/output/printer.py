@@ -13,6 +13,8 @@ from ppkit.cluster.output.live import LiveLines
 from ppkit.cluster.output.logfiles import RankLogs
 from ppkit.cluster.output.settings import PLAIN, STREAMS, OutputSettings
 
+FLUSH_S = 0.1  # the most often the cell's streams are flushed while ranks print
+
 
 def current(text: str) -> str:
     """What a line redrawn with ``\\r`` shows now: its last non-empty part."""
@@ -29,6 +31,8 @@ class RankPrinter:
         self._collapser: Collapser | None = None
         self._live = LiveLines()
         self.logs = RankLogs()  # written by the inbox's reader threads (inbox.py)
+        self._unflushed: set = set()  # sys.stdout / sys.stderr, written since their last flush
+        self._flushed_at = 0.0
 
     @contextmanager
     def use(self, settings: OutputSettings | None):
@@ -89,6 +93,7 @@ class RankPrinter:
         """Nothing arrived for a moment (inbox.py): show the lines that waited long enough."""
         if self._collapser is not None:
             self._emit(self._collapser.ready())
+        self._flush_streams()
         self._live.tick()
 
     def flush(self) -> None:
@@ -97,6 +102,7 @@ class RankPrinter:
             self.write(rank, stream, rest + "\n")
         if self._collapser is not None:
             self._emit(self._collapser.flush())
+        self._flush_streams()
         self._live.end_all()
 
     def _emit(self, lines: list[tuple]) -> None:
@@ -111,8 +117,20 @@ class RankPrinter:
         if chunk:
             self._print(chunk_stream, "".join(chunk))
 
-    @staticmethod
-    def _print(stream: str, text: str) -> None:
+    def _print(self, stream: str, text: str) -> None:
+        """Write now; flush at most every ``FLUSH_S`` (``tick`` and ``flush`` flush the rest). In a kernel
+        each flush is a message to the front end that the kernel waits for: one per line, at 200 lines a
+        second, took a third of a core from the ranks (docs/benchmarks.md)."""
         out = sys.stderr if stream == "stderr" else sys.stdout
+        if self._unflushed and out not in self._unflushed:  # the other stream's lines first, in their order
+            self._flush_streams()
         out.write(text)
-        out.flush()
+        self._unflushed.add(out)
+        if time.monotonic() - self._flushed_at >= FLUSH_S:
+            self._flush_streams()
+
+    def _flush_streams(self) -> None:
+        for out in self._unflushed:
+            out.flush()
+        self._unflushed.clear()
+        self._flushed_at = time.monotonic()
