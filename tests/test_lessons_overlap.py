@@ -24,11 +24,9 @@ def cluster():
 
 # -- the interval arithmetic and the breakdown, on events made by hand -------------------------------------
 
-def test_intervals():
-    assert ot.union([(3, 5), (0, 1), (4, 8), (8, 9)]) == [(0, 1), (3, 9)]
-    assert ot.length([(0, 2), (1, 3)]) == 3
-    assert ot.intersect([(0, 4), (6, 9)], [(3, 7)]) == [(3, 4), (6, 7)]
-    assert ot.subtract([(0, 10)], [(2, 3), (5, 7)]) == [(0, 2), (3, 5), (7, 10)]
+def test_subtract():
+    assert ot.subtract([(0, 10)], [(5, 7), (2, 3)]) == [(0, 2), (3, 5), (7, 10)]
+    assert ot.subtract([(0, 4), (3, 6)], [(-1, 1), (5, 9)]) == [(1, 5)]  # overlapping spans merged first
 
 
 def _event(name, start, dur, tid=1, rank=0):
@@ -172,3 +170,36 @@ def test_first_bucket_names_a_middle_bucket_and_a_wrong_type():
         "that bucket's all-reduce starts second, not first")
     assert check_overlap.mistake(["4.weight", "4.bias"], buckets, params, 0.01) is None  # any order
     assert check_overlap._as_names("4.bias") is None and check_overlap._as_names([1, 2]) is None
+
+
+# -- the explorer ------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_explorer_measures_what_its_controls_say(cluster):
+    from ppkit.widgets import OverlapExplorer
+
+    ex = OverlapExplorer(cluster, bucket_cap_mb=0.05)
+    assert ex.redraws == 1 and ex.error is None and ex.figure is not None
+    assert "DDP, bucket_cap_mb=0.05</b>, rank 0" in ex.summary.value and "6 all-reduce(s) per step" in ex.summary.value
+    assert ex.forward_prefetch.disabled and not ex.bucket_cap.disabled
+    ex.bucket_cap.value = "no overlap (notebook 03)"
+    assert ex.redraws == 2 and "of which <b>0% ran beside compute" in ex.summary.value
+    ex.what.value = "FSDP2"
+    assert ex.redraws == 3 and ex.bucket_cap.disabled and not ex.forward_prefetch.disabled
+    assert "backward prefetch (FSDP2&#x27;s default)</b>" in ex.summary.value and "12 all-gathers" in ex.summary.value
+    ex.reshard.value = False
+    assert "reshard_after_forward=False" in ex.summary.value and "6 all-gathers" in ex.summary.value
+    for name in ("what", "bucket-cap", "forward-prefetch", "backward-prefetch", "reshard", "summary", "output"):
+        assert any(f"ppkit-overlap-{name}" in w._dom_classes for w in (
+            ex.what, ex.bucket_cap, ex.forward_prefetch, ex.backward_prefetch, ex.reshard, ex.summary, ex.output))
+
+
+def test_explorer_refuses_bad_settings_before_measuring():
+    from types import SimpleNamespace
+
+    from ppkit.widgets import OverlapExplorer
+
+    with pytest.raises(ConfigError, match="needs at least 2 ranks"):
+        OverlapExplorer(SimpleNamespace(world_size=1))
+    with pytest.raises(ConfigError, match="bucket_cap_mb one of"):
+        OverlapExplorer(SimpleNamespace(world_size=2), bucket_cap_mb=3)

@@ -96,10 +96,11 @@ def ddp_buckets(rank, world_size, widths, bucket_cap_mb: float, steps: int = 2) 
 
 
 def ddp_step(rank, world_size, bucket_cap_mb: float = 25.0, layers: int = LAYERS, width: int = WIDTH,
-             batch: int = BATCH, warmup: int = 2) -> dict:
+             batch: int = BATCH, warmup: int = 2, own_profiler: bool = True) -> dict:
     """One DDP step measured on this rank (after ``warmup`` steps), with its buckets.
 
-    Returns ``events`` (the step's profiler events, ``overlap_trace``'s dicts), ``buckets``: the measured
+    Returns ``events`` (the step's profiler events, ``overlap_trace``'s dicts; none with ``own_profiler=False``,
+    inside ``cluster.profile()``, whose profile then holds them), ``buckets``: the measured
     step's buckets in the order DDP launched their all-reduce, each ``{"index", "params", "bytes"}`` as a
     communication hook saw it, and ``first_step_buckets``: the same for the very first step."""
     model = make_model(layers, width)
@@ -112,7 +113,7 @@ def ddp_step(rank, world_size, bucket_cap_mb: float = 25.0, layers: int = LAYERS
         loss = F.mse_loss(ddp(x), y)
         loss.backward()  # DDP waits for its last bucket here, at the end of backward
 
-    events = ot.profile_step(rank, step, warmup)
+    events = ot.profile_step(rank, step, warmup, own_profiler=own_profiler)
     return {"events": events, "buckets": launched[-1], "first_step_buckets": launched[0],
             "params": [n for n, _ in model.named_parameters()]}
 
@@ -133,23 +134,28 @@ def no_overlap_step(rank, world_size, layers: int = LAYERS, width: int = WIDTH, 
     return {"events": ot.profile_step(rank, step, warmup)}
 
 
+def measure_ddp(cluster, bucket_cap_mb: float | None, layers: int = LAYERS, width: int = WIDTH,
+                batch: int = BATCH) -> dict:
+    """One setting measured on every rank of ``cluster``: DDP with ``bucket_cap_mb``, or with None the
+    no-overlap step. A row: ``setting``, ``bucket_cap_mb``, ``buckets`` (all-reduces per step), rank 0's
+    breakdown in ms (``overlap_trace.breakdown``) and every rank's ``events`` for drawing."""
+    if bucket_cap_mb is None:
+        per_rank = cluster.run(no_overlap_step, layers, width, batch)
+        setting, buckets = "no overlap (notebook 03)", 2 * layers  # one all-reduce per weight and bias
+    else:
+        _check_cap(bucket_cap_mb)
+        per_rank = cluster.run(ddp_step, bucket_cap_mb, layers, width, batch)
+        setting, buckets = f"DDP, bucket_cap_mb={bucket_cap_mb:g}", len(per_rank[0]["buckets"])
+    events = [e for r in per_rank for e in r["events"]]
+    return {"setting": setting, "bucket_cap_mb": bucket_cap_mb, "buckets": buckets, "events": events,
+            **ot.breakdown(events, 0)}
+
+
 def bucket_sweep(cluster, caps_mb=CAPS_MB, layers: int = LAYERS, width: int = WIDTH, batch: int = BATCH) -> list[dict]:
-    """Each cap's DDP step on ``cluster``, and the no-overlap step, measured on every rank; one row per setting
-    with rank 0's breakdown (milliseconds), its number of buckets and all the events for drawing."""
+    """``measure_ddp`` for each cap, then the no-overlap step: one row per setting."""
     for cap in caps_mb:
         _check_cap(cap)
-    rows = []
-    for cap in caps_mb:
-        per_rank = cluster.run(ddp_step, cap, layers, width, batch)
-        events = [e for r in per_rank for e in r["events"]]
-        rows.append({"setting": f"DDP, bucket_cap_mb={cap:g}", "bucket_cap_mb": cap,
-                     "buckets": len(per_rank[0]["buckets"]), "events": events, **ot.breakdown(events, 0)})
-    per_rank = cluster.run(no_overlap_step, layers, width, batch)
-    events = [e for r in per_rank for e in r["events"]]
-    n_params = 2 * layers
-    rows.append({"setting": "no overlap (notebook 03)", "bucket_cap_mb": None, "buckets": n_params,
-                 "events": events, **ot.breakdown(events, 0)})
-    return rows
+    return [measure_ddp(cluster, cap, layers, width, batch) for cap in (*caps_mb, None)]
 
 
 def overlap_fraction(row: dict) -> float:

@@ -23,7 +23,7 @@ from ppkit.lessons import overlap as ov
 from ppkit.lessons import overlap_trace as ot
 from ppkit.lessons import tensor_parallel as tp
 
-FSDP_LAYERS, FSDP_WIDTH, FSDP_BATCH = 6, 384, 64
+FSDP_LAYERS, FSDP_WIDTH, FSDP_BATCH = 6, 384, 512
 SETTINGS = (  # (label, forward prefetch, backward prefetch, reshard_after_forward)
     ("no prefetch", False, False, True),
     ("backward prefetch (FSDP2's default)", False, True, True),
@@ -82,17 +82,26 @@ def fsdp_step(rank, world_size, forward_prefetch: bool = False, backward_prefetc
             "all_gathers": len(gathers)}
 
 
+def measure_fsdp(cluster, forward_prefetch: bool, backward_prefetch: bool, reshard_after_forward: bool,
+                 layers: int = FSDP_LAYERS, width: int = FSDP_WIDTH, batch: int = FSDP_BATCH) -> dict:
+    """One setting measured on every rank of ``cluster``: rank 0's breakdown (ms), its peak memory and
+    all-gathers, and every rank's events for drawing."""
+    chosen = (forward_prefetch, backward_prefetch, reshard_after_forward)
+    label = next((name for name, *flags in SETTINGS if tuple(flags) == chosen),
+                 f"forward prefetch {'on' if forward_prefetch else 'off'}, backward prefetch "
+                 f"{'on' if backward_prefetch else 'off'}, reshard_after_forward={reshard_after_forward}")
+    per_rank = cluster.run(fsdp_step, forward_prefetch, backward_prefetch, reshard_after_forward, layers, width,
+                           batch)
+    events = [e for r in per_rank for e in r["events"]]
+    return {"setting": label, "forward_prefetch": forward_prefetch, "backward_prefetch": backward_prefetch,
+            "reshard_after_forward": reshard_after_forward, "peak_bytes": per_rank[0]["peak_bytes"],
+            "all_gathers": per_rank[0]["all_gathers"], "events": events, **ot.breakdown(events, 0)}
+
+
 def fsdp_sweep(cluster, settings=SETTINGS, layers: int = FSDP_LAYERS, width: int = FSDP_WIDTH,
                batch: int = FSDP_BATCH) -> list[dict]:
-    """Every setting measured on ``cluster``: rank 0's breakdown (ms), its peak memory and all-gathers."""
-    rows = []
-    for label, fwd, bwd, reshard in settings:
-        per_rank = cluster.run(fsdp_step, fwd, bwd, reshard, layers, width, batch)
-        events = [e for r in per_rank for e in r["events"]]
-        rows.append({"setting": label, "forward_prefetch": fwd, "backward_prefetch": bwd,
-                     "reshard_after_forward": reshard, "peak_bytes": per_rank[0]["peak_bytes"],
-                     "all_gathers": per_rank[0]["all_gathers"], "events": events, **ot.breakdown(events, 0)})
-    return rows
+    """``measure_fsdp`` for each of ``settings`` ((label, forward prefetch, backward prefetch, reshard))."""
+    return [measure_fsdp(cluster, fwd, bwd, reshard, layers, width, batch) for _, fwd, bwd, reshard in settings]
 
 
 def fsdp_table(rows) -> str:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from ppkit.profiling.classify import kind as kind_of
+from ppkit.profiling.summary import intersection, length, union
+
 STEP = "overlap: measured step"
 REPEATS = 3  # measured steps per profile: the analysis reads the median one
-COMM_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
-
-
-def kind_of(name: str) -> str:
-    return "communication" if name.startswith(COMM_PREFIXES) else "compute"
 
 
 @contextmanager
@@ -31,17 +29,23 @@ def measured_step():
         yield
 
 
-def profile_step(rank: int, step, warmup: int = 2, repeats: int = REPEATS) -> list[dict]:
-    """Run ``step()`` ``warmup`` times, then ``repeats`` times under torch.profiler, each inside
-    ``measured_step``; return the events (``breakdown`` reads the step of median length). Times count from
-    this rank's first measured step: the ranks meet at a barrier just before it, so on one machine they line
-    up within a fraction of a millisecond (``ppkit.spawn(..., profile=True)`` aligns the ranks' clocks itself)."""
+def profile_step(rank: int, step, warmup: int = 2, repeats: int = REPEATS, own_profiler: bool = True) -> list[dict]:
+    """Run ``step()`` ``warmup`` times, then ``repeats`` times, each inside ``measured_step``, under
+    torch.profiler; return the events (``breakdown`` reads the step of median length). Times count from this
+    rank's first measured step: the ranks meet at a barrier just before it, so on one machine they line up
+    within a fraction of a millisecond. ``own_profiler=False`` when a profiler already records this rank
+    (``cluster.profile()``, ``ppkit.spawn(..., profile=True)``): nothing is returned, its events hold the steps."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmup):
         step()
     dist.barrier()
+    if not own_profiler:
+        for _ in range(repeats):
+            with measured_step():
+                step()
+        return []
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(repeats):
             with measured_step():
@@ -57,39 +61,11 @@ def profile_step(rank: int, step, warmup: int = 2, repeats: int = REPEATS) -> li
 
 # -- intervals ---------------------------------------------------------------------------------------------
 
-def union(spans) -> list[tuple[float, float]]:
-    """Overlapping (start, end) spans merged: their union, sorted."""
-    out: list[list[float]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        elif e > s:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-def length(spans) -> float:
-    return sum(e - s for s, e in union(spans))
-
-
-def intersect(a, b) -> list[tuple[float, float]]:
-    a, b, out, i, j = union(a), union(b), [], 0, 0
-    while i < len(a) and j < len(b):
-        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if e > s:
-            out.append((s, e))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
 def subtract(a, b) -> list[tuple[float, float]]:
-    """What of ``a`` lies outside ``b``."""
-    out = []
+    """What of ``a`` lies outside ``b`` (both any (start, end) spans)."""
+    out, b = [], union(b)
     for s, e in union(a):
-        cut = intersect([(s, e)], b)
+        cut = intersection([(s, e)], b)
         for cs, ce in cut:
             if cs > s:
                 out.append((s, cs))
@@ -126,22 +102,28 @@ def _window(events, rank):
     return step["start_us"], step["start_us"] + step["dur_us"]
 
 
-def breakdown(events, rank: int) -> dict:
-    """Milliseconds of the measured step on ``rank``: ``step``; ``compute``, the step thread's aten ops
-    outside communication calls; ``comm``, any thread's communication; ``overlapped``, communication while
-    compute ran; ``exposed``, communication while the step's thread computed nothing (it waited); ``idle``,
-    neither compute nor communication."""
+def spans(events, rank: int) -> dict:
+    """The measured step's ``window`` on ``rank`` and, as unions of (start, end) in microseconds, its
+    ``compute`` (the step thread's aten ops outside communication calls) and ``comm`` (any thread's)."""
     step = step_span(events, rank)
     window = _window(events, rank)
     main = step["tid"]
-    comm = comm_spans(events, rank, window)
     main_comm = _spans(events, rank, window, lambda e: e["kind"] == "communication" and e["tid"] == main)
     aten = _spans(events, rank, window, lambda e: e["tid"] == main and e["kind"] == "compute"
                   and e["name"].startswith("aten::"))
-    compute = subtract(aten, main_comm)
-    overlapped = length(intersect(comm, compute))
-    out = {"step": step["dur_us"], "compute": length(compute), "comm": length(comm), "overlapped": overlapped,
-           "exposed": length(comm) - overlapped, "idle": length(subtract([window], union(compute + comm)))}
+    return {"window": window, "compute": subtract(aten, main_comm), "comm": union(comm_spans(events, rank, window))}
+
+
+def breakdown(events, rank: int) -> dict:
+    """Milliseconds of the measured step on ``rank``: ``step``; ``compute``; ``comm``; ``overlapped``,
+    communication while compute ran; ``exposed``, communication while the step's thread computed nothing
+    (it waited); ``idle``, neither compute nor communication. (What counts as each: ``spans``.)"""
+    s = spans(events, rank)
+    comm, compute = s["comm"], s["compute"]
+    overlapped = length(intersection(comm, compute))
+    out = {"step": s["window"][1] - s["window"][0], "compute": length(compute), "comm": length(comm),
+           "overlapped": overlapped, "exposed": length(comm) - overlapped,
+           "idle": length(subtract([s["window"]], compute + comm))}
     return {k: v / 1000 for k, v in out.items()}
 
 

@@ -4,8 +4,9 @@ from ppkit.widgets.collectives import CollectivesExplorer
 from ppkit.widgets.composition import MeshExplorer
 from ppkit.widgets.context_parallel import RingAttentionExplorer
 from ppkit.widgets.expert_parallel import MoEExplorer
+from ppkit.widgets.overlap import OverlapExplorer
 from ppkit.widgets.sharding import TensorParallelExplorer, ZeroExplorer
 from ppkit.widgets.step_memory import StepMemoryExplorer
 
-__all__ = ["CollectivesExplorer", "MeshExplorer", "MoEExplorer", "RingAttentionExplorer", "StepMemoryExplorer",
-           "TensorParallelExplorer", "ZeroExplorer"]
+__all__ = ["CollectivesExplorer", "MeshExplorer", "MoEExplorer", "OverlapExplorer", "RingAttentionExplorer",
+           "StepMemoryExplorer", "TensorParallelExplorer", "ZeroExplorer"]
