@@ -12,6 +12,7 @@ from ppkit.exercises import check_overlap, solutions
 from ppkit.lessons import overlap as ov
 from ppkit.lessons import overlap_sharded as osh
 from ppkit.lessons import overlap_trace as ot
+from ppkit.profiling.classify import kind
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -30,7 +31,7 @@ def test_subtract():
 
 
 def _event(name, start, dur, tid=1, rank=0):
-    return {"name": name, "rank": rank, "tid": tid, "start_us": start, "dur_us": dur, "kind": ot.kind_of(name),
+    return {"name": name, "rank": rank, "tid": tid, "start_us": start, "dur_us": dur, "kind": kind(name),
             "args": {}}
 
 
@@ -66,7 +67,7 @@ def test_ddp_buckets_go_in_reverse_parameter_order_while_backward_runs(cluster):
     assert launched == list(reversed(out["params"]))  # the last layer's bucket first, the first layer's last
     assert [b["index"] for b in out["buckets"]] == [0, 1, 2]
     assert len(out["first_step_buckets"]) == 1  # before DDP rebuilt its buckets: everything at once
-    events = [e for r in per_rank for e in r["events"]]
+    events = ot.merged(r["trace"] for r in per_rank).events()
     for rank in (0, 1):
         step = ot.step_span(events, rank)
         reduces = [e for e in ot.collectives(events, rank) if e["name"] == "gloo:all_reduce"
@@ -203,3 +204,14 @@ def test_explorer_refuses_bad_settings_before_measuring():
         OverlapExplorer(SimpleNamespace(world_size=1))
     with pytest.raises(ConfigError, match="bucket_cap_mb one of"):
         OverlapExplorer(SimpleNamespace(world_size=2), bucket_cap_mb=3)
+
+
+def test_a_failed_measurement_is_not_blamed_on_the_answer(monkeypatch):
+    from ppkit.errors import WorkerError
+
+    monkeypatch.setattr(check_overlap, "_MEASURED", {})
+    monkeypatch.setattr(check_overlap.SubworldRunner, "__init__", lambda self, *args: None)
+    monkeypatch.setattr(check_overlap.SubworldRunner, "run", lambda self, k, job, *args: (None, "rank 1 raised X"))
+    monkeypatch.setattr(check_overlap.SubworldRunner, "close", lambda self: None)
+    with pytest.raises(WorkerError, match="could not run DDP on 2 ranks .*rank 1 raised X. Your answer was not judged"):
+        check_overlap.check_first_bucket(solutions.first_bucket)

@@ -33,6 +33,7 @@ from ppkit.exercises import (
     check_launch,
     check_memory,
     check_moe,
+    check_overlap,
     check_pipeline,
     check_sequence,
     check_sharding,
@@ -211,6 +212,15 @@ EXERCISES = (
          "2.14) gives rank r.",
          "Make the output torch.empty((seq // world_size, batch, d_model)), reduce_scatter into it with "
          "op=dist.ReduceOp.SUM, and transpose it back to (batch, seq // world_size, d_model).")),
+    Exercise(
+        "first_bucket", "10b_overlap", "first_bucket(params, bucket_cap_mb)",
+        check_overlap.check_first_bucket, solutions.first_bucket,
+        ("Backward runs from the loss back to the input: which layer's gradients exist first? A bucket's "
+         "all-reduce can start as soon as every gradient in it is ready, and DDP launches its buckets in order.",
+         "DDP fills its buckets in reverse parameter order, so that bucket 0 is the one ready first: walk "
+         "reversed(params), adding up each parameter's bytes.",
+         "A bucket closes once its bytes reach the cap, int(bucket_cap_mb * 1024 * 1024), with the parameter "
+         "that crossed it inside: append the name, add its bytes, then stop when size >= cap.")),
     Exercise(
         "merge_partials", "11_context_parallel", "merge_partials(out_a, lse_a, out_b, lse_b)",
         check_attention.check_merge_partials, solutions.merge_partials,

@@ -12,7 +12,9 @@ once (notebook 03's all-reduce after backward), another real bucket, or a bucket
 from __future__ import annotations
 
 from ppkit.checks import check_callable
+from ppkit.errors import WorkerError
 from ppkit.exercises.report import CheckReport, raise_or_report
+from ppkit.exercises.subworld import SubworldRunner
 from ppkit.lessons import overlap
 
 # (label, the MLP's widths, bucket_cap_mb): several buckets each, a cap crossed inside a layer, a small head
@@ -21,20 +23,29 @@ CASES = (
     ("64 -> 128 -> 128 -> 10, bucket_cap_mb=0.05", (64, 128, 128, 10), 0.05),
     ("3 layers of 96, bucket_cap_mb=0.01", (96, 96, 96, 96), 0.01),
 )
+TIMEOUT_S = 120
 _MEASURED: dict = {}  # (widths, cap) -> buckets in launch order: the bucketing of a model and cap is fixed
 
 
 def measured_buckets(widths, bucket_cap_mb, cluster=None) -> list[list[str]]:
-    """DDP's buckets for ``make_mlp(widths)``, in the order their all-reduce started, measured on 2 ranks."""
+    """DDP's buckets for ``make_mlp(widths)``, in the order their all-reduce started, measured on 2 ranks: of
+    ``cluster`` when it has a process group (the notebook's), else in a fresh 2-rank group on it (or on a
+    cluster of its own)."""
     key = (tuple(widths), bucket_cap_mb)
-    if key not in _MEASURED:
-        if cluster is None:
-            from ppkit.cluster.controller import Cluster
-
-            with Cluster(2, "gloo", timeout=120) as own:
-                _MEASURED[key] = own.run(overlap.ddp_buckets, list(widths), bucket_cap_mb)[0]
-        else:
-            _MEASURED[key] = cluster.run(overlap.ddp_buckets, list(widths), bucket_cap_mb)[0]
+    if key in _MEASURED:
+        return _MEASURED[key]
+    if cluster is not None and cluster.process_group and cluster.world_size == 2:
+        _MEASURED[key] = cluster.run(overlap.ddp_buckets, list(widths), bucket_cap_mb)[0]
+        return _MEASURED[key]
+    runner = SubworldRunner((2,), TIMEOUT_S, None if cluster is None or cluster.process_group else cluster)
+    try:
+        results, problem = runner.run(2, overlap.ddp_buckets, list(widths), bucket_cap_mb)
+    finally:
+        runner.close()
+    if problem:
+        raise WorkerError(f"the checker could not run DDP on 2 ranks to see its buckets: {problem}. Your answer "
+                          "was not judged; run the check again, or ppkit.start(2) and pass cluster=.")
+    _MEASURED[key] = results[0]
     return _MEASURED[key]
 
 

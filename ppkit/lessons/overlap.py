@@ -99,8 +99,8 @@ def ddp_step(rank, world_size, bucket_cap_mb: float = 25.0, layers: int = LAYERS
              batch: int = BATCH, warmup: int = 2, own_profiler: bool = True) -> dict:
     """One DDP step measured on this rank (after ``warmup`` steps), with its buckets.
 
-    Returns ``events`` (the step's profiler events, ``overlap_trace``'s dicts; none with ``own_profiler=False``,
-    inside ``cluster.profile()``, whose profile then holds them), ``buckets``: the measured
+    Returns ``trace`` (this rank's, for ``overlap_trace.merged``; None with ``own_profiler=False``, inside
+    ``cluster.profile()``, whose profile then holds the steps), ``buckets``: the measured
     step's buckets in the order DDP launched their all-reduce, each ``{"index", "params", "bytes"}`` as a
     communication hook saw it, and ``first_step_buckets``: the same for the very first step."""
     model = make_model(layers, width)
@@ -113,8 +113,8 @@ def ddp_step(rank, world_size, bucket_cap_mb: float = 25.0, layers: int = LAYERS
         loss = F.mse_loss(ddp(x), y)
         loss.backward()  # DDP waits for its last bucket here, at the end of backward
 
-    events = ot.profile_step(rank, step, warmup, own_profiler=own_profiler)
-    return {"events": events, "buckets": launched[-1], "first_step_buckets": launched[0],
+    trace = ot.profile_step(rank, step, warmup, own_profiler=own_profiler)
+    return {"trace": trace, "buckets": launched[-1], "first_step_buckets": launched[0],
             "params": [n for n, _ in model.named_parameters()]}
 
 
@@ -131,14 +131,15 @@ def no_overlap_step(rank, world_size, layers: int = LAYERS, width: int = WIDTH, 
         loss.backward()
         dp.average_gradients(model)
 
-    return {"events": ot.profile_step(rank, step, warmup)}
+    return {"trace": ot.profile_step(rank, step, warmup)}
 
 
 def measure_ddp(cluster, bucket_cap_mb: float | None, layers: int = LAYERS, width: int = WIDTH,
                 batch: int = BATCH) -> dict:
     """One setting measured on every rank of ``cluster``: DDP with ``bucket_cap_mb``, or with None the
     no-overlap step. A row: ``setting``, ``bucket_cap_mb``, ``buckets`` (all-reduces per step), rank 0's
-    breakdown in ms (``overlap_trace.breakdown``) and every rank's ``events`` for drawing."""
+    breakdown in ms (``overlap_trace.breakdown``), the ``profile`` (a ``ppkit.Profile``: its timeline, its
+    summary) and its ``events``."""
     if bucket_cap_mb is None:
         per_rank = cluster.run(no_overlap_step, layers, width, batch)
         setting, buckets = "no overlap (notebook 03)", 2 * layers  # one all-reduce per weight and bias
@@ -146,9 +147,10 @@ def measure_ddp(cluster, bucket_cap_mb: float | None, layers: int = LAYERS, widt
         _check_cap(bucket_cap_mb)
         per_rank = cluster.run(ddp_step, bucket_cap_mb, layers, width, batch)
         setting, buckets = f"DDP, bucket_cap_mb={bucket_cap_mb:g}", len(per_rank[0]["buckets"])
-    events = [e for r in per_rank for e in r["events"]]
-    return {"setting": setting, "bucket_cap_mb": bucket_cap_mb, "buckets": buckets, "events": events,
-            **ot.breakdown(events, 0)}
+    prof = ot.merged(r["trace"] for r in per_rank)
+    events = prof.events()
+    return {"setting": setting, "bucket_cap_mb": bucket_cap_mb, "buckets": buckets, "profile": prof,
+            "events": events, **ot.breakdown(events, 0)}
 
 
 def bucket_sweep(cluster, caps_mb=CAPS_MB, layers: int = LAYERS, width: int = WIDTH, batch: int = BATCH) -> list[dict]:

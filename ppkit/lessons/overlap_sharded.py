@@ -56,9 +56,8 @@ def shard_with_prefetch(model, world_size: int, forward_prefetch: bool, backward
 def fsdp_step(rank, world_size, forward_prefetch: bool = False, backward_prefetch: bool = True,
               reshard_after_forward: bool = True, layers: int = FSDP_LAYERS, width: int = FSDP_WIDTH,
               batch: int = FSDP_BATCH, warmup: int = 2) -> dict:
-    """One FSDP2 step measured on this rank: ``events`` (the profiler's), ``peak_bytes`` (MemTracker's peak of
-    a step, parameters, gradients, activations and all-gather buffers together) and ``all_gathers`` (how many
-    the measured step ran on this rank)."""
+    """One FSDP2 step measured on this rank: ``trace`` (for ``overlap_trace.merged``) and ``peak_bytes``
+    (MemTracker's peak of a step: parameters, gradients, activations and all-gather buffers together)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     model = shard_with_prefetch(ov.make_model(layers, width), world_size, forward_prefetch, backward_prefetch,
@@ -76,26 +75,25 @@ def fsdp_step(rank, world_size, forward_prefetch: bool = False, backward_prefetc
     with tracker:
         step()
     peak = tracker.get_tracker_snapshot("peak")
-    events = ot.profile_step(rank, step, warmup)
-    gathers = [e for e in ot.collectives(events, rank) if e["name"] == "gloo:all_gather"]
-    return {"events": events, "peak_bytes": int(sum(per["Total"] for per in peak.values())),
-            "all_gathers": len(gathers)}
+    return {"trace": ot.profile_step(rank, step, warmup), "peak_bytes": int(sum(per["Total"] for per in peak.values()))}
 
 
 def measure_fsdp(cluster, forward_prefetch: bool, backward_prefetch: bool, reshard_after_forward: bool,
                  layers: int = FSDP_LAYERS, width: int = FSDP_WIDTH, batch: int = FSDP_BATCH) -> dict:
     """One setting measured on every rank of ``cluster``: rank 0's breakdown (ms), its peak memory and
-    all-gathers, and every rank's events for drawing."""
+    all-gathers per step, the ``profile`` (a ``ppkit.Profile``) and its ``events``."""
     chosen = (forward_prefetch, backward_prefetch, reshard_after_forward)
     label = next((name for name, *flags in SETTINGS if tuple(flags) == chosen),
                  f"forward prefetch {'on' if forward_prefetch else 'off'}, backward prefetch "
                  f"{'on' if backward_prefetch else 'off'}, reshard_after_forward={reshard_after_forward}")
     per_rank = cluster.run(fsdp_step, forward_prefetch, backward_prefetch, reshard_after_forward, layers, width,
                            batch)
-    events = [e for r in per_rank for e in r["events"]]
+    prof = ot.merged(r["trace"] for r in per_rank)
+    events = prof.events()
+    gathers = [e for e in ot.collectives(events, 0) if e["name"] == "gloo:all_gather"]
     return {"setting": label, "forward_prefetch": forward_prefetch, "backward_prefetch": backward_prefetch,
             "reshard_after_forward": reshard_after_forward, "peak_bytes": per_rank[0]["peak_bytes"],
-            "all_gathers": per_rank[0]["all_gathers"], "events": events, **ot.breakdown(events, 0)}
+            "all_gathers": len(gathers), "profile": prof, "events": events, **ot.breakdown(events, 0)}
 
 
 def fsdp_sweep(cluster, settings=SETTINGS, layers: int = FSDP_LAYERS, width: int = FSDP_WIDTH,
@@ -127,13 +125,14 @@ def tp_step(rank, world_size, blocks: int = 4, d_model: int = 256, hidden: int =
 
     step()
     per_step = len(log.calls)
-    events = ot.profile_step(rank, step, warmup)
-    return {"events": events, "all_reduces": per_step}
+    return {"trace": ot.profile_step(rank, step, warmup), "all_reduces": per_step}
 
 
 def tp_measure(cluster, blocks: int = 4) -> dict:
-    """``tp_step`` on every rank of ``cluster``: rank 0's breakdown (ms), the events and all-reduces per step."""
+    """``tp_step`` on every rank of ``cluster``: rank 0's breakdown (ms), all-reduces per step, the ``profile``
+    and its ``events``."""
     per_rank = cluster.run(tp_step, blocks)
-    events = [e for r in per_rank for e in r["events"]]
-    return {"setting": f"TP, {blocks} MLP blocks", "all_reduces": per_rank[0]["all_reduces"], "events": events,
-            **ot.breakdown(events, 0)}
+    prof = ot.merged(r["trace"] for r in per_rank)
+    events = prof.events()
+    return {"setting": f"TP, {blocks} MLP blocks", "all_reduces": per_rank[0]["all_reduces"], "profile": prof,
+            "events": events, **ot.breakdown(events, 0)}

@@ -1,9 +1,9 @@
 """Lesson 3b's measuring: one step under ``torch.profiler`` on each rank, and what its timeline says.
 
 A step to measure runs inside ``measured_step()`` (a ``record_function`` span), so the same analysis finds
-it in a trace of this module's ``profile_step`` and in a whole-run ``ppkit.spawn(..., profile=True)``.
-Events are plain dicts, as ``Profile.events()`` gives them: ``name, rank, tid, start_us, dur_us, kind``
-(``"compute"`` or ``"communication"``) and ``args``.
+it in a trace of this module's ``profile_step`` and in a whole-run ``cluster.profile()`` or
+``ppkit.spawn(..., profile=True)``. Events are ``Profile.events()``'s dicts: ``name, rank, tid, start_us,
+dur_us, kind`` (``"compute"`` or ``"communication"``) and ``args``.
 
     breakdown(events, rank)   the step's time on that rank: compute, communication, how much of the
                               communication overlapped compute, and idle time
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ppkit.profiling.classify import kind as kind_of
 from ppkit.profiling.summary import intersection, length, union
 
 STEP = "overlap: measured step"
@@ -29,34 +28,35 @@ def measured_step():
         yield
 
 
-def profile_step(rank: int, step, warmup: int = 2, repeats: int = REPEATS, own_profiler: bool = True) -> list[dict]:
+def profile_step(rank: int, step, warmup: int = 2, repeats: int = REPEATS, own_profiler: bool = True) -> dict | None:
     """Run ``step()`` ``warmup`` times, then ``repeats`` times, each inside ``measured_step``, under
-    torch.profiler; return the events (``breakdown`` reads the step of median length). Times count from this
-    rank's first measured step: the ranks meet at a barrier just before it, so on one machine they line up
-    within a fraction of a millisecond. ``own_profiler=False`` when a profiler already records this rank
-    (``cluster.profile()``, ``ppkit.spawn(..., profile=True)``): nothing is returned, its events hold the steps."""
+    torch.profiler (ppkit's, as ``ppkit.spawn(..., profile=True)`` runs it); return this rank's trace for
+    ``merged``. ``own_profiler=False`` when a profiler already records this rank (``cluster.profile()``):
+    None is returned, that profile holds the steps. ``breakdown`` reads the step of median length."""
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
+
+    from ppkit.profiling import collect
+
+    def measured():
+        for _ in range(repeats):
+            with measured_step():
+                step()
 
     for _ in range(warmup):
         step()
     dist.barrier()
     if not own_profiler:
-        for _ in range(repeats):
-            with measured_step():
-                step()
-        return []
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(repeats):
-            with measured_step():
-                step()
-    events = [{"name": e.name, "rank": rank, "tid": int(e.thread), "start_us": float(e.time_range.start),
-               "dur_us": float(e.time_range.elapsed_us()), "kind": kind_of(e.name), "args": {}}
-              for e in prof.events()]
-    t0 = min(e["start_us"] for e in events if e["name"] == STEP)
-    for e in events:
-        e["start_us"] -= t0
-    return events
+        measured()
+        return None
+    result = collect.profiled(measured, collect.Request())
+    return {key: result[key] for key in ("trace", "host", "pid")}  # torch's EventList stays here: the trace has it all
+
+
+def merged(traces):
+    """The ranks' traces from ``profile_step`` (by rank) as one ``ppkit.Profile``, on one clock."""
+    from ppkit.profiling.profile import Profile
+
+    return Profile.from_results(list(traces))
 
 
 # -- intervals ---------------------------------------------------------------------------------------------
