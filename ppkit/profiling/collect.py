@@ -80,7 +80,8 @@ def _quietly(step) -> None:
 
 
 def trace_of(prof) -> dict:
-    """The rank's chrome trace (as torch writes it), its EventList, and where it ran."""
+    """The rank's chrome trace (as torch writes it) and where it ran. Not ``prof.events()``: building and
+    sending it costs more than the rest of profiling together; the kernel rebuilds it (events.py)."""
     fd, path = tempfile.mkstemp(prefix="ppkit-profile-", suffix=".json")
     os.close(fd)
     try:
@@ -89,7 +90,7 @@ def trace_of(prof) -> dict:
             trace = json.load(file)
     finally:
         os.unlink(path)
-    return {"trace": trace, "events": prof.events(), "host": socket.gethostname(), "pid": os.getpid()}
+    return {"trace": trace, "host": socket.gethostname(), "pid": os.getpid()}
 
 
 # -- cluster.profile(): the profiler runs across several jobs of a persistent worker ---------------

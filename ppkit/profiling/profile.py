@@ -16,13 +16,15 @@ from ppkit.errors import ConfigError
 from ppkit.profiling import merge
 from ppkit.profiling.classify import COMMUNICATION, COMPUTE
 from ppkit.profiling.clocks import Offset
+from ppkit.profiling.events import RankEvents
 from ppkit.profiling.summary import Summary
 
 
 class Profile:
     """Every rank's ``torch.profiler`` recording of one run, merged on the kernel's clock.
 
-    ``ranks[r]``: rank r's own profiler events (torch's EventList: ``prof.ranks[0].key_averages()``).
+    ``ranks[r]``: rank r's own profiler events (torch's EventList, rebuilt from its trace:
+    ``prof.ranks[0].key_averages().table()``).
     ``offsets[r]``: rank r's clock against the kernel's (clocks.py); applied for ranks on other machines.
     """
 
@@ -37,7 +39,7 @@ class Profile:
         applied = {rank: self.offsets[rank].offset_us for rank, result in results.items()
                    if rank in self.offsets and result.get("host", here) != here}
         self._merged = merge.merge(results, applied)
-        self.ranks = {rank: result.get("events") for rank, result in sorted(results.items())}
+        self.ranks = RankEvents({rank: result["trace"] for rank, result in results.items()})
         self.hosts = dict(self._merged.hosts)
 
     @classmethod
