@@ -1,4 +1,4 @@
-"""The exercise that ppkit checks for notebook 03b: which DDP bucket's all-reduce starts first.
+"""The exercise that ppkit checks for notebook 10b: which DDP bucket's all-reduce starts first.
 
     check_first_bucket(fn)   fn(params, bucket_cap_mb) -> the names of the parameters in that bucket
 

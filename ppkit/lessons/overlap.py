@@ -1,4 +1,4 @@
-"""Lesson 3b, overlap: DDP's gradient buckets, all-reduced while backward still runs, seen on a timeline.
+"""Lesson 10b, overlap: DDP's gradient buckets, all-reduced while backward still runs, seen on a timeline.
 
     ddp_step          one DDP step on this rank under torch.profiler, and the buckets DDP launched, in order
     no_overlap_step   the same step as notebook 03's hand-written DP: backward first, then every all-reduce
@@ -62,7 +62,7 @@ def _check_cap(bucket_cap_mb) -> None:
                           "default is 25.")
 
 
-def _ddp_noting_buckets(model: nn.Module, bucket_cap_mb: float):
+def ddp_noting_buckets(model: nn.Module, bucket_cap_mb: float):
     """``model`` in DDP with its default all-reduce hook, noting each bucket it launches: ``launched`` gets
     a new list per step (the step appends it), each bucket as ``{"index", "params", "bytes"}``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -87,7 +87,7 @@ def ddp_buckets(rank, world_size, widths, bucket_cap_mb: float, steps: int = 2) 
     """The parameter names of each DDP bucket of ``make_mlp(widths)``, in the order DDP launched their
     all-reduce in step ``steps`` (from step 2 on, after DDP rebuilt its buckets)."""
     model = make_mlp(widths)
-    ddp, launched = _ddp_noting_buckets(model, bucket_cap_mb)
+    ddp, launched = ddp_noting_buckets(model, bucket_cap_mb)
     x = torch.randn(4, widths[0], generator=torch.Generator().manual_seed(rank))
     for _ in range(steps):
         launched.append([])
@@ -104,7 +104,7 @@ def ddp_step(rank, world_size, bucket_cap_mb: float = 25.0, layers: int = LAYERS
     step's buckets in the order DDP launched their all-reduce, each ``{"index", "params", "bytes"}`` as a
     communication hook saw it, and ``first_step_buckets``: the same for the very first step."""
     model = make_model(layers, width)
-    ddp, launched = _ddp_noting_buckets(model, bucket_cap_mb)
+    ddp, launched = ddp_noting_buckets(model, bucket_cap_mb)
     x, y = _batch(rank, width, batch)
 
     def step():

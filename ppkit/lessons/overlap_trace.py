@@ -1,4 +1,4 @@
-"""Lesson 3b's measuring: one step under ``torch.profiler`` on each rank, and what its timeline says.
+"""Lesson 10b's measuring: one step under ``torch.profiler`` on each rank, and what its timeline says.
 
 A step to measure runs inside ``measured_step()`` (a ``record_function`` span), so the same analysis finds
 it in a trace of this module's ``profile_step`` and in a whole-run ``cluster.profile()`` or
