@@ -5,7 +5,6 @@ input shapes and Python stacks only when asked, since they make the trace larger
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -80,17 +79,17 @@ def _quietly(step) -> None:
 
 
 def trace_of(prof) -> dict:
-    """The rank's chrome trace (as torch writes it) and where it ran. Not ``prof.events()``: building and
+    """The rank's chrome trace (as torch writes it: JSON text) and where it ran. Not ``prof.events()``: building and
     sending it costs more than the rest of profiling together; the kernel rebuilds it (events.py)."""
     fd, path = tempfile.mkstemp(prefix="ppkit-profile-", suffix=".json")
     os.close(fd)
     try:
         _quietly(lambda: prof.export_chrome_trace(path))
         with open(path, encoding="utf-8") as file:
-            trace = json.load(file)
+            text = file.read()  # parsed in the kernel: a str pickles and sends faster than its JSON's dicts
     finally:
         os.unlink(path)
-    return {"trace": trace, "host": socket.gethostname(), "pid": os.getpid()}
+    return {"trace_json": text, "host": socket.gethostname(), "pid": os.getpid()}
 
 
 # -- cluster.profile(): the profiler runs across several jobs of a persistent worker ---------------

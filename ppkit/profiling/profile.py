@@ -35,6 +35,7 @@ class Profile:
     def _load(self, results: dict[int, dict], offsets: dict[int, Offset] | None, here: str | None = None) -> None:
         """Take the ranks' recordings (``cluster.profile()`` fills its Profile when its block ends)."""
         self.offsets = dict(offsets or {})
+        results = {rank: _parsed(result) for rank, result in results.items()}
         here = socket.gethostname() if here is None else here
         applied = {rank: self.offsets[rank].offset_us for rank, result in results.items()
                    if rank in self.offsets and result.get("host", here) != here}
@@ -86,3 +87,10 @@ class Profile:
         span = max((e["start_us"] + e["dur_us"] for e in events), default=0.0) / 1000
         return (f"<ppkit.Profile: {len(self.ranks)} ranks, {len(events)} ops over {span:.1f} ms; "
                 ".summary(), .save(path), .timeline()>")
+
+
+def _parsed(result: dict) -> dict:
+    """A rank's result with its trace as a dict (a rank sends the JSON text, collect.trace_of)."""
+    if "trace" in result or "trace_json" not in result:
+        return result
+    return {**{k: v for k, v in result.items() if k != "trace_json"}, "trace": json.loads(result["trace_json"])}
