@@ -13,6 +13,7 @@ import psutil
 import pytest
 from kernels import kernel_in
 from test_debugger import run_cell
+from test_rank_network import BODY, url  # noqa: F401 - url: an HTTP server on this machine's own address
 
 pytestmark = pytest.mark.slow
 
@@ -161,3 +162,16 @@ def test_pdb_Pdb_set_trace_on_a_rank_works_as_breakpoint_does_without_ppkit_fram
     assert "after the breakpoint 41" in cell.text and "after the breakpoint 40" in cell.text
     for ours in ("run_as_rank", "_call_rank", "_run_job", "_run_target"):
         assert ours not in cell.text, cell.text
+
+
+def test_a_rank_fetches_from_this_machines_own_address_as_the_kernel_can(kernel, url):  # noqa: F811 - the fixture
+    _, kc = kernel
+    cell = run_cell(kc, f"""
+        %%torchrun --nproc-per-node 2
+        import os, urllib.request
+        with urllib.request.urlopen({url + "rank-"!r} + os.environ["RANK"], timeout=30) as answer:
+            print("fetched", answer.read().decode(), flush=True)
+        """)
+    assert cell.error is None, cell.text
+    assert f"fetched {BODY.decode()}" in cell.text
+    assert sorted(url.asked[-2:]) == ["/rank-0", "/rank-1"]
