@@ -49,7 +49,7 @@ def profile_step(rank: int, step, warmup: int = 2, repeats: int = REPEATS, own_p
         measured()
         return None
     result = collect.profiled(measured, collect.Request())
-    return {key: result[key] for key in ("trace", "host", "pid")}  # torch's EventList stays here: the trace has it all
+    return {key: value for key, value in result.items() if key != "events"}  # any EventList stays here
 
 
 def merged(traces):
