@@ -187,3 +187,26 @@ def test_profile_options_are_checked():
         Profile({}).events(rank=5)
     with pytest.raises(ConfigError, match="kind must be"):
         Profile({}).events(kind="idle")
+
+
+def test_the_magics_read_profile_flags():
+    from ppkit.cluster import session
+    from ppkit.cluster.torchrun import options
+
+    assert options.parse(["--nproc-per-node", "2", "--profile"], cell=True).profile == collect.Request()
+    assert options.parse(["--nproc-per-node", "2", "--profile-shapes"], cell=True).profile == collect.Request(
+        record_shapes=True)
+    assert options.parse(["--nproc-per-node", "2"], cell=True).profile is None
+    assert session.parse_line("--timeout 5 --profile") == {"timeout": 5.0, "profile": True}
+    assert session.parse_line("--profile-shapes") == {"profile": {"record_shapes": True}}
+    with pytest.raises(ConfigError, match=r"\[--profile\]"):
+        session.parse_line("--profil")
+
+
+def test_spawn_refuses_profile_without_join_before_starting_anything():
+    import ppkit
+
+    with pytest.raises(ConfigError, match="profile=True needs join=True"):
+        ppkit.spawn(lambda i: None, nprocs=2, join=False, profile=True)
+    with pytest.raises(ConfigError, match="profile must be True, False or a dict"):
+        ppkit.torchrun(lambda: None, nproc_per_node=2, profile="on")
