@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 import time
@@ -114,3 +115,22 @@ def test_a_stack_in_torch_distributed_waits_on_peers_and_one_in_own_code_does_no
                '    work.wait()\n')
     computing = '  File "/x/train.py", line 9, in main\n    loss = model(x)\n'
     assert waits_on_peers(waiting) and not waits_on_peers(computing) and not waits_on_peers("(no answer)")
+
+
+def test_after_a_failure_the_others_get_sigterm_first_as_under_torchrun(tmp_path):
+    def main(i, folder):
+        if i == 1:
+            time.sleep(1)
+            raise ValueError("rank 1 fails")
+
+        def on_sigterm(signum, frame):
+            (folder / "sigterm-0").write_text("rank 0 was asked to stop")
+            os._exit(143)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        time.sleep(60)
+
+    with pytest.raises(ppkit.ProcessRaisedError, match="raised ValueError: rank 1 fails"):
+        ppkit.spawn(main, args=(tmp_path,), nprocs=2)
+    assert (tmp_path / "sigterm-0").read_text() == "rank 0 was asked to stop"
+    assert_none_left()

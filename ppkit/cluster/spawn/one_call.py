@@ -34,7 +34,7 @@ class Call:
 
     def run(self):
         """None, or with ``profile`` set the run's ``ppkit.Profile`` (ppkit/profiling/)."""
-        kept = ()
+        kept, failed = (), False
         try:
             offsets = _clock_offsets(self.cluster) if self.profile else None
             watch = HangWatch(hang_watch.threshold(), explain.shown_stacks)  # also before a timeout ends it
@@ -44,6 +44,7 @@ class Call:
         except ConfigError as exc:  # run() checked the rest: fn or args cannot be pickled
             raise explain.cannot_send(*self.shown, exc, self.caller) from None
         except (WorkerError, JobInterrupted) as exc:
+            failed = True
             kept = _to_keep(exc) if self.park and parked.can_park() else ()
             caller = replace(self.caller, kept=kept[0]) if kept else self.caller
             error = explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, caller)
@@ -51,9 +52,10 @@ class Call:
                 parked.park(self.cluster, kept).error = error
             raise error from None
         finally:
-            if kept:  # the rank that raised stays for %debug (parked.py); the others are stopped
-                self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug.")
-            else:
+            if failed:  # as torchrun's agent stops them: SIGTERM, then SIGKILL; one that raised may stay (parked.py)
+                self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug." if kept
+                                              else f"{self.caller.name} stopped its processes after a failure.")
+            if not kept:
                 self.cluster.stop_workers(f"{self.caller.name} stops its processes when a call ends.")
 
 
