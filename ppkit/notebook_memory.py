@@ -71,6 +71,7 @@ MEASURED: tuple[NotebookMemory, ...] = (
     NotebookMemory("08b_step_memory.ipynb", 2636, 1455, 1079, 4, 1267, 0, 19.5),  # --timeout 60, isolation
     NotebookMemory("09_sharded_data_parallel.ipynb", 3207, 1324, 733, 6, 1302, 0, 126.1),
     NotebookMemory("10_tensor_parallel.ipynb", 3385, 1465, 809, 6, 1315, 0, 16.1),  # with SP (docs/memory.md)
+    NotebookMemory("10b_overlap.ipynb", 4092, 2003, 1046, 8, 1745, 0, 43.3),  # 2026-11-27, same machine
     NotebookMemory("11_context_parallel.ipynb", 3671, 1822, 748, 6, 1764, 0, 187.3),
     NotebookMemory("12_expert_parallel.ipynb", 3293, 1454, 743, 6, 1399, 0, 55.4),  # --timeout 60 (docs/memory.md)
     NotebookMemory("13_composition.ipynb", 5523, 2144, 806, 10, 1996, 0, 30.0),  # with activations, --timeout 60
