@@ -18,7 +18,8 @@ import pytest
 
 # Notebooks with a learner test below; test_every_widget_notebook_has_a_learner_test_here checks the list.
 LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "08b_step_memory.ipynb",
-                  "09_sharded_data_parallel.ipynb", "10_tensor_parallel.ipynb", "11_context_parallel.ipynb",
+                  "09_sharded_data_parallel.ipynb", "10_tensor_parallel.ipynb", "10b_overlap.ipynb",
+                  "11_context_parallel.ipynb",
                   "12_expert_parallel.ipynb", "13_composition.ipynb"}
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # slow: make test-fast leaves it out
@@ -435,6 +436,29 @@ def test_tensor_parallel_explorer(lab, open_notebook):
         _set_slider(page, explorer.locator(".ppkit-tp-degree"), 4)
 
     _explore(nb, "ppkit-tp", change, "TP degree 4, MLP 768 -> 3072 -> 768")
+
+
+def test_overlap_explorer(lab, open_notebook):
+    """10b_overlap: buckets of 0.05 MiB measure another DDP step (summary and timeline follow), then FSDP2."""
+    # The last cell closes the cluster the explorer measures on: play first, as a learner would, then close.
+    nb = _open_and_run(lab, open_notebook, "10b_overlap.ipynb", (r"^OverlapExplorer\(",), timeout=300,
+                       hold_back_last=True)
+
+    def change(page, explorer):
+        explorer.locator(".ppkit-overlap-bucket-cap select").select_option("0.05")
+
+    _explore(nb, "ppkit-overlap", change, "DDP, bucket_cap_mb=0.05, rank 0")
+    explorer = nb.page.locator(".ppkit-overlap").first
+    explorer.locator(".ppkit-overlap-what button", has_text="FSDP2").click()
+    nb.page.wait_for_function("([el, text]) => el.innerText.includes(text)",
+                              arg=[explorer.locator(".ppkit-overlap-summary").element_handle(),
+                                   "all-gathers per step"], timeout=60_000)
+    nb.wait_kernel_idle()
+    nb.screenshot("fsdp2", explorer)
+    nb.assert_console_clean()
+
+    nb.run_last_cell()
+    nb.assert_ran_cleanly_and_widgets_render()
 
 
 def test_context_parallel_explorer(lab, open_notebook):
