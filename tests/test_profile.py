@@ -103,6 +103,7 @@ def test_the_timeline_names_both_ranks_and_loads_nothing_from_the_network(record
     assert hover[1].endswith("µs") and hover[2].startswith("shapes [[")
 
 
+@pytest.mark.slow
 def test_a_job_that_fails_in_the_block_raises_and_ends_the_recording(cluster2):
     def fails(rank, world_size):
         raise ValueError("on purpose")
