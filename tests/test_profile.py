@@ -55,6 +55,7 @@ def test_the_real_trace_is_classified_by_name(recorded):
     assert kinds["aten::addmm"] == "compute"
     assert kinds["DistributedDataParallel.forward"] == "compute"
     assert classify.kind("aten::broadcast_tensors") == "compute"  # aten's ops compute, whatever their names
+    assert classify.kind("prims::broadcast_in_dim") == "compute"  # and prims' (seen in notebook 08's step)
     assert classify.kind("nccl:all_gather") == classify.kind("record_param_comms") == "communication"
     assert classify.kind("c10d::send") == classify.kind("gloo:recv") == "communication"
 

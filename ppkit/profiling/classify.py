@@ -1,6 +1,7 @@
 """Which ops of a trace are communication: gloo's and nccl's collectives, c10d's ops, point-to-point.
 
-``aten::`` ops are compute even where their name says "broadcast" (``aten::broadcast_tensors``)."""
+``aten::`` and ``prims::`` ops are compute even where their name says "broadcast" (``aten::broadcast_tensors``,
+``prims::broadcast_in_dim``, which torch.compile's and pipelining's traces hold)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,6 @@ _COMMUNICATION = re.compile(
 
 def kind(name: str) -> str:
     """``"communication"`` or ``"compute"`` for an op's name as the profiler records it."""
-    if name.startswith("aten::"):
+    if name.startswith(("aten::", "prims::")):
         return COMPUTE
     return COMMUNICATION if _COMMUNICATION.search(name) else COMPUTE
