@@ -54,7 +54,8 @@ def blocked_job(rank, world_size):
 
 def snapshot() -> dict:
     """This process's children, threads and file descriptors, but for the spare fork server that a closed
-    cluster leaves for the next one (ppkit/cluster/launchers/spare.py) and its stdin pipe."""
+    cluster leaves for the next one (ppkit/cluster/launchers/spare.py), what it keeps (slirp4netns, its
+    private network's way out, on a shared machine) and its stdin pipe."""
     from ppkit.cluster.launchers import spare
 
     fds = {}
@@ -66,9 +67,16 @@ def snapshot() -> dict:
     fds.pop(spare.pipe_fd(), None)
     waiting = spare.pid()
     return {"children": {p.pid: " ".join(p.cmdline()[:4]) for p in psutil.Process().children(recursive=True)
-                         if p.pid != waiting},
+                         if waiting is None or waiting not in (p.pid, _parent(p))},
             "threads": {t.ident: t.name for t in threading.enumerate()},
             "fds": fds}
+
+
+def _parent(process) -> int | None:
+    try:
+        return process.ppid()
+    except psutil.Error:  # gone meanwhile
+        return None
 
 
 def leftovers(before: dict, settle: float = SETTLE_S) -> dict:
