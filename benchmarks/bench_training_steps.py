@@ -36,9 +36,11 @@ steps, warmup = int(sys.argv[1]), 50
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+width = int(os.environ.get("BENCH_WIDTH", "512"))
+model = DDP(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 1)))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-x, y = torch.randn(32, 64), torch.randn(32, 1)
+x, y = torch.randn(64, width), torch.randn(64, 1)
 for step in range(warmup + steps):
     if step == warmup:
         dist.barrier()

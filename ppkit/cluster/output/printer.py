@@ -13,7 +13,7 @@ from ppkit.cluster.output.live import LiveLines
 from ppkit.cluster.output.logfiles import RankLogs
 from ppkit.cluster.output.settings import PLAIN, STREAMS, OutputSettings
 
-FLUSH_S = 0.1  # the most often the cell's streams are flushed while ranks print
+FLUSH_S = 0.25  # the most often the cell's streams are flushed while ranks print (ipykernel: 0.2 s)
 
 
 def current(text: str) -> str:
