@@ -105,8 +105,14 @@ def _alive(p: psutil.Process) -> bool:
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p for p in alive if _alive(p)]
+    """Those of ``procs`` still running after ``timeout`` s. Polled, not psutil.wait_procs: its pidfd_open
+    raised FileNotFoundError for a process that ended while it looked (a fresh-clone run, 27 November)."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if _alive(p)]
+    return alive
 
 
 def _describe(procs: list[psutil.Process]) -> list[str]:

@@ -36,8 +36,10 @@ def _shell():
 
 
 def can_park() -> bool:
-    """Only where ``%debug`` can follow: in IPython (a notebook's kernel, the terminal)."""
-    return _shell() is not None
+    """Only where a learner can type ``%debug`` next: a Jupyter kernel, or IPython in a terminal. Not a
+    bare ``InteractiveShell`` that a program or a test made (no next cell comes to release the rank)."""
+    shell = _shell()
+    return getattr(shell, "kernel", None) is not None or type(shell).__name__ == "TerminalInteractiveShell"
 
 
 def park(cluster, ranks: tuple[int, ...]) -> Parked:
