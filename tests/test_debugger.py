@@ -16,10 +16,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from jupyter_client.manager import start_new_kernel
-from leftovers import ppkit_children, wait_gone
+from kernels import kernel_in
+from leftovers import wait_gone
 from test_layout import payload_problems
 
 import ppkit
@@ -105,18 +104,10 @@ def run_cell(kc, code: str, answers=(), allow_stdin: bool = True, on_prompt=None
 
 @pytest.fixture(scope="module")
 def kernel():
-    km, kc = start_new_kernel(kernel_name="python3")
-    try:
+    with kernel_in(expect_processes=True) as (km, kc):
         cell = run_cell(kc, START)
         assert cell.error is None, cell
         yield km, kc
-    finally:
-        kernel_pid = km.provisioner.process.pid
-        mine = {p.pid for p in psutil.Process(kernel_pid).children(recursive=True)}
-        children = [p.pid for p in ppkit_children() if p.pid in mine]  # not other modules' kept fork servers
-        kc.stop_channels()
-        km.shutdown_kernel(now=False)
-        assert children and wait_gone(children, 15.0) == [], f"ppkit processes outlived the kernel (pid {kernel_pid})"
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from kernels import kernel_in
+from kernels import kernel_after
 from test_debugger import run_cell
 
 pytestmark = pytest.mark.slow
@@ -48,10 +48,8 @@ def facts(prof, path):
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    with kernel_in(tmp_path_factory.mktemp("notebook")) as (km, kc):
-        cell = run_cell(kc, START)
-        assert cell.error is None, cell.text
-        yield km, kc
+    with kernel_after(tmp_path_factory.mktemp("notebook"), START, run_cell) as kernel:
+        yield kernel
 
 
 def shown(kc, code: str) -> dict:

@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from kernels import kernel_in
+from kernels import kernel_after, kernel_in
 from test_debugger import run_cell
 from test_rank_network import BODY, url  # noqa: F401 - url: an HTTP server on this machine's own address
 
@@ -26,10 +26,8 @@ import ppkit
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    with kernel_in(tmp_path_factory.mktemp("notebook")) as (km, kc):
-        cell = run_cell(kc, START)
-        assert cell.error is None, cell.text
-        yield km, kc
+    with kernel_after(tmp_path_factory.mktemp("notebook"), START, run_cell) as kernel:
+        yield kernel
 
 
 def test_a_75_s_torchrun_cell_without_timeout_runs_to_its_end(kernel):
