@@ -7,12 +7,25 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ppkit-installed
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: lab test test-fast setup browser slurm hub lint bench clean
+.PHONY: lab lab-options test test-fast setup browser slurm hub lint bench clean
 
 # JupyterLab listens on localhost only; root (containers, this kit's CI machine) needs --allow-root.
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 \
+# No "Would you like to get notified about official Jupyter news?" box over the first notebook: JupyterLab asks
+# whenever its fetchNews setting is unset, whatever the server's news_url, so LAB_DEFAULTS sets it (and no update
+# check) for this environment's labs, in JupyterLab's overrides.d; LAB_OPTIONS keeps the server from fetching news
+# or versions at all. tests/browser/test_lab_first_open.py starts a lab as `make lab` does (`make -s lab-options`)
+# and fails if the box appears. docs/workshop.md gives the same file to a hub's environment.
+LAB_OPTIONS := --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
+LAB_DEFAULTS := $(VENV)/share/jupyter/lab/settings/overrides.d/ppkit-workshop.json
+$(LAB_DEFAULTS): scripts/lab-settings/ppkit-workshop.json $(STAMP)
+	install -D -m 644 $< $@
+
+lab: $(STAMP) $(LAB_DEFAULTS)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 $(LAB_OPTIONS) \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
+
+lab-options:
+	@echo $(LAB_OPTIONS)
 
 # Two pytest-xdist workers: the suite waits more than it computes, so two finish it sooner on 2 cores; files,
 # notebooks, the browser-and-hub tests and the SLURM tests each stay on one worker (tests/scheduling.py).
@@ -21,7 +34,7 @@ TEST_WORKERS ?= 2
 # The suite runs as on a shared machine (docs/isolation.md): ranks in private networks, so that two test workers'
 # ranks on one fixed port (the DDP tutorial's 12355) do not meet; tests of the one-user default set it to 0 themselves.
 test test-fast: export PPKIT_SHARED_MACHINE = 1
-test: $(STAMP) browser slurm hub
+test: $(STAMP) $(LAB_DEFAULTS) browser slurm hub
 	$(PY) -m pytest -n $(TEST_WORKERS) tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  $(PYTEST_ARGS)
 

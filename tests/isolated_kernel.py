@@ -53,11 +53,6 @@ def shared_folder() -> Path:
     return folder
 
 
-def open_to_all(folder: Path) -> None:
-    for path in [folder, *folder.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-
-
 # Notebook 04's world, held in a fresh isolated kernel of one learner's server until the test has probed it.
 HOLD_AN_RPC_WORLD = """
 import os, time, ppkit

@@ -50,5 +50,9 @@ def install(user: bool = False, prefix: str | None = None, sys_prefix: bool = Fa
             "Unprivileged user namespaces must be allowed: see docs/isolation.md, 'When the machine refuses'.")
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "kernel.json").write_text(json.dumps(spec(), indent=1))
+        # Readable by all, as `ipykernel install` makes it: the copy keeps these modes, and a temporary folder
+        # is 0700, so an instructor's install under sudo was invisible to every learner.
+        Path(folder).chmod(0o755)
+        (Path(folder) / "kernel.json").chmod(0o644)
         return KernelSpecManager().install_kernel_spec(folder, KERNEL_NAME, user=user, prefix=prefix or
                                                        (sys.prefix if sys_prefix else None))

@@ -134,7 +134,13 @@ def _free_port() -> int:
 class Lab:
     """One JupyterLab server on 127.0.0.1 with a random token, serving a temporary copy of notebooks/."""
 
-    def __init__(self, root: Path, config):
+    # What keeps JupyterLab's own pop-ups (Jupyter news, a newer version) away; the first-open test passes
+    # `make lab`'s options instead (and none, as its control), with no user settings that would hide them.
+    QUIET = ["--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+
+    def __init__(self, root: Path, config, options: list[str] | None = None, quiet_settings: bool = True):
+        self.options = self.QUIET if options is None else options
+        self.quiet_settings = quiet_settings
         self.root = root
         self.notebook_dir = root / "notebooks"
         self.token = secrets.token_hex(16)
@@ -154,7 +160,7 @@ class Lab:
         else:
             self.notebook_dir.mkdir()
         settings = self.root / "user-settings"
-        _write_settings(settings)
+        _write_settings(settings, quiet=self.quiet_settings)
         env = dict(os.environ)
         env.pop("JUPYTER_TOKEN", None)
         env.update(
@@ -175,9 +181,8 @@ class Lab:
             "--ServerApp.terminals_enabled=False",
             f"--LabApp.user_settings_dir={settings}",
             f"--LabApp.workspaces_dir={self.root / 'workspaces'}",
-            "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             "--LabApp.extension_manager=readonly",
+            *self.options,
         ]  # fmt: skip
         if os.geteuid() == 0:
             cmd.append("--allow-root")
@@ -272,16 +277,17 @@ class Lab:
         return json.loads(body) if body else None
 
 
-def _write_settings(settings: Path) -> None:
-    """User settings for a reproducible lab: every cell attached to the DOM, no news or update pop-ups."""
+def _write_settings(settings: Path, quiet: bool = True) -> None:
+    """User settings for a reproducible lab: every cell attached to the DOM, and (quiet) no news or update pop-ups."""
     files = {
         # 'none' attaches every cell, so a widget below the fold is rendered and can be checked.
         "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+    }
+    if quiet:
+        files["@jupyterlab/apputils-extension/notification.jupyterlab-settings"] = {
             "fetchNews": "false",
             "checkForUpdates": False,
-        },
-    }
+        }
     for rel, content in files.items():
         path = settings / rel
         path.parent.mkdir(parents=True, exist_ok=True)
