@@ -6,4 +6,8 @@ The instructor's hub API token (an admin's, from the hub's Token page, or a serv
 the preflight there, as that learner with that learner's limits, and is shut down again
 (:mod:`ppkit.room.kernel_exec`); :mod:`ppkit.room.collect` turns each answer into a row and
 :mod:`ppkit.room.table` prints them, not-ready learners first.
+
+``ppkit room --progress`` reads each learner's progress record (ppkit/progress/) and open notebooks through their
+server instead, no kernel started (:mod:`ppkit.room.progress`); ``--serve`` shows it live as a hub service
+(:mod:`ppkit.room.serve`).
 """

@@ -49,13 +49,34 @@ class HubClient:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
-            hint = (" The token is missing a scope: use an admin's token (the hub's Token page) or give it "
-                    "list:users, read:users and access:servers." if exc.code in (401, 403) else "")
+            hint = ""
+            if exc.code in (401, 403):
+                hint = " " + self._refusal(path)
+            elif exc.code == 404:
+                hint = (f" No JupyterHub API there: is --hub-url ({self.base}) the hub's address, the one "
+                        "learners open (e.g. https://hub.example.org)?")
             raise HubError(f"{method} {url} answered {exc.code} {exc.reason}: {detail}.{hint}") from exc
         except (urllib.error.URLError, OSError) as exc:
             raise HubError(f"cannot reach the hub at {url} ({exc}); check --hub-url (the address learners "
                            "open, e.g. https://hub.example.org)") from exc
         return json.loads(raw) if raw else None
+
+    def _refusal(self, path: str) -> str:
+        """Why the hub refused the token: unknown to it, or known but without a scope (GET /hub/api/user)."""
+        if path == "/user":
+            return ("The hub does not know this token (mistyped, expired or revoked): make a new one on the "
+                    "hub's Token page (/hub/token) or use the service's JUPYTERHUB_API_TOKEN.")
+        try:
+            owner = self.request("GET", "/user")
+        except HubError as exc:
+            if " 403 " in str(exc) or " 401 " in str(exc):
+                return ("The hub does not know this token (mistyped, expired or revoked): make a new one on "
+                        "the hub's Token page (/hub/token) or use the service's JUPYTERHUB_API_TOKEN.")
+            return f"(asking the hub whose token it is failed too: {exc})"
+        who = f"{owner.get('kind', 'user')} {owner.get('name')!r}" if isinstance(owner, dict) else "its owner"
+        has = sorted(owner.get("scopes") or []) if isinstance(owner, dict) else []
+        return (f"The token is {who}'s, which lacks a scope this needs: give it list:users, read:users and "
+                f"access:servers (a role in the hub's config), or use an admin's token. It has: {has}.")
 
     def users(self) -> list[LearnerServer]:
         """Every user with the state of their default server, by name, all pages."""

@@ -1,0 +1,206 @@
+"""One row per learner from what progress_fetch got: where they are, what passed, who is stuck and why.
+
+    row = learner_row(fetched, events, record_problems, stuck_after=5)
+    row.state   # "stuck", "unreachable", "bad record", "no server", "no record" or "ok"
+    row.stuck   # ["failed best_num_microbatches 7 min ago, no pass since", "kernel of 06_pipeline.ipynb busy 312 s"]
+
+Ages are measured on the learner's server's clock (``Fetched.now``, its Date header), so an instructor's laptop
+with a wrong clock still sees "busy 312 s". ``events`` are the record's valid lines (ppkit.progress.read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import PurePosixPath
+
+from ppkit.progress.read import parse
+from ppkit.room.progress_fetch import Fetched
+
+# The course's exercises per notebook, for "not tried" (ppkit.exercises.catalog holds them, but importing it
+# imports torch and every checker: seconds on an instructor's laptop; tests/test_room_progress.py keeps the two
+# equal).
+EXERCISES_BY_NOTEBOOK = {
+    "00_start_here": ("my_share",), "01_point_to_point": ("ring_shift",),
+    "02_collectives": ("ring_all_reduce", "mean_loss"), "03_data_parallel": ("bucketed_average",),
+    "04_rpc_rref": ("remote_sum",), "05_model_parallel": ("activation_shape",),
+    "06_pipeline": ("pipeline_time", "best_num_microbatches"), "07_two_machines": ("slurm_to_torchrun",),
+    "08_modern_pipelining": ("microbatches_held",), "08b_step_memory": ("predict_peak",),
+    "09_sharded_data_parallel": ("zero2_grad_shard",),
+    "10_tensor_parallel": ("row_parallel_forward", "sequence_shard_of_sum"), "10b_overlap": ("first_bucket",),
+    "11_context_parallel": ("merge_partials",), "12_expert_parallel": ("dispatch_splits",),
+    "13_composition": ("choose_mesh",),
+}
+ORDER = ("stuck", "unreachable", "bad record", "no server", "no record", "ok")
+TROUBLE = ("hung", "died")
+
+
+@dataclass
+class Attempts:
+    """How one learner's checks of one exercise went (a line of ``ppkit room --progress --csv``)."""
+
+    notebook: str | None
+    exercise: str
+    status: str = "not tried"  # "passed" (at least once), "failed" (never passed), "not written", "not tried"
+    attempts: int = 0  # checks that ran the learner's code: passed + failed
+    failures: int = 0
+    first_try: float | None = None
+    first_pass: float | None = None
+    last_failure: str | None = None  # the checker's first line
+    stuck_since: float | None = None  # the first failure not followed by a pass
+
+
+@dataclass
+class ProgressRow:
+    user: str
+    state: str
+    why: str  # one line
+    stuck: list[str] = field(default_factory=list)
+    notebooks: list[dict] = field(default_factory=list)  # {"path", "kernel", "busy_s"}: the open sessions
+    exercises: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # notebook -> passed/failed/not_tried
+    attempts: list[Attempts] = field(default_factory=list)
+    last_error: dict | None = None  # {"error", "message", "notebook", "ago_s"}
+    cluster: dict | None = None  # the latest cluster event of a kernel whose cluster hung or died, else the latest
+    preflight: dict | None = None  # {"verdict", "summary", "ago_s"}
+    problems: list[str] = field(default_factory=list)
+
+
+def _ago(now: float, t: float) -> float:
+    return round(max(0.0, now - t), 1)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _stem(notebook: str | None) -> str | None:
+    return PurePosixPath(notebook).stem if notebook else None
+
+
+def _timestamp(iso: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+    except (AttributeError, ValueError):
+        return None
+
+
+def open_notebooks(sessions: list[dict], now: float) -> list[dict]:
+    """The sessions' notebooks with their kernel's state; busy_s: seconds since the busy kernel's last message."""
+    found = []
+    for session in sessions:
+        kernel = session.get("kernel") or {}
+        state = kernel.get("execution_state") or "unknown"
+        since = _timestamp(kernel.get("last_activity"))
+        busy = _ago(now, since) if state == "busy" and since is not None else None
+        found.append({"path": session.get("path") or session.get("name") or "?", "kernel": state, "busy_s": busy})
+    return sorted(found, key=lambda n: (n["busy_s"] is None, n["path"]))  # busy kernels first
+
+
+def exercise_attempts(events: list[dict]) -> list[Attempts]:
+    """Every exercise the learner checked, in the order first checked; events in time order."""
+    found: dict[tuple, Attempts] = {}
+    for e in events:
+        if e.get("kind") != "check":
+            continue
+        key = (e.get("notebook"), e.get("exercise"))
+        a = found.setdefault(key, Attempts(*key))
+        status = e.get("status")
+        if status == "not written":
+            a.status = "not written" if a.status == "not tried" else a.status
+            continue
+        a.attempts += 1
+        a.first_try = a.first_try if a.first_try is not None else e["t"]
+        if status == "passed":
+            a.status, a.stuck_since = "passed", None
+            a.first_pass = a.first_pass if a.first_pass is not None else e["t"]
+        elif status == "failed":
+            a.failures += 1
+            a.last_failure = e.get("reason")
+            a.status = "passed" if a.status == "passed" else "failed"
+            a.stuck_since = a.stuck_since if a.stuck_since is not None else e["t"]
+    return list(found.values())
+
+
+def per_notebook(attempts: list[Attempts], notebooks: list[str | None]) -> dict[str, dict[str, list[str]]]:
+    """notebook -> {"passed": [...], "failed": [...], "not_tried": [...]} for every notebook seen."""
+    table: dict[str, dict[str, list[str]]] = {}
+    for path in [*notebooks, *(a.notebook for a in attempts)]:
+        key = path or "(no notebook)"
+        if key not in table:
+            table[key] = {"passed": [], "failed": [], "not_tried": list(EXERCISES_BY_NOTEBOOK.get(_stem(path), ()))}
+    for a in attempts:
+        entry = table[a.notebook or "(no notebook)"]
+        if a.status in ("passed", "failed"):
+            entry[a.status].append(a.exercise)
+            if a.exercise in entry["not_tried"]:
+                entry["not_tried"].remove(a.exercise)
+    return table
+
+
+def _last(events: list[dict], kind: str) -> dict | None:
+    return next((e for e in reversed(events) if e.get("kind") == kind), None)
+
+
+def _cluster(events: list[dict], now: float) -> dict | None:
+    latest: dict = {}
+    for e in events:
+        if e.get("kind") == "cluster":
+            latest[e.get("pid")] = e  # one kernel's clusters: its latest state counts
+    if not latest:
+        return None
+    troubled = [e for e in latest.values() if e.get("state") in TROUBLE]
+    e = max(troubled or latest.values(), key=lambda e: e["t"])
+    return {"state": e.get("state"), "detail": e.get("detail"), "seconds": e.get("seconds"),
+            "notebook": e.get("notebook"), "ago_s": _ago(now, e["t"])}
+
+
+def learner_row(fetched: Fetched, events: list[dict], record_problems: list[str], stuck_after: float = 5.0
+                ) -> ProgressRow:
+    """The row for one learner; `stuck_after` in minutes."""
+    now, limit = fetched.now, stuck_after * 60
+    problems = [*fetched.problems, *record_problems]
+    if fetched.server != "running":
+        return ProgressRow(fetched.user, fetched.server, "; ".join(problems) or fetched.server, problems=problems)
+    notebooks = open_notebooks(fetched.sessions or [], now)
+    attempts = exercise_attempts(events)
+    row = ProgressRow(fetched.user, "ok", "", notebooks=notebooks, attempts=attempts, problems=problems,
+                      exercises=per_notebook(attempts, [n["path"] for n in notebooks]))
+    for a in attempts:
+        if a.stuck_since is not None and now - a.stuck_since >= limit:
+            row.stuck.append(f"failed {a.exercise} {_minutes(now - a.stuck_since)} ago, no pass since"
+                             + (f" ({a.last_failure})" if a.last_failure else ""))
+    for n in notebooks:
+        if n["busy_s"] is not None and n["busy_s"] >= limit:
+            row.stuck.append(f"kernel of {PurePosixPath(n['path']).name} busy {n['busy_s']:.0f} s")
+    row.cluster = _cluster(events, now)
+    if row.cluster and row.cluster["state"] in TROUBLE:
+        row.stuck.append(f"cluster {row.cluster['state']} {_minutes(row.cluster['ago_s'])} ago: "
+                         f"{row.cluster['detail']}")
+    if (error := _last(events, "error")) is not None:
+        row.last_error = {"error": error.get("error"), "message": error.get("message"),
+                          "notebook": error.get("notebook"), "ago_s": _ago(now, error["t"])}
+    if (pre := _last(events, "preflight")) is not None:
+        row.preflight = {"verdict": pre.get("verdict"), "summary": pre.get("summary"), "ago_s": _ago(now, pre["t"])}
+    passed = sum(a.status == "passed" for a in attempts)
+    failed = sum(a.status == "failed" for a in attempts)
+    if row.stuck:
+        row.state, row.why = "stuck", "; ".join(row.stuck)
+    elif problems and not events:
+        row.state, row.why = "bad record", "; ".join(problems)
+    elif not events:
+        row.state, row.why = "no record", "nothing recorded yet (no check run, or recording is off)"
+    else:
+        row.why = f"{passed} passed, {failed} failing" + (f"; {problems[0]}" if problems else "")
+    return row
+
+
+def row_of(fetched: Fetched, stuck_after: float = 5.0) -> ProgressRow:
+    """learner_row of what was fetched, the record parsed by ppkit.progress.read (which never raises)."""
+    record = parse(fetched.texts.get("record.old.jsonl"), fetched.texts.get("record.jsonl"))
+    events = [{"kind": e.kind, "t": e.t, "notebook": e.notebook, "pid": e.pid, **e.fields} for e in record.events]
+    return learner_row(fetched, events, record.problems, stuck_after)
+
+
+def sort_rows(rows: list[ProgressRow]) -> list[ProgressRow]:
+    """Stuck learners first, then by state (ORDER), then by name."""
+    return sorted(rows, key=lambda r: (ORDER.index(r.state), r.user))

@@ -1,0 +1,218 @@
+"""``ppkit room --progress``'s fetch, rows, table, JSON and CSV against a small fake hub and Jupyter server
+on loopback (the real hub run is tests/browser/test_room_in_lab.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+
+import pytest
+
+from ppkit.room.hub_api import HubClient, HubError, LearnerServer
+from ppkit.room.progress import collect_progress
+from ppkit.room.progress_fetch import MAX_RECORD_BYTES, fetch_learner
+from ppkit.room.progress_rows import EXERCISES_BY_NOTEBOOK, row_of
+from ppkit.room.progress_table import as_csv, as_json, exercise_summary, render
+
+NOW = 1_790_000_000.0
+NB = "notebooks/06_pipeline.ipynb"
+TOKEN = "instructor-token"
+
+
+def line(kind: str, t: float, notebook: str | None = NB, pid: int = 41, **fields) -> str:
+    return json.dumps({"v": 1, "t": t, "kind": kind, "notebook": notebook, "pid": pid, **fields}) + "\n"
+
+
+ANA = "".join([
+    line("check", NOW - 900, exercise="pipeline_time", status="failed", reason="case 2: expected 7.0, got 6.0"),
+    line("check", NOW - 840, exercise="pipeline_time", status="passed"),
+    line("check", NOW - 600, exercise="best_num_microbatches", status="not written"),
+    line("check", NOW - 420, exercise="best_num_microbatches", status="failed", reason="case 1: expected 4, got 8"),
+    line("error", NOW - 400, error="WorkerError", message="rank 1 raised ValueError: bad shape"),
+    line("cluster", NOW - 300, pid=42, state="hung", seconds=61.5, detail="ranks 0,1 wait in all_reduce"),
+    line("preflight", NOW - 1000, notebook=None, verdict="warnings", summary="9/10 ok, 1 warning"),
+])
+
+
+def iso(t: float) -> str:
+    """As jupyter_server writes last_activity: ISO 8601 in UTC, with a Z."""
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+SESSIONS = [{"path": NB, "kernel": {"execution_state": "busy", "last_activity": iso(NOW - 340)}},
+            {"path": "notebooks/01_point_to_point.ipynb", "kernel": {"execution_state": "idle",
+                                                                       "last_activity": iso(NOW - 20)}}]
+
+
+class FakeHub(BaseHTTPRequestHandler):
+    """/hub/api/users, /hub/api/user and each learner's /user/NAME/api/{sessions,contents}: `files` per user."""
+
+    files: dict[str, dict[str, str | int]] = {}  # user -> {name: text, or an int: only a listed size}
+    down: set[str] = set()
+
+    def log_message(self, *args):
+        pass
+
+    def date_time_string(self, timestamp=None):  # the Date header: this server's clock is at NOW
+        return formatdate(NOW, usegmt=True)
+
+    def _send(self, code: int, body) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        path = urlparse(self.path).path
+        if self.headers.get("Authorization") != f"token {TOKEN}":
+            return self._send(403, {"message": "Missing or invalid credentials"})
+        if path == "/hub/api/users":
+            return self._send(200, {"items": [{"name": n, "admin": False, "servers": {"": {
+                "url": f"/user/{n}/", "ready": True}}} for n in [*self.files, *self.down]]})
+        parts = path.split("/")  # "", "user", NAME, "api", ...
+        if parts[1] != "user":
+            return self._send(404, {"message": "Not Found"})
+        user, rest = parts[2], "/".join(parts[4:])
+        if user in self.down:
+            return self._send(503, {"message": "server not running"})
+        files = self.files[user]
+        if rest == "sessions":
+            return self._send(200, SESSIONS if files else [])
+        if rest == "contents/ppkit-progress":
+            if not files:
+                return self._send(404, {"message": "No such directory"})
+            return self._send(200, {"type": "directory", "content": [
+                {"name": n, "size": v if isinstance(v, int) else len(v.encode())} for n, v in files.items()]})
+        name = rest.rsplit("/", 1)[-1]
+        if isinstance(files.get(name), int):
+            raise AssertionError(f"{name} of {files[name]} bytes was fetched although it is over the cap")
+        return self._send(200, {"type": "file", "format": "text", "content": files[name]})
+
+
+@pytest.fixture
+def hub_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    FakeHub.files, FakeHub.down = {}, set()
+
+
+def learner(url: str, name: str) -> LearnerServer:
+    return LearnerServer(name, f"{url}/user/{name}/", True, None, False)
+
+
+def test_a_learner_who_passed_one_and_fails_another_is_stuck_with_the_reasons(hub_url):
+    FakeHub.files = {"ana": {"record.jsonl": ANA}}
+    row = row_of(fetch_learner(learner(hub_url, "ana"), TOKEN), stuck_after=5)
+    assert row.state == "stuck"
+    assert row.exercises[NB] == {"passed": ["pipeline_time"], "failed": ["best_num_microbatches"], "not_tried": []}
+    assert row.exercises["notebooks/01_point_to_point.ipynb"]["not_tried"] == ["ring_shift"]
+    assert row.stuck == ["failed best_num_microbatches 7 min ago, no pass since (case 1: expected 4, got 8)",
+                         "kernel of 06_pipeline.ipynb busy 340 s",  # on the server's clock (its Date header)
+                         "cluster hung 5 min ago: ranks 0,1 wait in all_reduce"]
+    assert row.notebooks[0] == {"path": NB, "kernel": "busy", "busy_s": 340.0}
+    assert row.last_error == {"error": "WorkerError", "message": "rank 1 raised ValueError: bad shape",
+                              "notebook": NB, "ago_s": 400.0}
+    assert row.preflight["verdict"] == "warnings" and row.problems == []
+    # within the limit nothing is stuck: the failure is 7 min old, the kernel busy 340 s, but the cluster hung
+    assert row_of(fetch_learner(learner(hub_url, "ana"), TOKEN), stuck_after=10).stuck == [row.stuck[2]]
+
+
+def test_a_pass_after_a_failure_is_not_stuck_and_not_written_is_not_an_attempt(hub_url):
+    FakeHub.files = {"bo": {"record.old.jsonl": line("check", NOW - 900, exercise="pipeline_time", status="failed",
+                                                      reason="case 1"),
+                            "record.jsonl": line("check", NOW - 60, exercise="pipeline_time", status="passed")
+                            + line("check", NOW - 30, exercise="best_num_microbatches", status="not written")}}
+    row = row_of(fetch_learner(learner(hub_url, "bo"), TOKEN), stuck_after=1)
+    assert [(a.exercise, a.status, a.attempts, a.failures) for a in row.attempts] == [
+        ("pipeline_time", "passed", 2, 1), ("best_num_microbatches", "not written", 0, 0)]
+    assert row.exercises[NB]["not_tried"] == ["best_num_microbatches"]
+    assert "kernel of 06_pipeline.ipynb busy 340 s" in row.stuck and len(row.stuck) == 1
+
+
+def test_garbage_a_huge_file_a_missing_record_and_a_server_down_are_rows_that_say_so(hub_url):
+    FakeHub.files = {"cy": {"record.jsonl": "not json\n[1, 2]\n" + line("check", NOW - 10, exercise="ring_shift",
+                                                                         status="passed") + "\x00\x01 cut"},
+                     "di": {"record.jsonl": 20 * 2**20}, "ed": {}}
+    FakeHub.down = {"fy"}
+    ordered = collect_progress(HubClient(hub_url, TOKEN), stuck_after=60)
+    assert [r.user for r in ordered] == ["fy", "di", "ed", "cy"]  # unreachable, bad record, no record, ok
+    rows = {r.user: r for r in ordered}
+    assert sorted(rows["cy"].problems) == ["1 line(s) cut short at the end of a file", "1 line(s) not JSON",
+                                           "1 line(s) not a JSON object"]
+    assert rows["cy"].exercises[NB]["passed"] == ["ring_shift"] and rows["cy"].state == "ok"
+    assert rows["di"].state == "bad record" and rows["di"].why == (
+        f"ppkit-progress/record.jsonl is 20.0 MiB, over the {MAX_RECORD_BYTES // 2**20} MiB a ppkit record can "
+        "reach: not read")
+    assert rows["ed"].state == "no record" and "nothing recorded yet" in rows["ed"].why
+    assert rows["fy"].state == "unreachable" and "answered 503" in rows["fy"].why
+    assert "the hub has no running server behind /user/fy/" in rows["fy"].why
+
+
+def test_a_wrong_token_and_a_wrong_address_say_which(hub_url):
+    with pytest.raises(HubError, match=r"answered 403.*does not know this token.*/hub/token"):
+        HubClient(hub_url, "wrong").users()
+    with pytest.raises(HubError, match=r"answered 404.*No JupyterHub API there: is --hub-url"):
+        HubClient(hub_url + "/elsewhere", TOKEN).users()
+
+
+def test_table_json_and_csv_of_a_room(hub_url):
+    FakeHub.files = {"ana": {"record.jsonl": ANA}, "bo": {}}
+    rows = collect_progress(HubClient(hub_url, TOKEN), stuck_after=5)
+    lines = render(rows, width=140).splitlines()
+    assert [x.split()[:2] for x in lines[2:4]] == [["ana", "stuck"], ["bo", "no"]]
+    assert "06_pipeline (busy 340 s)" in lines[2] and "WorkerError 7 min ago" in lines[2]
+    assert lines[-1] == "2 learner(s): 1 stuck, 1 no record" and all(len(x) <= 140 for x in lines)
+    learners = json.loads(as_json(rows))["learners"]
+    assert [r["user"] for r in learners] == ["ana", "bo"] and learners[0]["notebooks"][0]["busy_s"] == 340.0
+    table = list(csv.DictReader(io.StringIO(as_csv(rows))))
+    got = {(r["user"], r["exercise"]): r for r in table}
+    assert got[("ana", "pipeline_time")]["minutes_to_pass"] == "1.0"
+    assert got[("ana", "pipeline_time")]["last_failure_reason"] == "case 2: expected 7.0, got 6.0"
+    assert got[("ana", "best_num_microbatches")]["status"] == "failed"
+    assert got[("ana", "ring_shift")]["status"] == "not tried" and got[("bo", "")]["status"] == "no record"
+    summary = exercise_summary(rows).splitlines()
+    assert summary[1].split()[:6] == ["best_num_microbatches", "1", "0", "-", "1", "1x"]
+
+
+def test_the_cli_prints_csv_and_the_summary_and_says_when_something_is_missing(hub_url):
+    FakeHub.files = {"ana": {"record.jsonl": ANA}}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "ppkit", "room", "--hub-url", hub_url, "--token", TOKEN,
+                           "--progress", "--csv"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1, done.stderr  # ana is stuck
+    assert done.stdout.startswith("user,notebook,exercise,status,attempts") and "pipeline_time" in done.stderr
+    print(f"ppkit room --progress --csv, one learner: {time.monotonic() - started:.1f} s")
+    bad = subprocess.run([sys.executable, "-m", "ppkit", "room", "--hub-url", hub_url, "--token", TOKEN, "--csv"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "add --progress" in bad.stderr
+    serve = subprocess.run([sys.executable, "-m", "ppkit", "room", "--hub-url", hub_url, "--token", TOKEN,
+                            "--serve"], capture_output=True, text=True, timeout=60,
+                           env={k: v for k, v in env.items() if not k.startswith("JUPYTERHUB_")})
+    assert serve.returncode == 2 and "JUPYTERHUB_SERVICE_PREFIX" in serve.stderr and "--progress" in serve.stderr
+
+
+@pytest.mark.slow
+def test_the_rooms_exercise_list_is_the_catalogs():
+    from ppkit.exercises.catalog import EXERCISES
+
+    course: dict[str, tuple] = {}
+    for exercise in EXERCISES:
+        course[exercise.notebook] = (*course.get(exercise.notebook, ()), exercise.name)
+    assert EXERCISES_BY_NOTEBOOK == course
