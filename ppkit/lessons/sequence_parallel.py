@@ -5,7 +5,9 @@ inputs of the column-parallel Linears. Sequence parallelism cuts those along the
 norms (and dropout) on its shard of the tokens; an **all_gather** along the sequence before the column-parallel
 Linear gives it the whole input; a **reduce_scatter** after the row-parallel Linear sums the partial outputs and
 hands each rank its shard again (where TP's all_reduce gave everyone everything). An all_reduce is a
-reduce_scatter plus an all_gather, so the bytes sent are TP's.
+reduce_scatter plus an all_gather, so the matrices' bytes sent are TP's here (autograd keeps the gathered
+inputs); Megatron-LM gathers them again in backward instead, 25 % more. SP also sums the gradients of the
+norms and row biases over the ranks: small all_reduces that TP alone does not need.
 
     Block                 the unsplit block: pre-norm attention (lesson 10's Attention) and MLP, residuals
     TensorParallelBlock   TP only, by hand: norms on the whole sequence, lesson 10's ParallelAttention/ParallelMLP
@@ -189,7 +191,8 @@ def _diff(a, b) -> float:
 def compare(rank: int, world_size: int, mode: str = "sp", size: Size = SMALL) -> dict:
     """The unsplit block and this rank's TP ("tp") or TP + SP ("sp") block on the same input and upstream
     gradient: the largest differences (output, input gradient, parameter gradients, each on the part the
-    rank holds), the collectives made, and the activation bytes autograd keeps on this rank."""
+    rank holds), the collectives made, and the activation bytes autograd keeps on this rank; ``grad_syncs``: the
+    bytes of each all_reduce that sums a replicated parameter's gradient under SP (none under TP)."""
     check_size(size, world_size)
     full = Block(size)
     x, upstream = _inputs(size)
@@ -209,16 +212,18 @@ def compare(rank: int, world_size: int, mode: str = "sp", size: Size = SMALL) ->
     with sm.SavedTensors(split) as saved:
         y_mine = split(x_mine)
     (y_mine * upstream[:, tokens]).sum().backward()
-    if mode == "sp":  # the norms and the row layers' biases act on my tokens only: their gradient sums the ranks'
+    grad_syncs = []  # bytes this rank sends for each: the norms and row biases, replicated, saw my tokens only
+    if mode == "sp":  # so their gradient is the sum of the ranks' (one all_reduce each, as Megatron-LM does)
         for p in (*split.norm1.parameters(), *split.norm2.parameters(), split.o_bias, split.fc2_bias):
             dist.all_reduce(p.grad)
+            grad_syncs.append(2 * (world_size - 1) / world_size * p.grad.nbytes)
     reference = {**dict(full.named_parameters()), **_sp_names(full)}
     grads = max(_diff(p.grad, tp.my_part(reference[name].grad, p, rank, world_size))
                 for name, p in split.named_parameters())
     calls = log.calls if mode == "sp" else [(w, "all_reduce", d, 2 * (world_size - 1) / world_size * n)
                                              for w, d, n in log.calls]
     return {"forward": _diff(y_mine, y[:, tokens]), "input_grad": _diff(x_mine.grad, xs.grad[:, tokens]),
-            "param_grads": grads, "calls": calls, "sent": sum(c[3] for c in calls),
+            "param_grads": grads, "calls": calls, "sent": sum(c[3] for c in calls), "grad_syncs": grad_syncs,
             "activation_bytes": saved.total()}
 
 
@@ -228,3 +233,12 @@ def _sp_names(full: Block) -> dict:
     return {"q.weight": a.q.weight, "q.bias": a.q.bias, "k.weight": a.k.weight, "k.bias": a.k.bias,
             "v.weight": a.v.weight, "v.bias": a.v.bias, "fc1.weight": m.fc1.weight, "fc1.bias": m.fc1.bias,
             "o_weight": a.o.weight, "o_bias": a.o.bias, "fc2_weight": m.fc2.weight, "fc2_bias": m.fc2.bias}
+
+
+def dropout_mask(rank: int, world_size: int, same_seed: bool, p: float = 0.5, size: Size = SMALL) -> torch.Tensor:
+    """The dropout mask this rank draws for its shard of the tokens, (batch, seq / world_size, d_model): with
+    ``same_seed`` every rank seeds alike (right where the ranks hold copies of one tensor, as TP's residual dropouts
+    do), else with its rank (needed where they hold different tokens, as SP's do). The rank's RNG is left as it was."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0 if same_seed else 1000 + rank)
+        return F.dropout(torch.ones(size.batch, size.seq // world_size, size.d_model), p).ne(0)
