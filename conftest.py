@@ -17,10 +17,16 @@ SLURM is installed but the test cluster fails to start.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Tests and nbval's kernels (which inherit this environment; this file is loaded for a notebook-only run
+# too) write the learner's progress record (ppkit/progress/) to a scratch folder, never ~/ppkit-progress.
+os.environ.setdefault("PPKIT_RECORD_DIR", os.path.join(tempfile.gettempdir(), f"ppkit-test-record-{os.getpid()}"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # the same modules tests/conftest.py imports
 pytest.register_assert_rewrite("solved_notebooks", "leftovers")  # their asserts explain themselves as tests' do

@@ -62,12 +62,14 @@ def encode(event: dict) -> bytes:
             raise ValueError(f"a progress event cannot be cut to {MAX_LINE_BYTES} bytes: {line[:200]!r}")
         longest = max(texts, key=lambda k: len(event[k]))
         text = event[longest]
-        # every character left out frees at least one byte; a few more make the loop short
-        keep = max(0, len(text) - (len(line) - MAX_LINE_BYTES) - len(CUT) - 8)
+        size = len(_dumps(text)) - 1  # its bytes in the line, quotes and escapes included
+        wanted = size - (len(line) - MAX_LINE_BYTES) - len(CUT) - 2
+        # as many characters as fit at this text's bytes per character; always fewer than before
+        keep = max(0, min(len(text) - len(CUT) - 1, len(text) * wanted // size))
         event[longest] = text[:keep] + CUT
         line = _dumps(event)
     return line
 
 
-def _dumps(event: dict) -> bytes:
+def _dumps(event) -> bytes:
     return (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8", "replace")
