@@ -57,15 +57,18 @@ def load_ipython_extension(ipython):
 def _prestart_in_a_kernel() -> None:
     """In a Jupyter kernel (never in a plain script), ``import ppkit`` starts the fork server of a first
     2-process ``ppkit.spawn`` / ``%%torchrun`` in the background, as ``%load_ext ppkit`` does
-    (PPKIT_PRESTART=0: not): that call then costs a few forks, not an ``import torch``."""
+    (PPKIT_PRESTART=0: not): that call then costs a few forks, not an ``import torch``. It also records the
+    ppkit errors raised in the kernel's cells in the learner's progress record (ppkit/progress/)."""
     import sys
 
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
     if getattr(shell, "kernel", None) is not None:
         from ppkit.cluster.spawn import call as spawn_call
+        from ppkit.progress import hooks as progress
 
         spawn_call.prestart()
+        progress.register(shell)  # ppkit errors raised in cells go to the learner's progress record
 
 
 _prestart_in_a_kernel()

@@ -28,6 +28,7 @@ from ppkit.checklist import Check, Checklist
 from ppkit.cluster import isolation
 from ppkit.cluster.admission import DEFAULT_PORT
 from ppkit.cluster.budget import read_budget
+from ppkit.progress import hooks as progress
 
 # The versions CI runs the whole course with (constraints.txt). Others may work; they are not tested.
 TESTED = {"python": ("3.10", "3.11", "3.12", "3.13"), "torch": ("2.12.1", "2.14.1"),  # docs/versions.md
@@ -75,6 +76,7 @@ class Preflight(Checklist):
             self.checks.append(check)
             self.emit(line(check))
         self.emit(self.summary())
+        progress.preflight_done(self.checks, self.summary())  # the learner's record (ppkit/progress/)
         return self.checks
 
     def _missing_prerequisite(self, step) -> str | None:

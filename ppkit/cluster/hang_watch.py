@@ -45,19 +45,32 @@ class HangWatch:
         self.told = False
         self._show = show_stacks or (lambda stacks: stacks)  # the caller's view of a stack (its own frames left out)
         self._since = time.monotonic()  # the last look that found ranks busy, or the run's start
+        self._last_activity = self._since
 
     def due(self, last_activity: float) -> float:
         """When to look next: ``seconds`` after the latest of the run's output, results and looks."""
+        self._last_activity = last_activity
         return float("inf") if self.told or not self.seconds else max(last_activity, self._since) + self.seconds
 
     def look(self, stacks: dict[int, str]) -> str | None:
         """The message to print once if every waiting rank waits on its peers, else None (look again later)."""
-        self._since = time.monotonic()
+        quiet, self._since = time.monotonic() - max(self._last_activity, self._since), time.monotonic()
         if not stacks or not all(waits_on_peers(text) for text in stacks.values()):
             return None
         self.told = True
+        _record(quiet, stacks)
         shown = "".join(f"\n--- rank {r} waits here ---\n{text}" for r, text in self._show(stacks).items())
         return (f"[ppkit] possibly hung: for {self.seconds:g} s no rank printed or finished, and rank(s) "
                 f"{sorted(stacks)} each wait inside torch.distributed (a collective, send/recv or barrier that "
                 "another rank has not reached). The run goes on; Kernel > Interrupt stops every rank. "
                 f"(This look comes once per run, after {HANG_ENV}={self.seconds:g} s of silence.)" + shown + "\n")
+
+
+def _record(quiet: float, stacks: dict[int, str]) -> None:
+    """The learner's progress record says the run hung, and where each rank waits (ppkit/progress/)."""
+    from ppkit.progress import note
+
+    waits = ", ".join(f"rank {r} in {(_FRAME.findall(text) or [('', '?')])[-1][1]}"
+                      for r, text in sorted(stacks.items()))
+    note("cluster", state="hung", seconds=round(quiet, 1),
+         detail=f"every rank waits inside torch.distributed: {waits}")

@@ -8,7 +8,7 @@
 
 The exercises themselves (checker, solution, hints) are registered in ``ppkit.exercises.catalog``.
 Each check is recorded in ``~/.ppkit/progress.json`` (``PPKIT_PROGRESS`` names another file), which
-``ppkit exercises`` shows too.
+``ppkit exercises`` shows too, and appended to the learner's progress record (``ppkit progress``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from ppkit.checks import check_callable
 from ppkit.errors import ExerciseFailed
 from ppkit.exercises import catalog, solutions
+from ppkit.progress import hooks as progress_record
 
 PROGRESS_ENV = "PPKIT_PROGRESS"
 PASSED, FAILED, NOT_WRITTEN, NOT_TRIED = "passed", "failed", "not written yet", "not tried"
@@ -52,7 +53,7 @@ def check(name: str, fn, **options):
     except ExerciseFailed as err:
         if "NotImplementedError" in str(err):  # raised on a rank, still unwritten there
             return _not_written(name)
-        _record(name, FAILED)
+        _record(name, FAILED, err)
         raise
     _record(name, PASSED)
     return report
@@ -128,7 +129,8 @@ def _read_progress() -> dict:
         return {}
 
 
-def _record(name: str, status: str) -> None:
+def _record(name: str, status: str, error: ExerciseFailed | None = None) -> None:
+    progress_record.checked(name, status, error)  # the record of ppkit/progress/: never raises
     record = _read_progress()
     record[name] = {"status": status, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     path = progress_path()

@@ -7,6 +7,7 @@ The first rank that raises stays, in IPython, for ``%debug`` (parked.py); the ot
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 
 from ppkit.checks import positive
@@ -34,7 +35,10 @@ class Call:
 
     def run(self):
         """None, or with ``profile`` set the run's ``ppkit.Profile`` (ppkit/profiling/)."""
+        from ppkit.progress import hooks as progress  # the learner's record (ppkit/progress/), lazily: a layer above
+
         kept, failed = (), False
+        progress.job_started(self.caller.name, self.cluster.world_size)
         try:
             offsets = _clock_offsets(self.cluster) if self.profile else None
             watch = HangWatch(hang_watch.threshold(), explain.shown_stacks)  # also before a timeout ends it
@@ -52,6 +56,7 @@ class Call:
                 parked.park(self.cluster, kept).error = error
             raise error from None
         finally:
+            progress.job_ended(self.caller.name, self.cluster.world_size, sys.exc_info()[1])  # its error, or None
             if failed:  # as torchrun's agent stops them: SIGTERM, then SIGKILL; one that raised may stay (parked.py)
                 self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug." if kept
                                               else f"{self.caller.name} stopped its processes after a failure.")

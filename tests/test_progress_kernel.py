@@ -1,0 +1,96 @@
+"""The progress record in a real Jupyter kernel, as a learner's notebook writes it: a ``workbook.check``
+that passes and one that fails, a ppkit error raised in a cell, a ``ppkit.spawn`` that ends well and one
+whose rank exits with code 7, each in the record with the notebook's name from JPY_SESSION_NAME (which
+jupyter_server sets for a notebook's kernel). One kernel serves every step; PPKIT_RECORD_DIR: tmp."""
+
+from __future__ import annotations
+
+import pytest
+from kernels import kernel_in
+from test_debugger import run_cell
+
+from ppkit.progress import format as fmt
+from ppkit.progress import read
+
+pytestmark = pytest.mark.slow
+
+NOTEBOOK = "course/02_collectives.ipynb"
+
+START = """
+import importlib, os
+import ppkit
+importlib.reload(ppkit)  # ppkit imported again, and as an extension: the cell hook is still registered once
+%load_ext ppkit
+from ppkit.exercises import solutions, workbook
+from ppkit.progress import hooks
+print(os.getpid(), sum(c is hooks._after_cell for c in get_ipython().events.callbacks["post_run_cell"]))
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("record") / "ppkit-progress"
+    with pytest.MonkeyPatch.context() as env:  # the kernel inherits this environment
+        env.setenv(fmt.DIR_ENV, str(folder))
+        env.setenv("JPY_SESSION_NAME", NOTEBOOK)
+        env.delenv(fmt.SWITCH_ENV, raising=False)
+        with kernel_in(tmp_path_factory.mktemp("notebook"), expect_processes=True) as (km, kc):
+            cell = run_cell(kc, START)
+            assert cell.error is None, cell.text
+            pid, hooks_registered = map(int, cell.text.split())
+            assert hooks_registered == 1
+            yield kc, folder, pid
+
+
+def new_events(folder, since: int) -> list:
+    return read.read_folder(folder).events[since:]
+
+
+def test_checks_and_errors_of_cells_land_in_the_record_with_the_notebook(kernel):
+    kc, folder, pid = kernel
+    seen = len(read.read_folder(folder).events)
+    assert run_cell(kc, 'workbook.check("my_share", solutions.my_share)').error is None
+    failed = run_cell(kc, """
+        def my_share(rank, world_size, num_items):
+            return list(range(num_items)) if rank == 0 else []
+        workbook.check("my_share", my_share)
+    """)
+    assert failed.error[0] == "ExerciseFailed"
+    wrong = run_cell(kc, "ppkit.spawn(print, nprocs=0)")
+    assert wrong.error[0] == "ConfigError"
+    events = new_events(folder, seen)
+    assert [(e.kind, e.fields.get("status") or e.fields.get("error")) for e in events] == [
+        ("check", "passed"), ("check", "failed"), ("error", "ExerciseFailed"), ("error", "ConfigError")]
+    assert all(e.notebook == NOTEBOOK and e.pid == pid for e in events)
+    reason = events[1].fields["reason"]
+    assert reason and reason == events[2].fields["message"] and reason in failed.error[1]
+    assert events[3].fields["message"] == wrong.error[1].splitlines()[0]
+
+
+def test_a_spawn_that_ends_well_and_one_whose_rank_exits_7(kernel):
+    kc, folder, pid = kernel
+    seen = len(read.read_folder(folder).events)
+    assert run_cell(kc, """
+        def fine(i):
+            pass
+        ppkit.spawn(fine, nprocs=2)
+    """).error is None
+    died = run_cell(kc, """
+        def exits_7(i):
+            import sys
+            if i == 1:
+                sys.exit(7)
+        ppkit.spawn(exits_7, nprocs=2)
+    """)
+    assert died.error[0] == "ProcessExitedError"
+    events = new_events(folder, seen)
+    assert [(e.kind, e.fields.get("state") or e.fields.get("error"), e.fields.get("detail")) for e in events] == [
+        ("cluster", "running", "ppkit.spawn: 2 rank(s) started"),
+        ("cluster", "finished", "ppkit.spawn: all 2 rank(s) finished"),
+        ("cluster", "running", "ppkit.spawn: 2 rank(s) started"),
+        ("cluster", "died", "ppkit.spawn: rank 1 exited with code 7"),
+        ("error", "ProcessExitedError", None)]
+    assert all(e.notebook == NOTEBOOK and e.pid == pid for e in events)
+    summary = read.read_folder(folder).notebooks
+    assert [b.notebook for b in summary] == [NOTEBOOK]
+    assert summary[0].last_cluster.state == "died" and summary[0].last_error.error == "ProcessExitedError"
