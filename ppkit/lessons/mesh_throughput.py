@@ -1,0 +1,281 @@
+"""Lesson 13: which mesh is fastest, predicted from this machine's measured compute and links, then measured.
+
+    Link            one kind of collective over groups of n ranks: its latency per call and its bandwidth
+    measure_links   all_reduce, all_gather, reduce_scatter and send/recv timed on this cluster, every group of the
+                    world at once (as in a step: all ranks busy), at two sizes; latency and bandwidth from the two
+    measure_compute each rank's forward, backward and Adam of its part of the model (its stage, its tp slice of
+                    each matrix, its micro-batches) in plain torch, no collectives, all ranks at once
+    core_sharing    rank 0's compute alone and with all ranks at once: what sharing the cores costs
+    predict         one mesh's step time: compute x (m + pp - 1) / m (GPipe's bubble), plus per dimension its
+                    calls x latency + bytes sent / bandwidth
+    rank_meshes     the meshes whose measured memory fits a budget, fastest predicted first (tokens/s)
+    measure_steps   the real step of a mesh (TP, GPipe, FSDP2), timed after a warm-up step
+    plot            predicted (by part) against measured step time
+
+Timings are taken with all ranks running at once because that is how a step runs: when the world has more ranks
+than the machine has cores, the ranks share the cores, and the measured compute and latencies include that.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ppkit.errors import ConfigError
+from ppkit.lessons import composition as comp
+from ppkit.lessons.zero import _all_gather, _reduce_scatter  # torch 2.14's names where they exist
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+SIZES = (1024, 1 << 18)  # bytes per rank: latency dominates the first, bandwidth the second
+# what each dimension calls, as CommLog names them, and the link kind that carries it
+CALL_KIND = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+             "send": "send_recv"}
+
+
+@dataclass(frozen=True)
+class Link:
+    kind: str
+    n: int                 # ranks per group
+    latency_s: float       # seconds per call of SIZES[0] bytes (the bytes' own time is negligible there)
+    bytes_per_s: float     # wire bytes per second per rank, from the two sizes (inf if the larger was no slower)
+
+
+def ring_bytes(kind: str, nbytes: int, n: int) -> float:
+    """Bytes one rank sends for one call over ``n`` ranks of an ``nbytes`` buffer per rank (ring algorithms)."""
+    return {"all_reduce": 2 * (n - 1) / n * nbytes, "all_gather": (n - 1) * nbytes,
+            "reduce_scatter": (n - 1) / n * nbytes, "send_recv": nbytes}[kind]
+
+
+def _group(world_size: int, n: int):
+    """A process group of ``n`` neighbouring ranks, every rank in one: the last dimension of mesh
+    (world / n, 1, n), made once per worker by ``comp.device_mesh`` (notebook 13 has made it already)."""
+    return comp.device_mesh((world_size // n, 1, n))["tp"].get_group()
+
+
+def _call(kind: str, group, x: torch.Tensor, out: torch.Tensor):
+    if kind == "all_reduce":
+        dist.all_reduce(x, group=group)
+    elif kind == "all_gather":
+        _all_gather(out, x, group=group)
+    elif kind == "reduce_scatter":
+        _reduce_scatter(x, out, group=group)
+    else:  # a send to the neighbour and its answer back: one call each way, timed as two
+        me = dist.get_rank(group)
+        peer = dist.get_global_rank(group, me ^ 1)
+        first, second = (dist.send, dist.recv) if me % 2 == 0 else (dist.recv, dist.send)
+        first(x, peer)
+        second(x, peer)
+
+
+def _link_times(rank, world_size, groups=(2, 4), sizes=SIZES, reps: int = 5) -> dict:
+    """Seconds per call, (kind, n, bytes) -> seconds, on this rank; every group of n ranks runs at once."""
+    times = {}
+    for n in groups:
+        group = _group(world_size, n)
+        for kind in KINDS:
+            for nbytes in sizes:
+                x = torch.ones(nbytes // 4)
+                out = torch.empty(nbytes // 4 * n)
+                _call(kind, group, x, out)  # warm-up: gloo sets up the pair's buffers on first use
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    _call(kind, group, x, out)
+                times[kind, n, nbytes] = (time.perf_counter() - start) / reps / (2 if kind == "send_recv" else 1)
+    return times
+
+
+def measure_links(cluster, groups=(2, 4), sizes=SIZES, reps: int = 5) -> dict[tuple[str, int], Link]:
+    """(kind, n) -> Link, from the slowest rank's mean of ``reps`` calls at each of the two ``sizes``."""
+    bad = [n for n in groups if not isinstance(n, int) or n < 2 or cluster.world_size % n]
+    if bad:
+        raise ConfigError(f"groups {bad}: each group size must be a whole number from 2 up that divides the "
+                          f"cluster's {cluster.world_size} ranks, so that every rank is in one group; try (2, 4).")
+    per_rank = cluster.run(_link_times, groups=groups, sizes=sizes, reps=reps)
+    links = {}
+    for n in groups:
+        for kind in KINDS:
+            small, large = (max(r[kind, n, s] for r in per_rank) for s in sizes)
+            extra = ring_bytes(kind, sizes[1], n) - ring_bytes(kind, sizes[0], n)
+            links[kind, n] = Link(kind, n, small, extra / (large - small) if large > small else float("inf"))
+    return links
+
+
+def local_stage(mesh, stage: int, size: comp.Size = comp.SIZE) -> comp.Transformer:
+    """Stage ``stage`` of the model as one tp rank computes it, in plain torch: q, k, v and fc1 with 1/tp of their
+    outputs, o and fc2 with 1/tp of their inputs, the norms whole (what ``build_stage``'s plan leaves a rank)."""
+    _, pp, tp = mesh
+    model = comp.Transformer(size).keep_stage(stage, pp)
+    d, f = size.d_model, size.ffn
+    for block in model.layers.values():
+        block.q, block.k, block.v = (nn.Linear(d, d // tp) for _ in range(3))
+        block.o, block.fc1, block.fc2 = nn.Linear(d // tp, d), nn.Linear(d, f // tp), nn.Linear(f // tp, d)
+    return model
+
+
+def microbatches(mesh, size: comp.Size = comp.SIZE) -> int:
+    return size.microbatches if mesh[1] > 1 else 1
+
+
+def _compute_times(rank, world_size, meshes, size: comp.Size = comp.SIZE, reps: int = 5,
+                   alone: bool = False) -> dict:
+    """Seconds of this rank's forward, backward and Adam step in each mesh, all ranks at once (``alone``: rank 0
+    only, the others waiting)."""
+    times = {}
+    for mesh in meshes:
+        if alone and rank > 0:
+            dist.barrier()
+            continue
+        dp, pp, tp = mesh
+        model = local_stage(mesh, rank // tp % pp, size)
+        opt = torch.optim.Adam(model.parameters(), lr=comp.LR, foreach=False)
+        m = microbatches(mesh, size)
+        b = size.batch // (dp * m)
+        x, y = (t[:b] for t in comp.batch(size))
+        _local_step(model, opt, x, y, m, size)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(reps):
+            _local_step(model, opt, x, y, m, size)
+        times[mesh] = (time.perf_counter() - start) / reps
+    return times
+
+
+def _local_step(model, opt, x, y, m: int, size: comp.Size):
+    """Forward and backward of ``m`` micro-batches through one stage (a middle or last stage gets a random input,
+    as from the previous stage), then Adam."""
+    for _ in range(m):
+        h = model.embed(x) if model.embed is not None else torch.randn(*x.shape, size.d_model, requires_grad=True)
+        for block in model.layers.values():
+            h = block(h)
+        (comp.loss_fn(model.head(model.norm(h)), y) if model.head is not None else h.sum()).backward()
+    opt.step()
+
+
+def measure_compute(cluster, meshes, size: comp.Size = comp.SIZE, reps: int = 3, alone: bool = False) -> dict:
+    """mesh -> seconds of the slowest rank's compute for one step (without its pipeline's waits); ``alone``: rank
+    0's, with the other ranks idle (what a rank computes with a core of its own)."""
+    per_rank = cluster.run(_compute_times, meshes=list(meshes), size=size, reps=reps, alone=alone)
+    return {mesh: max(r[mesh] for r in per_rank if mesh in r) for mesh in meshes}
+
+
+def core_sharing(cluster, mesh, size: comp.Size = comp.SIZE, reps: int = 3) -> tuple[float, float]:
+    """Rank 0's compute for one step of ``mesh``: (alone, with every rank computing at once). When the world has
+    more ranks than the machine has cores, the second is longer: the ranks take turns on the cores."""
+    alone = cluster.run(_compute_times, meshes=[mesh], size=size, reps=reps, alone=True)[0][mesh]
+    together = cluster.run(_compute_times, meshes=[mesh], size=size, reps=reps)[0][mesh]
+    return alone, together
+
+
+@dataclass(frozen=True)
+class Prediction:
+    mesh: tuple[int, int, int]
+    parts: dict            # seconds: compute, bubble, dp, pp, tp
+    tokens: int            # tokens per step
+
+    @property
+    def step_s(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s
+
+
+def busiest_calls(measurement) -> dict[str, dict[str, int]]:
+    """dim -> {call: count}, the most any rank of a ``mesh_costs.Measurement`` made (as CommLog counted them)."""
+    out: dict = {dim: {} for dim in comp.DIMS}
+    for r in measurement.ranks:
+        for dim, calls in r.calls.items():
+            for name, count in calls.items():
+                out[dim][name] = max(out[dim].get(name, 0), count)
+    return out
+
+
+def predict(mesh, compute_s: float, links: dict, calls: dict, sent: dict, size: comp.Size = comp.SIZE) -> Prediction:
+    """Step time of ``mesh`` from the rank's measured compute (``compute_s``), GPipe's bubble: the compute takes
+    (m + pp - 1) / m as long, a fraction (pp - 1) / (m + pp - 1) of it idle, and for each dimension, its
+    ``calls`` ({dim: {call: count}}) times the latency of that call's link, plus the bytes it ``sent`` ({dim:
+    bytes}) over the slowest of its links' bandwidths. Links are looked up by (kind, degree of the dimension)."""
+    m = microbatches(mesh, size)
+    pp = mesh[1]
+    parts = {"compute": compute_s, "bubble": compute_s * (pp - 1) / m}
+    for dim, n in zip(comp.DIMS, mesh):
+        dim_calls = {CALL_KIND[c]: k for c, k in calls.get(dim, {}).items() if c in CALL_KIND}
+        if n == 1 or not dim_calls:
+            parts[dim] = 0.0
+            continue
+        missing = [f"{kind} over {n} ranks" for kind in dim_calls if (kind, _n(kind, n)) not in links]
+        if missing:
+            raise ConfigError(f"mesh {'x'.join(map(str, mesh))}: no measured link for {', '.join(missing)} "
+                              f"({dim} has degree {n}); measure it with measure_links(cluster, groups=(2, {n})).")
+        used = [links[kind, _n(kind, n)] for kind in dim_calls]
+        parts[dim] = sum(link.latency_s * dim_calls[link.kind] for link in used) + \
+            sent.get(dim, 0.0) / min(link.bytes_per_s for link in used)
+    return Prediction(tuple(mesh), parts, size.batch * size.seq)
+
+
+def _n(kind: str, degree: int) -> int:
+    return 2 if kind == "send_recv" else degree  # a send is between two ranks, whatever the pipeline's depth
+
+
+def rank_meshes(predictions, memory: dict, budget: float) -> list[Prediction]:
+    """The predictions whose mesh's ``memory`` (bytes of the busiest rank) fits ``budget``, most tokens/s first."""
+    unknown = [p.mesh for p in predictions if p.mesh not in memory]
+    if unknown:
+        raise ConfigError(f"no memory given for meshes {unknown}: pass memory={{mesh: bytes of its busiest rank}} "
+                          "for every mesh predicted (max(mesh_costs.measure(cluster, mesh).memory())).")
+    return sorted((p for p in predictions if memory[p.mesh] <= budget), key=lambda p: -p.tokens_per_s)
+
+
+def _timed_steps(rank, world_size, mesh, steps: int, size: comp.Size = comp.SIZE) -> list[float]:
+    from ppkit.lessons.composition_measure import _quiet
+
+    mesh3d = comp.device_mesh(mesh)
+    stage = comp.build_stage(mesh3d, size)
+    times = []
+    with _quiet():
+        comp.train_step(mesh3d, stage, size)  # warm-up: DTensor and the pipeline work out their plans once
+        for _ in range(steps):
+            dist.barrier()
+            start = time.perf_counter()
+            comp.train_step(mesh3d, stage, size)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_steps(cluster, mesh, steps: int = 2, size: comp.Size = comp.SIZE) -> float:
+    """Median over ``steps`` of the real step's seconds (each step as long as its slowest rank's)."""
+    mesh = comp.check_mesh(cluster.world_size, mesh, size)
+    per_rank = cluster.run(_timed_steps, mesh=mesh, steps=steps, size=size)
+    return statistics.median(max(r[i] for r in per_rank) for i in range(steps))
+
+
+COLOURS = {"compute": "#4c72b0", "bubble": "#9fb7d9", "dp": "#dd8452", "pp": "#55a868", "tp": "#c44e52"}
+
+
+def plot(predictions, measured: dict):
+    """Each prediction's parts stacked, the measured step beside it."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    xs = range(len(predictions))
+    bottom = [0.0] * len(predictions)
+    for part, colour in COLOURS.items():
+        values = [1e3 * p.parts[part] for p in predictions]
+        ax.bar([x - 0.2 for x in xs], values, width=0.4, bottom=bottom, color=colour, label=f"predicted: {part}")
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.bar([x + 0.2 for x in xs], [1e3 * measured[p.mesh] for p in predictions], width=0.4, color="#444444",
+           label="measured step")
+    ax.set_xticks(list(xs), ["x".join(map(str, p.mesh)) for p in predictions])
+    ax.set_xlabel("mesh (dp x pp x tp)")
+    ax.set_ylabel("ms per step")
+    ax.set_title("step time: predicted by part, and measured")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    plt.close(fig)
+    return fig

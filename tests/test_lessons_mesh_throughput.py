@@ -1,0 +1,122 @@
+"""Lesson 13, throughput: a mesh's step time predicted from measured compute and links (known inputs give known
+answers), the meshes that fit a budget ranked by it, refusals that say what to do, and a real small measurement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import ppkit
+from ppkit.errors import ConfigError
+from ppkit.lessons import composition as comp
+from ppkit.lessons import mesh_costs as mc
+from ppkit.lessons import mesh_throughput as mt
+
+pytestmark = pytest.mark.timeout(600)
+
+MS = 1e-3
+
+
+def _links(latency=MS, bandwidth=1e6, n=(2, 4)):
+    return {(kind, k): mt.Link(kind, k, latency, bandwidth) for kind in mt.KINDS for k in n}
+
+
+CALLS_222 = {"dp": {"all_gather": 7, "reduce_scatter": 3}, "pp": {"send": 3, "recv": 3}, "tp": {"all_reduce": 24}}
+SENT_222 = {"dp": 10_000.0, "pp": 2_000.0, "tp": 24_000.0}
+
+
+def test_prediction_adds_compute_bubble_latency_and_bytes():
+    links = _links()
+    links["reduce_scatter", 2] = mt.Link("reduce_scatter", 2, 2 * MS, 5e5)  # dp's slowest link sets its bytes' time
+    links["send_recv", 2] = mt.Link("send_recv", 2, 0.5 * MS, 2e6)
+    p = mt.predict((2, 2, 2), 0.010, links, CALLS_222, SENT_222)
+    want = {"compute": 0.010, "bubble": 0.010 * (2 - 1) / 2,
+            "dp": 7 * MS + 3 * 2 * MS + 10_000 / 5e5,
+            "pp": 3 * 0.5 * MS + 2_000 / 2e6,      # a recv is the other side of a send: not counted twice
+            "tp": 24 * MS + 24_000 / 1e6}
+    assert p.parts == pytest.approx(want)
+    assert p.step_s == pytest.approx(sum(want.values()))
+    assert p.tokens == comp.SIZE.batch * comp.SIZE.seq == 64
+    assert p.tokens_per_s == pytest.approx(64 / sum(want.values()))
+
+
+def test_the_bubble_is_gpipes_share_of_the_step():
+    for pp, m in ((2, 2), (4, 2)):
+        p = mt.predict((1, pp, 8 // pp), 0.1, _links(n=(2, 4, 8 // pp)), {}, {})
+        busy_and_idle = p.parts["compute"] + p.parts["bubble"]
+        assert p.parts["bubble"] / busy_and_idle == pytest.approx((pp - 1) / (m + pp - 1))
+    assert mt.predict((4, 1, 2), 0.1, _links(), {}, {}).parts["bubble"] == 0  # no pipeline, no bubble
+
+
+def test_a_dimension_of_degree_one_costs_nothing():
+    p = mt.predict((8, 1, 1), 0.0, {}, {"pp": {"send": 5}, "tp": {"all_reduce": 9}}, {"tp": 1e6})
+    assert p.parts["pp"] == p.parts["tp"] == 0
+    with pytest.raises(ConfigError, match=r"all_gather over 8 ranks.*groups=\(2, 8\)"):
+        mt.predict((8, 1, 1), 0.0, {}, {"dp": {"all_gather": 1}}, {})
+
+
+def test_ranking_keeps_what_fits_and_puts_the_fastest_first():
+    links = _links()
+    preds = [mt.predict(mesh, 0.01, links, CALLS_222, SENT_222) for mesh in ((2, 2, 2), (4, 2, 1), (2, 4, 1))]
+    # (4, 2, 1) and (2, 4, 1) have no tp: 24 all_reduces fewer. (2, 4, 1)'s deeper pipeline idles more.
+    memory = {(2, 2, 2): 80_000, (4, 2, 1): 95_000, (2, 4, 1): 70_000}
+    assert [p.mesh for p in mt.rank_meshes(preds, memory, 100_000)] == [(4, 2, 1), (2, 4, 1), (2, 2, 2)]
+    assert [p.mesh for p in mt.rank_meshes(preds, memory, 90_000)] == [(2, 4, 1), (2, 2, 2)]  # (4, 2, 1) does not fit
+    assert mt.rank_meshes(preds, memory, 1_000) == []
+    with pytest.raises(ConfigError, match=r"no memory given for meshes \[\(2, 4, 1\)\]"):
+        mt.rank_meshes(preds, {(2, 2, 2): 1, (4, 2, 1): 1}, 100_000)
+
+
+def test_ring_bytes():
+    assert mt.ring_bytes("all_reduce", 1000, 4) == 1500
+    assert mt.ring_bytes("all_gather", 1000, 4) == 3000
+    assert mt.ring_bytes("reduce_scatter", 1000, 4) == 750
+    assert mt.ring_bytes("send_recv", 1000, 4) == 1000
+
+
+def test_the_local_stage_holds_a_tp_ranks_share():
+    """What measure_compute times: a tp rank's slice of each matrix, the norms whole, the stage's blocks."""
+    whole = sum(p.numel() for p in comp.Transformer().parameters())
+    stages = [mt.local_stage((1, 2, 1), s) for s in (0, 1)]
+    assert sum(p.numel() for m in stages for p in m.parameters()) == whole == comp.SIZE.params()
+    tp2 = mt.local_stage((2, 2, 2), 1)
+    block = tp2.layers["2"]
+    assert list(tp2.layers) == ["2", "3"] and tp2.embed is None and tp2.head is not None
+    assert block.q.weight.shape == (8, 16) and block.o.weight.shape == (16, 8) and block.fc2.weight.shape == (16, 32)
+    x = torch.randn(2, comp.SIZE.seq, comp.SIZE.d_model)
+    assert tp2(x).shape == (2, comp.SIZE.seq, comp.SIZE.vocab)  # two heads of 4 per rank run the same code
+
+
+def test_measure_links_refuses_groups_that_do_not_tile_the_world():
+    class Four:
+        world_size = 4
+
+    with pytest.raises(ConfigError, match=r"groups \[3\].*divides the cluster's 4 ranks"):
+        mt.measure_links(Four(), groups=(2, 3))
+
+
+@pytest.mark.slow
+def test_a_real_small_measurement_predicts_and_times_a_mesh():
+    """4 ranks: links, compute (all at once and alone), one mesh's calls counted, its prediction, its real step."""
+    with ppkit.Cluster(4, "gloo", timeout=300) as cluster:
+        links = mt.measure_links(cluster, groups=(2, 4), reps=3)
+        assert set(links) == {(k, n) for k in mt.KINDS for n in (2, 4)}
+        assert all(0 < link.latency_s < 5 and link.bytes_per_s > 0 for link in links.values())
+        meshes = [(2, 2, 1), (2, 1, 2)]
+        compute = mt.measure_compute(cluster, meshes, reps=2)
+        assert all(0 < compute[m] < 5 for m in meshes)
+        alone, together = mt.core_sharing(cluster, (2, 2, 1), reps=2)
+        assert 0 < alone < 5 and 0 < together < 5
+        measured = mc.measure(cluster, (2, 2, 1))
+        calls = mt.busiest_calls(measured)
+        assert calls["tp"] == {} and set(calls["dp"]) == {"all_gather", "reduce_scatter"} and calls["pp"]["send"] >= 2
+        p = mt.predict((2, 2, 1), compute[(2, 2, 1)], links, calls, mc.comm_formula((2, 2, 1)))
+        assert p.parts["tp"] == 0 and p.parts["dp"] > 0 and p.parts["pp"] > 0 and math.isfinite(p.step_s)
+        step = mt.measure_steps(cluster, (2, 2, 1), steps=2)
+        assert 0 < step < 60
+        assert mt.rank_meshes([p], {(2, 2, 1): max(measured.memory())}, max(measured.memory())) == [p]
+        with pytest.raises(ConfigError, match="mesh 2x2x2 has 8 ranks, but the world has 4"):
+            mt.measure_steps(cluster, (2, 2, 2))
+        assert cluster.state == "ready"  # refused before anything ran
