@@ -30,11 +30,11 @@ are in ppkit/exercises/.
     composition      lesson 13: a tiny transformer on a 3-D mesh: TP (DTensor), pipeline stages, FSDP2 over dp
     composition_measure lesson 13: one step on the mesh vs one process; memory and bytes per dimension
     mesh_costs       lesson 13: the Playbook's formulas beside the measurement, budgets, pictures
+    mesh_throughput  lesson 13: each mesh's step time predicted from measured compute and links, ranked, measured
 """
 
 from __future__ import annotations
 
-    mesh_throughput  lesson 13: each mesh's step time predicted from measured compute and links, ranked, measured
 import contextlib
 import inspect
 import io
