@@ -29,7 +29,10 @@ NB = "notebooks/06_pipeline.ipynb"
 TOKEN = "instructor-token"
 
 
-def line(kind: str, t: float, notebook: str | None = NB, pid: int = 41, **fields) -> str:
+ON_DISK = "/home/ana/" + NB  # what a kernel records (JPY_SESSION_NAME); /api/sessions says NB
+
+
+def line(kind: str, t: float, notebook: str | None = ON_DISK, pid: int = 41, **fields) -> str:
     return json.dumps({"v": 1, "t": t, "kind": kind, "notebook": notebook, "pid": pid, **fields}) + "\n"
 
 
@@ -76,6 +79,12 @@ class FakeHub(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 - http.server's name
         path = urlparse(self.path).path
+        if self.headers.get("Authorization") == "token limited":  # a real token without list:users
+            if path == "/hub/api/user":
+                return self._send(200, {"kind": "service", "name": "grader", "scopes": ["read:users"]})
+            return self._send(403, {"message": "Action is not authorized with current scopes"})
+        if self.headers.get("Authorization") == "token no-read-servers" and path == "/hub/api/users":
+            return self._send(200, {"items": [{"name": n, "admin": False} for n in self.files]})
         if self.headers.get("Authorization") != f"token {TOKEN}":
             return self._send(403, {"message": "Missing or invalid credentials"})
         if path == "/hub/api/users":
@@ -167,6 +176,12 @@ def test_garbage_a_huge_file_a_missing_record_and_a_server_down_are_rows_that_sa
 def test_a_wrong_token_and_a_wrong_address_say_which(hub_url):
     with pytest.raises(HubError, match=r"answered 403.*does not know this token.*/hub/token"):
         HubClient(hub_url, "wrong").users()
+    with pytest.raises(HubError, match=r"answered 403.*service 'grader''s, which lacks a scope.*\['read:users'\]"):
+        HubClient(hub_url, "limited").users()
+    FakeHub.files = {"ana": {}}
+    with pytest.raises(HubError, match=r"lists its users but not their servers to this token: give it the scope "
+                                       r"read:servers"):
+        HubClient(hub_url, "no-read-servers").users()
     with pytest.raises(HubError, match=r"answered 404.*No JupyterHub API there: is --hub-url"):
         HubClient(hub_url + "/elsewhere", TOKEN).users()
 
@@ -175,8 +190,8 @@ def test_table_json_and_csv_of_a_room(hub_url):
     FakeHub.files = {"ana": {"record.jsonl": ANA}, "bo": {}}
     rows = collect_progress(HubClient(hub_url, TOKEN), stuck_after=5)
     lines = render(rows, width=140).splitlines()
-    assert [x.split()[:2] for x in lines[2:4]] == [["ana", "stuck"], ["bo", "no"]]
-    assert "06_pipeline (busy 340 s)" in lines[2] and "WorkerError 7 min ago" in lines[2]
+    assert [x.split()[:3] for x in lines[2:4]] == [["ana", "stuck", "1/1/1"], ["bo", "no", "record"]]
+    assert "06_pipeline (busy 340 s)" in lines[2] and "failed best_num_microbatches 7 min ago" in lines[2]
     assert lines[-1] == "2 learner(s): 1 stuck, 1 no record" and all(len(x) <= 140 for x in lines)
     learners = json.loads(as_json(rows))["learners"]
     assert [r["user"] for r in learners] == ["ana", "bo"] and learners[0]["notebooks"][0]["busy_s"] == 340.0
@@ -216,3 +231,19 @@ def test_the_rooms_exercise_list_is_the_catalogs():
     for exercise in EXERCISES:
         course[exercise.notebook] = (*course.get(exercise.notebook, ()), exercise.name)
     assert EXERCISES_BY_NOTEBOOK == course
+
+
+def test_the_live_pages_room_collects_and_says_why_a_collection_failed(hub_url):
+    from ppkit.room.live_page import PAGE
+    from ppkit.room.serve import Room
+
+    FakeHub.files = {"ana": {"record.jsonl": ANA}}
+    room = Room(HubClient(hub_url, TOKEN), None, "ppkit-progress", 5)
+    room.collect()
+    got = json.loads(room.as_json())
+    assert got["error"] is None and got["learners"][0]["user"] == "ana" and got["learners"][0]["state"] == "stuck"
+    room.hub = HubClient(hub_url, "wrong")
+    room.collect()
+    got = json.loads(room.as_json())
+    assert "does not know this token" in got["error"] and got["learners"][0]["user"] == "ana"  # the last rows stay
+    assert "http" not in PAGE.replace("http-equiv", "")  # nothing loaded from elsewhere

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 HELP = "instructor: every JupyterHub learner's preflight, or progress (--progress, --serve), in one table"
@@ -80,5 +81,5 @@ def _progress(hub, args) -> int:
         print(as_csv(rows), end="")
         print(exercise_summary(rows), file=sys.stderr)
     else:
-        print(as_json(rows) if args.json else render(rows))
+        print(as_json(rows) if args.json else render(rows, width=shutil.get_terminal_size((160, 24)).columns))
     return 1 if any(r.state == "stuck" for r in rows) else 0

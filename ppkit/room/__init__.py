@@ -1,9 +1,9 @@
 """``ppkit room``: every learner's ``ppkit preflight --json`` on a JupyterHub, gathered into one table.
 
 The instructor's hub API token (an admin's, from the hub's Token page, or a service's with the scopes
-``list:users``, ``read:users``, ``access:servers`` and, for ``--start``, ``admin:servers``) lists the users
-(:mod:`ppkit.room.hub_api`); for each running server a fresh kernel is started through the hub's proxy, runs
-the preflight there, as that learner with that learner's limits, and is shut down again
+``list:users``, ``read:users``, ``read:servers``, ``access:servers`` and, for ``--start``, ``admin:servers``)
+lists the users (:mod:`ppkit.room.hub_api`); for each running server a fresh kernel is started through the
+hub's proxy, runs the preflight there, as that learner with that learner's limits, and is shut down again
 (:mod:`ppkit.room.kernel_exec`); :mod:`ppkit.room.collect` turns each answer into a row and
 :mod:`ppkit.room.table` prints them, not-ready learners first.
 

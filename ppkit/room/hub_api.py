@@ -75,8 +75,9 @@ class HubClient:
             return f"(asking the hub whose token it is failed too: {exc})"
         who = f"{owner.get('kind', 'user')} {owner.get('name')!r}" if isinstance(owner, dict) else "its owner"
         has = sorted(owner.get("scopes") or []) if isinstance(owner, dict) else []
-        return (f"The token is {who}'s, which lacks a scope this needs: give it list:users, read:users and "
-                f"access:servers (a role in the hub's config), or use an admin's token. It has: {has}.")
+        return (f"The token is {who}'s, which lacks a scope this needs: give it list:users, read:users, "
+                f"read:servers and access:servers (a role in the hub's config), or use an admin's token. "
+                f"It has: {has}.")
 
     def users(self) -> list[LearnerServer]:
         """Every user with the state of their default server, by name, all pages."""
@@ -84,6 +85,10 @@ class HubClient:
         while True:
             page = self.request("GET", f"/users?offset={offset}&limit=200", accept=PAGINATION)
             items = page["items"] if isinstance(page, dict) else page  # a hub older than 2.0 sends a list
+            if any("servers" not in user for user in items):  # filtered out of the model by the token's scopes
+                raise HubError(f"the hub at {self.base} lists its users but not their servers to this token: give "
+                               "it the scope read:servers as well (with list:users, read:users, access:servers), "
+                               "or use an admin's token")
             found += [self._server_of(user) for user in items]
             following = page.get("_pagination", {}).get("next") if isinstance(page, dict) else None
             if not following:

@@ -55,22 +55,14 @@ async def _rest(client, method: str, url: str, token: str, body: dict | None = N
 async def run_code(server_url: str, token: str, code: str, timeout: float,
                    kernel_name: str | None = None) -> KernelOutput:
     """Start a kernel on the server at `server_url`, run `code`, collect its stdout, shut the kernel down."""
-    from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-    from tornado.websocket import websocket_connect
+    from tornado.httpclient import AsyncHTTPClient
 
     base = server_url.rstrip("/")
     client = AsyncHTTPClient(force_instance=True)
     try:
         kernel = await _rest(client, "POST", f"{base}/api/kernels", token, {"name": kernel_name} if kernel_name else {})
         try:
-            session = uuid.uuid4().hex
-            ws_url = base.replace("http", "ws", 1) + f"/api/kernels/{kernel['id']}/channels?session_id={session}"
-            conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"},
-                                                       request_timeout=60))
-            try:
-                return await _collect(conn, _execute_request(code, session), timeout)
-            finally:
-                conn.close()
+            return await run_in_kernel(server_url, token, kernel["id"], code, timeout)
         finally:
             try:
                 await _rest(client, "DELETE", f"{base}/api/kernels/{kernel['id']}", token)
@@ -78,6 +70,27 @@ async def run_code(server_url: str, token: str, code: str, timeout: float,
                 pass  # the server went away with its kernels; what the code printed (or why not) matters more
     finally:
         client.close()
+
+
+async def run_in_kernel(server_url: str, token: str, kernel_id: str, code: str, timeout: float | None
+                        ) -> KernelOutput | None:
+    """Run `code` in the running kernel `kernel_id` of the server at `server_url` (e.g. a notebook's, from
+    /api/sessions) and collect its stdout; timeout=None sends the code and returns None at once (it runs on)."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    session = uuid.uuid4().hex
+    ws_url = server_url.rstrip("/").replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels?session_id={session}"
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"},
+                                               request_timeout=60))
+    try:
+        if timeout is None:
+            conn.write_message(json.dumps(_execute_request(code, session)))
+            await asyncio.sleep(0.5)  # the message is on its way before the socket closes
+            return None
+        return await _collect(conn, _execute_request(code, session), timeout)
+    finally:
+        conn.close()
 
 
 async def _collect(conn, request: dict, timeout: float) -> KernelOutput:

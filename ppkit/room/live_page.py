@@ -30,6 +30,7 @@ code { background: #eee; padding: 0 .2em; }
 <script>
 "use strict";
 const REFRESH_MS = __REFRESH_MS__;
+const XSRF = __XSRF__;
 const opened = new Set();
 let last = null;
 function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined && text !== null)
@@ -87,8 +88,10 @@ function draw(data) {
 }
 async function refresh() {
   try {
-    const resp = await fetch("api/rows", {cache: "no-store", credentials: "same-origin"});
-    if (!resp.ok) throw new Error("api/rows answered " + resp.status);
+    const resp = await fetch("api/rows", {cache: "no-store", credentials: "same-origin",
+                                          headers: {"X-XSRFToken": XSRF}});
+    if (!resp.ok) throw new Error("api/rows answered " + resp.status + (resp.status === 403
+                                  ? ": reload the page to log in again" : ""));
     last = await resp.json(); draw(last);
   } catch (e) {
     const status = document.getElementById("status");

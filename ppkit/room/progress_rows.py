@@ -96,6 +96,21 @@ def open_notebooks(sessions: list[dict], now: float) -> list[dict]:
     return sorted(found, key=lambda n: (n["busy_s"] is None, n["path"]))  # busy kernels first
 
 
+def as_server_paths(events: list[dict], paths: list[str]) -> list[dict]:
+    """Events whose notebook is an open session's, named by that session's path.
+
+    A kernel records JPY_SESSION_NAME, which jupyter_server sets to the notebook's path on disk when JupyterLab
+    opens it (/home/ana/notebooks/06_pipeline.ipynb); /api/sessions names it relative to the server's root
+    (notebooks/06_pipeline.ipynb). A recorded path that ends with a session's path is that notebook.
+    """
+    def named(path):
+        if not path or path in paths:
+            return path
+        return next((p for p in paths if path.endswith("/" + p.lstrip("/"))), path)
+
+    return [{**e, "notebook": named(e.get("notebook"))} for e in events]
+
+
 def exercise_attempts(events: list[dict]) -> list[Attempts]:
     """Every exercise the learner checked, in the order first checked; events in time order."""
     found: dict[tuple, Attempts] = {}
@@ -162,6 +177,7 @@ def learner_row(fetched: Fetched, events: list[dict], record_problems: list[str]
     if fetched.server != "running":
         return ProgressRow(fetched.user, fetched.server, "; ".join(problems) or fetched.server, problems=problems)
     notebooks = open_notebooks(fetched.sessions or [], now)
+    events = as_server_paths(events, [n["path"] for n in notebooks])
     attempts = exercise_attempts(events)
     row = ProgressRow(fetched.user, "ok", "", notebooks=notebooks, attempts=attempts, problems=problems,
                       exercises=per_notebook(attempts, [n["path"] for n in notebooks]))

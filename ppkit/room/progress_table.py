@@ -50,22 +50,16 @@ def _last_error(row: ProgressRow) -> str:
 
 
 def render(rows: list[ProgressRow], width: int = 160) -> str:
-    """One line per learner (stuck first): state, exercises passed/failed/not tried, open notebooks (kernel
-    state, busy seconds), last error, and why; then a count per state."""
+    """One line per learner (stuck first): state, exercises passed/failing/not tried, why, open notebooks (kernel
+    state, busy seconds) and the last error, cut to `width`; then a count per state."""
     rows = sort_rows(rows)
-    head = ("learner", "state", "pass", "fail", "todo", "open notebooks (kernel)", "last error", "why")
-    table = [head]
+    table = [("learner", "state", "pass/fail/todo", "why", "open notebooks (kernel)", "last error")]
     for r in rows:
-        p, f, t = _counts(r)
-        table.append((r.user, r.state, str(p), str(f), str(t), _short(_open(r), 48), _short(_last_error(r), 32),
-                      r.why))
-    widths = [max(len(line[i]) for line in table) for i in range(len(head) - 1)]
-    why_w = max(20, width - sum(widths) - 2 * len(widths))
-    lines = []
-    for line in table:
-        cells = [cell.ljust(w) for cell, w in zip(line[:-1], widths)]
-        lines.append("  ".join([*cells, _short(line[-1], why_w)]).rstrip())
-    lines.insert(1, "  ".join("-" * w for w in [*widths, 3]))
+        table.append((r.user, r.state, "/".join(map(str, _counts(r))), _short(r.why, 52), _open(r), _last_error(r)))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = [_short(line, width) for line in lines]
     states = Counter(r.state for r in rows)
     lines.append(f"{len(rows)} learner(s): " + ", ".join(f"{states[s]} {s}" for s in ORDER if states[s]))
     return "\n".join(lines)

@@ -63,11 +63,14 @@ def make_app(room: Room, prefix: str):
             self.set_header("Content-Security-Policy", "default-src 'self'; style-src 'unsafe-inline'; "
                             "script-src 'unsafe-inline'")
             self.set_header("Cache-Control", "no-store")
-            self.write(PAGE)
+            # the hub accepts its login cookie on a script's fetch only with this token (XSRF)
+            token = self.xsrf_token
+            self.write(PAGE.replace("__XSRF__", json.dumps(token.decode() if isinstance(token, bytes) else token)))
 
     class Rows(HubOAuthenticated, web.RequestHandler):
-        @web.authenticated
-        def get(self):
+        def get(self):  # no redirect to the login: a script fetches this; the page says to reload
+            if self.current_user is None:
+                raise web.HTTPError(403, "not logged in, or not allowed: reload the page")
             self.set_header("Content-Type", "application/json")
             self.set_header("Cache-Control", "no-store")
             self.write(room.as_json())
