@@ -5,6 +5,11 @@
         hub.learners[0].name, hub.password            # log in with these (SharedPasswordAuthenticator)
         hub.api("GET", "/users")                      # hub REST API with the instructor's token
         hub.stop_server(name)                         # DELETE /users/NAME/server, waits until it is gone
+        hub.start_server(name)                        # POST /users/NAME/server, waits until it is ready
+
+HubTestbed(..., notebook_dir="~", room_service=True) roots each server in the home, as TLJH and Z2JH do, and runs
+`ppkit room --serve` as the hub's managed service ppkit-room, which the user `hub.instructor` (a hub user with
+the hub's password, given access:services!service=ppkit-room) may open at /services/ppkit-room/.
 
 Each learner's server is JupyterLab (jupyterhub-singleuser from the Python running the tests), started by
 LocalProcessSpawner as that learner's Unix user, on the course's notebooks copied into ~/notebooks, with this
@@ -87,7 +92,7 @@ c.Authenticator.allowed_users = set({learners!r})
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [{singleuser!r}]
 c.Spawner.default_url = "/lab"
-c.Spawner.notebook_dir = "~/notebooks"
+c.Spawner.notebook_dir = {notebook_dir!r}
 c.Spawner.args = ["--ServerApp.terminals_enabled=False", "--LabApp.news_url=None",
                   "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                   "--LabApp.extension_manager=readonly"]
@@ -98,13 +103,29 @@ c.JupyterHub.services = [{{"name": "instructor", "api_token": {token!r}}}]
 c.JupyterHub.load_roles = [{{"name": "instructor", "services": ["instructor"],
     "scopes": ["list:users", "read:users", "admin:servers", "access:servers"]}}]
 """
+# The live view of the room (docs/workshop.md), as a managed service; the instructor is a user who may open it.
+ROOM_SERVICE = """c.Authenticator.allowed_users.add({instructor!r})
+c.JupyterHub.services.append({{"name": "ppkit-room", "url": {service_url!r}, "command": {command!r},
+    "environment": {{"PYTHONPATH": {repo!r}}}, "oauth_no_confirm": True}})
+c.JupyterHub.load_roles += [
+    {{"name": "ppkit-room", "services": ["ppkit-room"],
+      "scopes": ["list:users", "read:users", "read:servers", "access:servers"]}},
+    {{"name": "room-viewer", "users": [{instructor!r}], "scopes": ["access:services!service=ppkit-room"]}},
+]
+"""
 
 
 class HubTestbed:
-    def __init__(self, root: Path, learners: int = 2, extra_env: dict[str, str] | None = None):
+    def __init__(self, root: Path, learners: int = 2, extra_env: dict[str, str] | None = None,
+                 notebook_dir: str = "~/notebooks", room_service: bool = False):
+        """notebook_dir: each server's root ("~": the home, as on TLJH and Z2JH); room_service: also run
+        `ppkit room --serve` as the managed service ppkit-room, which the user `instructor` may open."""
         self.root = Path(root)
         self.tag = secrets.token_hex(3)
         self.names = [f"ppkhub{self.tag}{chr(ord('a') + i)}" for i in range(learners)]
+        self.notebook_dir = notebook_dir
+        self.room_service = room_service
+        self.instructor = f"ppkhub{self.tag}i"  # a hub user only (no Unix account, no server): opens the page
         self.password = secrets.token_urlsafe(12)  # the learners' shared password (16 characters)
         self.token = secrets.token_hex(24)  # the instructor's (a hub service's) API token
         self.port = free_port()
@@ -164,7 +185,13 @@ class HubTestbed:
             proxy_pid_file=str(self.root / "proxy.pid"), proxy_token=secrets.token_hex(24),
             password=self.password, learners=self.names, singleuser=found["jupyterhub-singleuser"],
             environment=self.server_env, server_timeout=SERVER_TIMEOUT, token=self.token,
+            notebook_dir=self.notebook_dir,
         )
+        if self.room_service:
+            command = [sys.executable, "-m", "ppkit", "room", "--serve", "--hub-url", self.url, "--every", "2",
+                       "--users", *self.names]
+            config += ROOM_SERVICE.format(instructor=self.instructor, service_url=f"http://127.0.0.1:{free_port()}",
+                                          command=command, repo=str(REPO))
         (self.root / "jupyterhub_config.py").write_text(config)
 
     def _start_hub(self, jupyterhub: str) -> None:
@@ -243,9 +270,12 @@ class HubTestbed:
     def server_running(self, name: str) -> bool:
         return bool(self.api("GET", f"/users/{name}")["servers"])
 
+    def server_ready(self, name: str) -> bool:
+        return bool((self.api("GET", f"/users/{name}")["servers"].get("") or {}).get("ready"))
+
     def wait_server(self, name: str, running: bool, timeout: float = SERVER_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
-        while self.server_running(name) != running:
+        while (self.server_ready(name) if running else self.server_running(name)) != running:
             if time.monotonic() > deadline:
                 state = "start" if running else "stop"
                 raise HubTestbedError(f"{name}'s server did not {state} within {timeout:g} s. "
@@ -262,6 +292,15 @@ class HubTestbed:
             if exc.code != 202:
                 raise
         self.wait_server(name, running=False)
+
+    def start_server(self, name: str) -> None:
+        """What the admin page's "start server" does: POST /hub/api/users/NAME/server, then wait until it runs."""
+        try:
+            self.api("POST", f"/users/{name}/server")
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (201, 202, 400):  # 400: already running
+                raise
+        self.wait_server(name, running=True)
 
     def learner(self, name: str) -> Learner:
         return next(learner for learner in self.learners if learner.name == name)

@@ -1,0 +1,229 @@
+"""The instructor's live view of a room (issue 41), on a real JupyterHub with two learners.
+
+Learner A works in her own server's kernels as she would in a notebook (a session of notebooks/06_pipeline.ipynb,
+started through her server's REST API): she passes one exercise with `workbook.check` and fails another, and leaves
+a second notebook's kernel busy. The instructor's `ppkit room --progress --json` (the real CLI) must show her two
+outcomes, her busy kernel with its seconds and nothing passed for learner B, in seconds; learner B cannot open A's
+record; a garbage or huge record, a wrong hub address and a wrong token each give a row or a message that says so.
+Then the instructor opens the live page (`ppkit room --serve`, the hub's managed service ppkit-room) through the
+hub's login, sees both rows, and sees A's next pass appear without a reload; learner B is refused (403).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hub_testbed import HubMissing, HubTestbed, find_components
+
+from ppkit.room.kernel_exec import run_in_kernel
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOK = "notebooks/06_pipeline.ipynb"
+BUSY_NOTEBOOK = "notebooks/01_point_to_point.ipynb"
+PAGE_TIMEOUT = 120_000  # ms
+ARTIFACTS = REPO / "artifacts" / "browser"  # as tests/browser/conftest.py keeps them (git-ignored)
+SCREENSHOT = ARTIFACTS / "room-live.png"
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+
+PASS_ONE_FAIL_ONE = """
+from ppkit.exercises import workbook
+from ppkit.exercises.solutions import pipeline_time
+workbook.check("pipeline_time", pipeline_time)
+def best_num_microbatches(forward, backward, fixed_seconds, overhead_seconds, candidates):
+    return candidates[0]  # wrong: ignores the costs
+workbook.check("best_num_microbatches", best_num_microbatches)
+"""
+PASS_THE_OTHER = """
+from ppkit.exercises.solutions import best_num_microbatches
+workbook.check("best_num_microbatches", best_num_microbatches)
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    try:
+        find_components()
+    except HubMissing as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"{exc} CI=true, so the JupyterHub test must run: `make hub` installs the proxy.")
+        pytest.skip(f"{exc} Until then the JupyterHub test is skipped.")
+    with HubTestbed(tmp_path_factory.mktemp("hub"), learners=2, notebook_dir="~", room_service=True) as testbed:
+        for name in testbed.names:
+            testbed.start_server(name)
+        yield testbed
+
+
+def server_api(hub: HubTestbed, name: str, method: str, path: str, body: dict | None = None):
+    req = urllib.request.Request(f"{hub.url}/user/{name}/api{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"token {hub.token}"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+def open_session(hub: HubTestbed, name: str, notebook: str) -> str:
+    """What opening a notebook in JupyterLab does: a session for its path, with a kernel; the kernel's id."""
+    # JupyterLab names the session by the file's name: the kernel's JPY_SESSION_NAME is then its path on disk
+    session = server_api(hub, name, "POST", "/sessions", {"path": notebook, "type": "notebook",
+                                                          "name": notebook.rsplit("/", 1)[-1],
+                                                          "kernel": {"name": "python3"}})
+    return session["kernel"]["id"]
+
+
+def run_in(hub: HubTestbed, name: str, kernel: str, code: str, timeout: float | None = 300):
+    """Run `code` in a kernel of `name`'s server; in a thread of its own, as Playwright's loop holds this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(run_in_kernel(f"{hub.url}/user/{name}/", hub.token, kernel, code,
+                                                             timeout))).result()
+
+
+def room(hub: HubTestbed, *options: str, url: str | None = None, token: str | None = None):
+    """`ppkit room --progress --users A B` as the instructor runs it (the hub's other user is the instructor, who
+    has no server: a room would list them as such); (the CompletedProcess, its seconds)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    started = time.monotonic()
+    cmd = [sys.executable, "-m", "ppkit", "room", "--hub-url", url or hub.url, "--token", token or hub.token,
+           "--progress", "--users", *hub.names, *options]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    return done, time.monotonic() - started
+
+
+def rows_of(done) -> dict[str, dict]:
+    assert done.returncode in (0, 1), f"ppkit room exited {done.returncode}: {done.stderr[-2000:]}"
+    return {row["user"]: row for row in json.loads(done.stdout)["learners"]}
+
+
+@pytest.fixture(scope="module")
+def learner_a(hub):
+    """A's work: one pass and one failure in 06_pipeline's kernel, and 01's kernel left busy."""
+    a = hub.names[0]
+    kernel = open_session(hub, a, NOTEBOOK)
+    out = run_in(hub, a, kernel, PASS_ONE_FAIL_ONE)
+    assert out.error and out.error.startswith("ExerciseFailed"), out  # the wrong answer's cell raises
+    busy = open_session(hub, a, BUSY_NOTEBOOK)
+    run_in(hub, a, busy, "import time\ntime.sleep(600)", timeout=None)
+    yield {"name": a, "kernel": kernel, "busy": busy}
+    server_api(hub, a, "POST", f"/kernels/{busy}/interrupt")
+
+
+def test_the_room_shows_what_a_learner_passed_failed_and_left_busy(hub, learner_a):
+    a, b = hub.names
+    time.sleep(3)  # the busy kernel has been busy a few seconds
+    done, seconds = room(hub, "--json")
+    print(f"ppkit room --progress --json, two learners on this hub: {seconds:.1f} s")
+    rows = rows_of(done)
+    assert set(rows) == {a, b}
+    assert rows[a]["exercises"][NOTEBOOK] == {"passed": ["pipeline_time"], "failed": ["best_num_microbatches"],
+                                              "not_tried": []}, rows[a]
+    failure = next(x for x in rows[a]["attempts"] if x["exercise"] == "best_num_microbatches")
+    assert failure["status"] == "failed" and failure["last_failure"], failure
+    busy = next(n for n in rows[a]["notebooks"] if n["path"] == BUSY_NOTEBOOK)
+    assert busy["kernel"] == "busy" and busy["busy_s"] >= 2, rows[a]["notebooks"]
+    assert not any(e["passed"] for e in rows[b]["exercises"].values()) and rows[b]["state"] == "no record", rows[b]
+    assert seconds < 10, f"ppkit room --progress took {seconds:.1f} s for two learners"
+    # stuck after 0 minutes: the failure and the busy kernel both count, and A comes first
+    stuck = rows_of(room(hub, "--json", "--stuck-after", "0")[0])
+    assert stuck[a]["state"] == "stuck" and any("busy" in s for s in stuck[a]["stuck"]), stuck[a]
+    table, _ = room(hub, "--stuck-after", "0")
+    assert table.returncode == 1 and table.stdout.splitlines()[2].startswith(a), table.stdout
+
+
+def test_another_learner_cannot_read_her_record(hub, learner_a):
+    a, b = hub.names
+    record = Path(pwd.getpwnam(a).pw_dir) / "ppkit-progress" / "record.jsonl"
+    assert record.stat().st_uid == pwd.getpwnam(a).pw_uid and "pipeline_time" in record.read_text()
+    code = f"open({str(record)!r}).read()"
+    done = subprocess.run(["runuser", "-u", b, "--", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    assert done.returncode != 0 and "PermissionError" in done.stderr, done.stdout + done.stderr
+
+
+def test_garbage_a_huge_record_a_wrong_address_and_a_wrong_token_say_so(hub, learner_a):
+    a = hub.names[0]
+    record = Path(pwd.getpwnam(a).pw_dir) / "ppkit-progress" / "record.jsonl"
+    kept = record.read_bytes()
+    try:
+        record.write_bytes(b"\x7fELF not a record\n{]\n" * 3)
+        row = rows_of(room(hub, "--json")[0])[a]
+        assert row["state"] == "bad record" and "line(s) not JSON" in row["why"], row
+        with open(record, "wb") as f:
+            f.truncate(20 * 2**20)
+        row = rows_of(room(hub, "--json")[0])[a]
+        assert row["state"] == "bad record" and "record.jsonl is 20.0 MiB" in row["why"], row
+    finally:
+        record.write_bytes(kept)
+    wrong_url, _ = room(hub, url=hub.url + "/not-the-hub")
+    assert wrong_url.returncode == 2 and "No JupyterHub API there: is --hub-url" in wrong_url.stderr, wrong_url.stderr
+    wrong_token, _ = room(hub, token="0" * 32)
+    assert wrong_token.returncode == 2 and "does not know this token" in wrong_token.stderr, wrong_token.stderr
+
+
+def wait_for_cells(page, user: str, cells: dict[int, str], timeout: float) -> None:
+    """Wait until the cells of `user`'s row (by column) read `cells`; say what they read if they never do."""
+    script = (f"() => {{ const r = document.querySelector(\"tr.learner[data-user='{user}']\"); return r !== null && "
+              + " && ".join(f"r.children[{i}].textContent === {text!r}" for i, text in cells.items()) + "; }")
+    try:
+        page.wait_for_function(script, timeout=timeout)
+    except Exception:
+        row = page.locator(f"tr.learner[data-user='{user}']")
+        raise AssertionError(f"{user}'s row never read {cells}: {row.inner_text() if row.count() else '(none)'}; "
+                             f"status: {page.locator('#status').inner_text()}") from None
+
+
+def test_the_live_page_shows_the_room_and_a_pass_without_a_reload(hub, learner_a, browser):
+    a, b = hub.names
+    ctx = browser.new_context(viewport={"width": 1400, "height": 700})
+    ctx.route(re.compile(r"^(https?|wss?)://(?!(127\.0\.0\.1|localhost)[:/])"), lambda route: route.abort())
+    try:
+        page = ctx.new_page()
+        page.goto(f"{hub.url}/services/ppkit-room/", timeout=PAGE_TIMEOUT)  # -> the hub's login -> back
+        page.fill("#username_input", hub.instructor)
+        page.fill("#password_input", hub.password)
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r"/services/ppkit-room/"), timeout=PAGE_TIMEOUT)
+        row_a = page.locator(f"tr.learner[data-user='{a}']")
+        row_a.wait_for(timeout=60_000)
+        page.locator(f"tr.learner[data-user='{b}']").wait_for(timeout=10_000)
+        # her pass and her failure (a collection from before her checks may show first; the next one has them)
+        wait_for_cells(page, a, {2: "1", 3: "1"}, timeout=30_000)
+        row_a.click()  # the details: which exercise failed, and why
+        details = page.locator(f"tr.details[data-user='{a}']")
+        assert "best_num_microbatches (06_pipeline): failed" in details.inner_text()
+        page.evaluate("window.notReloaded = true")
+        run_in(hub, a, learner_a["kernel"], PASS_THE_OTHER)
+        started = time.monotonic()
+        wait_for_cells(page, a, {2: "2", 3: "0"}, timeout=30_000)
+        print(f"the live page showed A's pass {time.monotonic() - started:.1f} s after her check returned")
+        assert page.evaluate("window.notReloaded === true")  # redrawn in place, not reloaded
+        assert "best_num_microbatches (06_pipeline): passed" in details.inner_text()  # still open
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT))
+    finally:
+        ctx.close()
+    ctx = browser.new_context()  # learner B, who is not the instructor
+    ctx.route(re.compile(r"^(https?|wss?)://(?!(127\.0\.0\.1|localhost)[:/])"), lambda route: route.abort())
+    try:
+        page = ctx.new_page()
+        page.goto(f"{hub.url}/services/ppkit-room/", timeout=PAGE_TIMEOUT)
+        page.fill("#username_input", b)
+        page.fill("#password_input", hub.password)
+        with page.expect_response(lambda r: r.status == 403, timeout=PAGE_TIMEOUT) as refused:
+            page.click("#login_submit")
+        print(f"learner B at the live page: {refused.value.status} at {refused.value.url}")
+        assert "<h1>The room</h1>" not in page.content()
+    finally:
+        ctx.close()
