@@ -5,8 +5,9 @@
 
 ``ppkit progress`` prints it; ``ppkit progress --off`` (or ``PPKIT_RECORD=off``) stops it. The kernel
 never sends it anywhere: an instructor's ``ppkit room --progress`` reads the files through the learner's
-own Jupyter server. format.py is the format, record.py the writer, read.py the reader, hooks.py what
-records (called from the exercises, the cluster and preflight through ``note``).
+own Jupyter server. format.py is the format, record.py the writer, read.py the reader (summary.py: what
+the events add up to), hooks.py what records (called from the exercises, the cluster and preflight; the
+cluster imports it only inside the functions that record), table.py the learner's view (``ppkit progress``).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from ppkit.progress import format as fmt
 from ppkit.progress.read import Record
 from ppkit.progress.summary import NotebookSummary
 
-ABOUT = ("It stays on this machine: ppkit sends nothing anywhere. In a workshop on JupyterHub, the instructor's "
-         "`ppkit room --progress` can read it through your own Jupyter server. `ppkit progress --off` stops "
-         "recording (or PPKIT_RECORD=off).")
+ABOUT = ("It stays on this machine: ppkit sends nothing anywhere. In a workshop on JupyterHub, the instructor's\n"
+         "`ppkit room --progress` can read it through your own Jupyter server. `ppkit progress --off` stops\n"
+         "recording (or PPKIT_RECORD=off in the environment).")
 
 
 def exercises_by_notebook() -> dict[str, list[str]]:
