@@ -1,7 +1,8 @@
 """The progress record in a real Jupyter kernel, as a learner's notebook writes it: a ``workbook.check``
 that passes and one that fails, a ppkit error raised in a cell, a ``ppkit.spawn`` that ends well and one
-whose rank exits with code 7, each in the record with the notebook's name from JPY_SESSION_NAME (which
-jupyter_server sets for a notebook's kernel). One kernel serves every step; PPKIT_RECORD_DIR: tmp."""
+whose rank exits with code 7, a ``%%torchrun`` cell that hangs until its timeout; each in the record with
+the notebook's name from JPY_SESSION_NAME (which jupyter_server sets for a notebook's kernel). One kernel
+serves every step; PPKIT_RECORD_DIR: tmp."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def kernel(tmp_path_factory):
         env.setenv(fmt.DIR_ENV, str(folder))
         env.setenv("JPY_SESSION_NAME", NOTEBOOK)
         env.delenv(fmt.SWITCH_ENV, raising=False)
+        env.setenv("PPKIT_HANG_S", "2")  # the hang watch looks after 2 s of silence, not 60
         with kernel_in(tmp_path_factory.mktemp("notebook"), expect_processes=True) as (km, kc):
             cell = run_cell(kc, START)
             assert cell.error is None, cell.text
@@ -94,3 +96,25 @@ def test_a_spawn_that_ends_well_and_one_whose_rank_exits_7(kernel):
     summary = read.read_folder(folder).notebooks
     assert [b.notebook for b in summary] == [NOTEBOOK]
     assert summary[0].last_cluster.state == "died" and summary[0].last_error.error == "ProcessExitedError"
+
+
+def test_a_torchrun_cell_that_hangs_is_recorded_hung_then_died(kernel):
+    kc, folder, pid = kernel
+    seen = len(read.read_folder(folder).events)
+    hung = run_cell(kc, """
+        %%torchrun --nproc-per-node 2 --timeout 8
+        import os, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.recv(torch.zeros(1), src=1 - int(os.environ["RANK"]))  # each rank waits for the other: a deadlock
+    """)
+    assert hung.error[0] == "JobTimeoutError" and "possibly hung" in hung.text
+    events = new_events(folder, seen)
+    assert [(e.kind, e.fields.get("state") or e.fields.get("error")) for e in events] == [
+        ("cluster", "running"), ("cluster", "hung"), ("cluster", "died"), ("error", "JobTimeoutError")]
+    running, stuck, died, _ = events
+    assert running.fields["detail"] == "%%torchrun: 2 rank(s) started"
+    assert 2.0 <= stuck.fields["seconds"] < 8.0
+    assert stuck.fields["detail"].startswith("every rank waits inside torch.distributed: rank 0 in ")
+    assert ", rank 1 in " in stuck.fields["detail"]
+    assert died.fields["detail"].startswith("%%torchrun: JobTimeoutError: ")
+    assert all(e.notebook == NOTEBOOK and e.pid == pid for e in events)
