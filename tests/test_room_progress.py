@@ -62,6 +62,9 @@ class FakeHub(BaseHTTPRequestHandler):
 
     files: dict[str, dict[str, str | int]] = {}  # user -> {name: text, or an int: only a listed size}
     down: set[str] = set()
+    delay = 0.0  # s each learner's server takes to answer
+    busy = {"now": 0, "most": 0}  # requests to learners' servers being answered at once
+    lock = threading.Lock()
 
     def log_message(self, *args):
         pass
@@ -93,7 +96,17 @@ class FakeHub(BaseHTTPRequestHandler):
         parts = path.split("/")  # "", "user", NAME, "api", ...
         if parts[1] != "user":
             return self._send(404, {"message": "Not Found"})
-        user, rest = parts[2], "/".join(parts[4:])
+        with self.lock:
+            self.busy["now"] += 1
+            self.busy["most"] = max(self.busy["most"], self.busy["now"])
+        try:
+            time.sleep(self.delay)
+            return self._learner(parts[2], "/".join(parts[4:]))
+        finally:
+            with self.lock:
+                self.busy["now"] -= 1
+
+    def _learner(self, user: str, rest: str):
         if user in self.down:
             return self._send(503, {"message": "server not running"})
         files = self.files[user]
@@ -118,7 +131,7 @@ def hub_url():
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-    FakeHub.files, FakeHub.down = {}, set()
+    FakeHub.files, FakeHub.down, FakeHub.delay, FakeHub.busy = {}, set(), 0.0, {"now": 0, "most": 0}
 
 
 def learner(url: str, name: str) -> LearnerServer:
@@ -189,10 +202,12 @@ def test_a_wrong_token_and_a_wrong_address_say_which(hub_url):
 def test_table_json_and_csv_of_a_room(hub_url):
     FakeHub.files = {"ana": {"record.jsonl": ANA}, "bo": {}}
     rows = collect_progress(HubClient(hub_url, TOKEN), stuck_after=5)
-    lines = render(rows, width=140).splitlines()
+    lines = render(rows, width=200).splitlines()
     assert [x.split()[:3] for x in lines[2:4]] == [["ana", "stuck", "1/1/1"], ["bo", "no", "record"]]
     assert "06_pipeline (busy 340 s)" in lines[2] and "failed best_num_microbatches 7 min ago" in lines[2]
-    assert lines[-1] == "2 learner(s): 1 stuck, 1 no record" and all(len(x) <= 140 for x in lines)
+    assert lines[2].split()[-2:] == ["hung", "warnings"]  # the last cluster state and the preflight verdict
+    assert lines[-1] == "2 learner(s): 1 stuck, 1 no record" and all(len(x) <= 200 for x in lines)
+    assert all(len(x) <= 80 for x in render(rows, width=80).splitlines())
     learners = json.loads(as_json(rows))["learners"]
     assert [r["user"] for r in learners] == ["ana", "bo"] and learners[0]["notebooks"][0]["busy_s"] == 340.0
     table = list(csv.DictReader(io.StringIO(as_csv(rows))))
@@ -217,6 +232,9 @@ def test_the_cli_prints_csv_and_the_summary_and_says_when_something_is_missing(h
     bad = subprocess.run([sys.executable, "-m", "ppkit", "room", "--hub-url", hub_url, "--token", TOKEN, "--csv"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "add --progress" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "ppkit", "room", "--hub-url", hub_url, "--token", TOKEN, "--start",
+                          "--progress"], capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "--start is for the preflight" in bad.stderr
     serve = subprocess.run([sys.executable, "-m", "ppkit", "room", "--hub-url", hub_url, "--token", TOKEN,
                             "--serve"], capture_output=True, text=True, timeout=60,
                            env={k: v for k, v in env.items() if not k.startswith("JUPYTERHUB_")})
@@ -247,3 +265,14 @@ def test_the_live_pages_room_collects_and_says_why_a_collection_failed(hub_url):
     got = json.loads(room.as_json())
     assert "does not know this token" in got["error"] and got["learners"][0]["user"] == "ana"  # the last rows stay
     assert "http" not in PAGE.replace("http-equiv", "")  # nothing loaded from elsewhere
+
+
+def test_a_room_of_40_is_fetched_in_parallel(hub_url):
+    FakeHub.files = {f"l{i:02d}": {"record.jsonl": ANA} for i in range(40)}
+    FakeHub.delay = 0.2  # a loaded server: 3 requests per learner, 24 s one after the other
+    started = time.monotonic()
+    rows = collect_progress(HubClient(hub_url, TOKEN), stuck_after=5)
+    print(f"40 learners, 0.2 s per request: {time.monotonic() - started:.1f} s, "
+          f"{FakeHub.busy['most']} requests at once")
+    assert len(rows) == 40 and all(r.state == "stuck" for r in rows)
+    assert FakeHub.busy["most"] >= 8  # 16 learners at a time (a machine this loaded still starts 8 threads)

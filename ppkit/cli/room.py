@@ -48,6 +48,10 @@ def main(args) -> int:
         print("ppkit room: no token: pass --token or set JUPYTERHUB_API_TOKEN (an admin makes one on the "
               "hub's Token page, /hub/token)", file=sys.stderr)
         return 2
+    if args.start and (args.progress or args.serve):
+        print("ppkit room: --start is for the preflight (it starts servers to run it in); --progress and --serve "
+              "only read what the running servers hold", file=sys.stderr)
+        return 2
     if args.csv and not args.progress:
         print("ppkit room: --csv prints the progress records: add --progress", file=sys.stderr)
         return 2

@@ -26,7 +26,8 @@ code { background: #eee; padding: 0 .2em; }
 <h1>The room</h1>
 <div id="status">collecting...</div>
 <table><thead><tr><th>learner</th><th>state</th><th>passed</th><th>failing</th><th>not tried</th>
-<th>open notebooks (kernel)</th><th>last error</th><th>why</th></tr></thead><tbody id="rows"></tbody></table>
+<th>open notebooks (kernel)</th><th>last error</th><th>cluster</th><th>preflight</th><th>why</th></tr></thead>
+<tbody id="rows"></tbody></table>
 <script>
 "use strict";
 const REFRESH_MS = __REFRESH_MS__;
@@ -43,7 +44,7 @@ function notebooks(r) { return (r.notebooks || []).map(n => stem(n.path) + " (" 
   ? "busy " + Math.round(n.busy_s) + " s" : n.kernel) + ")").join(", ") || "-"; }
 function item(list, text) { list.appendChild(el("li", text)); }
 function details(r) {
-  const td = el("td"); td.colSpan = 8;
+  const td = el("td"); td.colSpan = 10;
   const ex = el("ul");
   for (const a of r.attempts || []) {
     item(ex, a.exercise + " (" + stem(a.notebook || "?") + "): " + a.status + ", " + a.attempts + " attempt(s), "
@@ -71,7 +72,8 @@ function draw(data) {
     tr.dataset.user = r.user;
     const err = r.last_error ? r.last_error.error + " " + ago(r.last_error.ago_s) : "-";
     for (const v of [r.user, r.state, count(r, "passed"), count(r, "failed"), count(r, "not_tried"), notebooks(r),
-                     err, r.why]) tr.appendChild(el("td", v));
+                     err, r.cluster ? r.cluster.state : "-", r.preflight ? r.preflight.verdict : "-", r.why])
+      tr.appendChild(el("td", v));
     tr.children[1].className = "state";
     tr.addEventListener("click", () => { opened.has(r.user) ? opened.delete(r.user) : opened.add(r.user);
                                          draw(last); });

@@ -51,11 +51,14 @@ def _last_error(row: ProgressRow) -> str:
 
 def render(rows: list[ProgressRow], width: int = 160) -> str:
     """One line per learner (stuck first): state, exercises passed/failing/not tried, why, open notebooks (kernel
-    state, busy seconds) and the last error, cut to `width`; then a count per state."""
+    state, busy seconds), the last error, the last cluster state and preflight verdict, cut to `width`; then a
+    count per state."""
     rows = sort_rows(rows)
-    table = [("learner", "state", "pass/fail/todo", "why", "open notebooks (kernel)", "last error")]
+    table = [("learner", "state", "pass/fail/todo", "why", "open notebooks (kernel)", "last error", "cluster",
+              "preflight")]
     for r in rows:
-        table.append((r.user, r.state, "/".join(map(str, _counts(r))), _short(r.why, 52), _open(r), _last_error(r)))
+        table.append((r.user, r.state, "/".join(map(str, _counts(r))), _short(r.why, 52), _open(r), _last_error(r),
+                      r.cluster["state"] if r.cluster else "-", r.preflight["verdict"] if r.preflight else "-"))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
