@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -17,11 +16,6 @@ from leftovers import end_leftovers, ppkit_children, wait_gone  # noqa: F401  (r
 from slurm_testbed import SlurmMissing, SlurmTestbedError
 
 import ppkit
-
-# Checks run by tests and by nbval's kernels (which inherit this environment when `pytest tests notebooks`
-# collects this file first) go to a scratch file, not the learner's ~/.ppkit/progress.json.
-os.environ.setdefault("PPKIT_PROGRESS", os.path.join(tempfile.gettempdir(), f"ppkit-test-progress-{os.getpid()}.json"))
-
 
 THREADS_END_WITHIN_S = 2.0  # what a module's ending threads get before its garbage is collected
 
