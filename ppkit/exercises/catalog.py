@@ -179,14 +179,15 @@ EXERCISES = (
     Exercise(
         "predict_peak", "08b_step_memory", "predict_peak(size, seq_len, microbatch_size)",
         check_memory.check_predict_peak, solutions.predict_peak,
-        ("Start from the static part: Adam in fp32 holds 4 + 4 + 8 bytes per parameter, 16 * size.params(). "
-         "Then what autograd keeps: size.layers layers, each kept_formula's breakdown in fp32 with no dropout "
-         "(4 bytes a value: 16 sbh values, plus the a s^2 b of the attention matrix).",
-         "Outside the layers autograd keeps the token ids and targets (int64: 8 bytes each, s b of each), the "
-         "final norm's and the head's inputs (s b h floats each) and cross-entropy's log-probabilities "
+        ("The peak is at the start of backward, when every activation is still kept. Which of the 4 + 4 + 8 "
+         "bytes per parameter exist then? zero_grad(set_to_none=True) freed the last step's gradients.",
+         "What autograd keeps: size.layers layers, each kept_formula's breakdown in fp32 with no dropout (16 sbh "
+         "values, plus a s^2 b for the attention matrix; with size.attention == 'sdpa' no matrix, but the "
+         "kernel's output, s b h, and a log-sum-exp, a s b). Outside the layers: the token ids and targets "
+         "(int64, s b each), the final norm's and the head's inputs (s b h floats each), the log-probabilities "
          "(s b vocab floats).",
-         "At the peak, backward has also made the gradient of one attention matrix, a s^2 b floats, that no "
-         "kept tensor accounts for: add 4 * heads * s * s * b.")),
+         "Backward's first operator, cross-entropy's, makes two tensors of the logits' size at once: the "
+         "gradients of the log-probabilities and of the logits, 2 * 4 * s * b * vocab bytes.")),
     Exercise(
         "zero2_grad_shard", "09_sharded_data_parallel", "zero2_grad_shard(grad, rank, world_size)",
         check_sharding.check_zero2_grad_shard, solutions.zero2_grad_shard,

@@ -122,13 +122,19 @@ def microbatches_held(schedule, num_stages, num_microbatches):
 
 
 def predict_peak(size, seq_len, microbatch_size):
-    """Notebook 08b: one fp32 Adam step's peak: static part, activations kept, backward's largest transient."""
-    s, b, h, a = seq_len, microbatch_size, size.d_model, size.heads
-    static = 16 * size.params()                           # weights 4, gradients 4, Adam's two moments 8
-    per_layer = 4 * (16 * s * b * h + a * s * s * b)      # fp32 values kept by one block (no dropout)
-    outside = 2 * 8 * s * b + 4 * (2 * s * b * h + s * b * size.vocab)  # ids, targets, norm, head, log-probs
-    transient = 4 * a * s * s * b                         # one attention matrix's gradient in backward
-    return static + size.layers * per_layer + outside + transient
+    """Notebook 08b: one fp32 Adam step's peak, at the start of backward: weights, Adam, activations, cross-entropy."""
+    s, b, h, a, v = seq_len, microbatch_size, size.d_model, size.heads, size.vocab
+    static = 12 * size.params()                    # weights 4, Adam's moments 8; no gradients yet (set_to_none)
+    per_layer = 4 * 16 * s * b * h                 # fp32 values kept by one block: norms 2, attention 5, MLP 9 sbh
+    if size.attention == "math":
+        per_layer += 4 * a * s * s * b             # the softmax output: an s x s matrix per head
+    else:
+        per_layer += 4 * (s * b * h + a * s * b)   # SDPA keeps its output and a log-sum-exp per row and head
+    outside = 2 * 8 * s * b + 4 * (2 * s * b * h + s * b * v)  # ids, targets, norm and head inputs, log-probs
+    cross_entropy = 2 * 4 * s * b * v              # backward's start: gradients of the log-probs and the logits
+    return static + size.layers * per_layer + outside + cross_entropy
+
+
 def zero2_grad_shard(grad, rank, world_size):
     """Notebook 09: my slice of the gradient averaged over the ranks, by one reduce_scatter."""
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in 2.14

@@ -1,7 +1,8 @@
 """Lesson 08b: a whole training step's peak memory, measured with torch's MemTracker and predicted by formula.
 
     outside_formula   what autograd keeps outside the blocks: token ids, final norm and head inputs, log-probs
-    predicted_peak    static part + kept activations (for the recompute policy) + backward's largest transient
+    predicted_peak    weights and Adam (+ gradients when accumulating) + kept activations (for the recompute
+                      policy) + backward's largest transient
     measure_step      one optimizer step of ``accumulation_steps`` micro-batches under MemTracker: its peak,
                       by category (parameters, gradients, optimizer, activations, temporaries)
     step_times        the same step's wall time per recompute policy, best of a few, without the tracker
@@ -44,23 +45,34 @@ def activations_formula(size: sm.Size, s: int, b: int, policy: str, element_size
 
 
 def transient_formula(size: sm.Size, s: int, b: int, policy: str, element_size: int = 4) -> float:
-    """The most that backward holds at once beyond the kept activations: the gradient of one s x s attention
-    matrix (math attention; the logits' gradient with SDPA); under selective recomputation the rebuilt
-    attention matrix as well, under full recomputation one whole block rebuilt."""
+    """The most that backward holds at once beyond the kept activations, the larger of two moments.
+
+    At its start, cross-entropy's backward holds two tensors of the logits' size: the gradients of the
+    log-probabilities and of the logits (2 s b vocab values). Later, with the attention written out, the last
+    layer's softmax backward holds two s x s gradients per head and two of s b h, while the log-probs, the head's
+    input and 12 s b h of the last layer (MLP, projection, V) are freed already: 2 a s^2 b - s b (vocab + 10 h)
+    values. Selective recomputation adds the rebuilt attention matrix; full, a whole rebuilt block."""
     e = element_size
-    largest = e * size.heads * s * s * b if size.attention == "math" else e * s * b * size.vocab
-    if policy == "selective" and size.attention == "math":
-        largest *= 2
-    elif policy == "full":
-        largest += sm.formula_for(size, s, b, e)
-    return largest
+    cross_entropy = 2 * e * s * b * size.vocab
+    later = 0.0
+    if size.attention == "math":
+        later = e * (2 * size.heads * s * s * b - s * b * (size.vocab + 10 * size.d_model))
+        if sm.check_policy(policy) == "selective":
+            later += e * size.heads * s * s * b
+    if sm.check_policy(policy) == "full":
+        later += sm.formula_for(size, s, b, e)
+    return max(cross_entropy, later)
 
 
 def predicted_peak(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none") -> dict:
-    """The step's peak, by part: Adam's 16 bytes per parameter, the kept activations of one micro-batch
-    (accumulation keeps one micro-batch's at a time), backward's largest transient."""
+    """The step's peak, by part: the weights and Adam's two moments (12 bytes per parameter), the gradients
+    only when accumulating (with ``zero_grad(set_to_none=True)`` the last step's are freed, and at the peak,
+    early in backward, few new ones exist; from the second micro-step on the first one's are kept), the kept
+    activations of one micro-batch (accumulation keeps one micro-batch's at a time), backward's largest
+    transient."""
     check_setting(s, b, accumulation_steps)
-    parts = {"static (16 bytes x parameters)": 16 * size.params(),
+    parts = {"weights and Adam (12 bytes x parameters)": 12 * size.params(),
+             "gradients (4 bytes x parameters, when accumulating)": 4 * size.params() if accumulation_steps > 1 else 0,
              "activations kept": activations_formula(size, s, b, policy),
              "backward transient": transient_formula(size, s, b, policy)}
     return {**parts, "total": sum(parts.values())}

@@ -45,7 +45,8 @@ def plot_activations(size: sm.Size, rows: dict[str, list[tuple[int, int, int]]])
 
 
 PARTS = {"measured": ("params", "grads", "optimizer", "activations", "temporaries"),
-         "predicted": ("static (16 bytes x parameters)", "activations kept", "backward transient")}
+         "predicted": ("weights and Adam (12 bytes x parameters)",
+                       "gradients (4 bytes x parameters, when accumulating)", "activations kept", "backward transient")}
 
 
 def plot_peak(measured, predicted: dict):
