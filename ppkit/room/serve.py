@@ -106,6 +106,12 @@ def serve(hub: HubClient, names, record_path: str, stuck_after: float, every: fl
               "starts with these (c.JupyterHub.services with a 'command', see docs/workshop.md: The live view "
               "of the room). For a one-off look, `ppkit room --progress` prints the same table.", file=sys.stderr)
         return 2
+    try:
+        import jupyterhub.services.auth  # noqa: F401 - the hub's OAuth, for make_app
+    except ImportError as exc:
+        print(f"ppkit room --serve: cannot import jupyterhub ({exc}): the service uses the hub's OAuth; run it "
+              "with a Python that has jupyterhub (the hub's, or the learners' environment on TLJH)", file=sys.stderr)
+        return 2
     from urllib.parse import urlparse
 
     url = urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
