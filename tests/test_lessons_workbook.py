@@ -168,7 +168,10 @@ def test_my_share_names_missing_and_doubled_items():
                                    "each item must belong to exactly one rank"]
     with pytest.raises(ExerciseFailed) as info:
         check_launch.check_my_share(forgets_the_rest, world_sizes=(4,), num_items=(13,))
-    assert info.value.failures == ["world_size 4, 13 items: no rank handles item(s) [12]"]
+    assert info.value.failures == ["world_size 4, 13 items: no rank handles item(s) [12] (the last num_items % "
+                                   "world_size = 1: a share of num_items // world_size items per rank leaves the "
+                                   "remainder out; let rank r start at r * num_items // world_size and stop where "
+                                   "rank r + 1 starts)"]
     with pytest.raises(ExerciseFailed, match=r"rank 0: expected a list of item numbers such as \[0, 1, 2\], "
                                              r"got int 3"):
         check_launch.check_my_share(lambda rank, world_size, num_items: 3, world_sizes=(1,), num_items=(3,))
@@ -184,7 +187,12 @@ def test_slurm_names_the_wrong_variable():
     assert info.value.failures == [
         "SLURM_PROCID=1, SLURM_NTASKS=2, SLURM_LOCALID=0, SLURM_NODELIST=node[07-08], MASTER_PORT=29500: "
         "expected MASTER_ADDR='node07', got 'node[07-08]' (the first host of SLURM_NODELIST, with its "
-        "brackets expanded)"]
+        "brackets expanded)",
+        "SLURM_PROCID=1, SLURM_NTASKS=2, SLURM_LOCALID=0, SLURM_NODELIST=node[07-08], MASTER_PORT=29500: "
+        "MASTER_PORT is int 29500; environment variables are strings (os.environ refuses anything else): "
+        "MASTER_PORT='29500'",
+        "SLURM_PROCID=0, SLURM_NTASKS=1, SLURM_LOCALID=0, SLURM_NODELIST=laptop: MASTER_PORT is int 29500; "
+        "environment variables are strings (os.environ refuses anything else): MASTER_PORT='29500'"]
     with pytest.raises(ExerciseFailed, match="expected a dict such as"):
         check_launch.check_slurm_to_torchrun(lambda env: "RANK=0", cases=check_launch.SLURM_CASES[:1])
 

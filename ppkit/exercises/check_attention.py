@@ -123,7 +123,10 @@ def check_merge_partials(fn) -> CheckReport | None:
             print(f"not written yet: replace the NotImplementedError in {getattr(fn, '__name__', fn)}")
             return None
         except Exception as exc:  # the learner's bug is a finding, not a crash of the checker
-            report.fail(f"{name}: your function raised {type(exc).__name__}: {exc}")
+            shapes = isinstance(exc, RuntimeError) and "must match the size of tensor" in str(exc)
+            report.fail(f"{name}: your function raised {type(exc).__name__}: {exc}" + (
+                " (lse has one value per row, (batch, heads, rows), and out one row of head_dim values per row: "
+                ".unsqueeze(-1) the weights before multiplying out by them)" if shapes else ""))
             continue
         problem = _diagnose(name, inputs, want, got)
         if problem:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
-from ppkit.errors import ExerciseFailed
+from ppkit.errors import ExerciseFailed, WorkerDiedError
 from ppkit.exercises.report import CheckReport
 from ppkit.exercises.subworld import check_on_ranks
 from ppkit.lessons import data_parallel
@@ -50,6 +50,18 @@ def _collectives_forbidden(exercise: str):
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
+
+
+def _on_ranks(exercise: str, *args):
+    """``check_on_ranks``, with a rank that died turned into a finding: here the usual cause is a send or recv to a
+    rank outside the world, which crashes gloo (SIGSEGV) rather than raising."""
+    try:
+        return check_on_ranks(CheckReport(exercise), *args)
+    except WorkerDiedError as err:
+        raise ExerciseFailed(
+            f"{exercise}: {err.args[0] if err.args else err}. The usual cause here: a dist.send/recv (or isend/irecv) "
+            "to a rank outside 0..world_size-1, which makes gloo crash the rank instead of raising. Wrap around the "
+            "ring with % world_size, e.g. (rank + 1) % world_size", [str(err)]) from None
 
 
 def _compare(label: str, rank: int, got, want: torch.Tensor, own: torch.Tensor | None = None) -> str | None:
@@ -97,9 +109,15 @@ def check_ring_shift(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeout: f
                 want = _ring_input((rank - 1) % k, numel)
                 problem = _compare(f"world_size {k}, {numel} element(s)", rank, got, want,
                                    own=_ring_input(rank, numel))
+                if problem and k > 2 and all(_compare("", r, results[r][i], _ring_input((r + 1) % k, n)) is None
+                                             for r in range(k) for i, n in enumerate(sizes)):
+                    yield (f"world_size {k}, {numel} element(s): rank {rank} holds rank {(rank + 1) % k}'s tensor, "
+                           "its right neighbour's: the ring runs the wrong way. Send to (rank + 1) % world_size and "
+                           "receive from (rank - 1) % world_size")
+                    continue
                 yield problem and problem + f" (it should hold rank {(rank - 1) % k}'s tensor)"
 
-    return check_on_ranks(CheckReport("ring shift"), fn, world_sizes, timeout, cluster,
+    return _on_ranks("ring shift", fn, world_sizes, timeout, cluster,
                           lambda k: f"world_size {k} x sizes {list(sizes)}", _ring_shift_job, (fn, tuple(sizes)),
                           problems)
 
@@ -134,18 +152,35 @@ def check_ring_all_reduce(fn, world_sizes=WORLD_SIZES, sizes=TENSOR_SIZES, timeo
     def problems(k, results):
         for rank in range(k):
             for seed, (numel, (got, want)) in enumerate(zip(sizes, results[rank])):
-                yield _compare(f"world_size {k}, {numel} element(s)", rank, got, want,
-                               own=_reduce_input(rank, numel, seed))
+                label = f"world_size {k}, {numel} element(s)"
+                problem = _compare(label, rank, got, want, own=_reduce_input(rank, numel, seed))
+                yield problem and (problem + _all_reduce_hint(got, want, k, rank))
 
-    return check_on_ranks(CheckReport("ring all_reduce"), fn, world_sizes, timeout, cluster,
+    return _on_ranks("ring all_reduce", fn, world_sizes, timeout, cluster,
                           lambda k: f"world_size {k} x sizes {list(sizes)}", _ring_all_reduce_job,
                           (fn, tuple(sizes)), problems)
+
+
+def _all_reduce_hint(got, want: torch.Tensor, k: int, rank: int) -> str:
+    """A named mistake behind a wrong ring all_reduce: an average for the sum, or the all-gather half missing."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return ""
+    if torch.allclose(got.double() * k, want.double()):
+        return (f" (it is the sum divided by world_size, {k}: all_reduce's SUM leaves the sum; averaging is a "
+                "separate step, the caller's)")
+    chunks = list(zip(got.double().tensor_split(k), want.double().tensor_split(k)))
+    right = [i for i, (g, w) in enumerate(chunks) if len(w) and torch.equal(g, w)]
+    if len(want) >= k and right == [(rank + 1) % k]:
+        return (f" (only chunk {right[0]} holds the sum: that is where the reduce-scatter leaves rank {rank}; the "
+                "all-gather half, world_size - 1 more steps passing the finished chunks on, is missing)")
+    return ""
 
 
 # -- lesson 3: one all_reduce for all gradients -------------------------------------------------
 
 def _bucket_job(rank, k, fn, batch_size):
     model = data_parallel.local_backward(rank, k, batch_size)
+    local = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     calls = []
     real = dist.all_reduce
 
@@ -159,7 +194,7 @@ def _bucket_job(rank, k, fn, batch_size):
     finally:
         dist.all_reduce = real
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
-    return {"grads": grads, "all_reduce_calls": calls}
+    return {"grads": grads, "all_reduce_calls": calls, "local": local}
 
 
 def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, timeout: float = 30,
@@ -184,6 +219,9 @@ def check_bucketed_average(fn, world_sizes=(2, 3, 4), batch_size: int = 24, time
                         f"whole-batch gradient by up to {diff:.3g}")
                 if torch.allclose(g, want[name] * k, rtol=1e-4, atol=1e-6):
                     text += f" (it is {k} times too large: summed but not divided by world_size)"
+                elif torch.equal(g, result["local"][name]):
+                    text += (" (it is this rank's own gradient, unchanged: the averaged flat tensor was never copied "
+                             "back into p.grad)")
                 yield text
 
     return check_on_ranks(CheckReport("bucketed gradient averaging"), fn, world_sizes, timeout, cluster,

@@ -46,7 +46,11 @@ def _share_problems(world_size: int, num_items: int, shares: dict[int, list]) ->
     problems = []
     missing = [i for i in range(num_items) if i not in owners]
     if missing:
-        problems.append(f"{label}: no rank handles item(s) {missing[:8]}")
+        left_over = num_items % world_size
+        why = (f" (the last num_items % world_size = {left_over}: a share of num_items // world_size items per rank "
+               "leaves the remainder out; let rank r start at r * num_items // world_size and stop where rank r + 1 "
+               "starts)" if left_over and missing == list(range(num_items - left_over, num_items)) else "")
+        problems.append(f"{label}: no rank handles item(s) {missing[:8]}{why}")
     twice = {i: r for i, r in owners.items() if len(r) > 1 and 0 <= i < num_items}
     if twice:
         item, ranks = next(iter(sorted(twice.items())))
@@ -103,6 +107,16 @@ SLURM_CASES = (
 )
 
 
+def _slurm_hint(name: str, got: str, env: dict) -> str:
+    """Why a variable is wrong, where a mix-up of SLURM's variables explains it."""
+    if name == "LOCAL_RANK" and got == env["SLURM_PROCID"] != env["SLURM_LOCALID"]:
+        return " (that is SLURM_PROCID, the rank in the whole job; the rank on this node is SLURM_LOCALID)"
+    if name == "RANK" and got == env["SLURM_LOCALID"] != env["SLURM_PROCID"]:
+        return " (that is SLURM_LOCALID, the rank on this node; the rank in the whole job is SLURM_PROCID)"
+    return {"MASTER_ADDR": " (the first host of SLURM_NODELIST, with its brackets expanded)",
+            "MASTER_PORT": " (SLURM chooses no port: MASTER_PORT if set, else torch's 29500)"}.get(name, "")
+
+
 def check_slurm_to_torchrun(fn, cases=SLURM_CASES) -> CheckReport:
     """Check ``fn(env) -> dict``: for the variables one ``srun`` task sees, the five torchrun
     variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) as strings, as
@@ -120,8 +134,9 @@ def check_slurm_to_torchrun(fn, cases=SLURM_CASES) -> CheckReport:
             if name not in got:
                 report.fail(f"{label}: {name} is missing (expected {name}={want[name]!r})")
             elif str(got[name]) != want[name]:
-                hint = {"MASTER_ADDR": " (the first host of SLURM_NODELIST, with its brackets expanded)",
-                        "MASTER_PORT": " (SLURM chooses no port: MASTER_PORT if set, else torch's 29500)"}
                 report.fail(f"{label}: expected {name}={want[name]!r}, got {got[name]!r}"
-                                       + hint.get(name, ""))
+                            + _slurm_hint(name, str(got[name]), env))
+            elif not isinstance(got[name], str):
+                report.fail(f"{label}: {name} is {type(got[name]).__name__} {got[name]!r}; environment variables are "
+                            f"strings (os.environ refuses anything else): {name}={want[name]!r}")
     return raise_or_report(report)

@@ -67,6 +67,9 @@ def activation_shape_of(cut: str, batch_size: int, image_size: int) -> tuple[int
 def _shape_hint(got: tuple, want: tuple, image_size: int) -> str:
     if len(got) != len(want):
         return f" (a shape of {len(want)} numbers: batch, channels, height, width)"
+    if got == (want[0], want[2], want[3], want[1]):
+        return (" (that is channels last, (batch, height, width, channels), TensorFlow's order; PyTorch's tensors are "
+                "(batch, channels, height, width))")
     if got[0] != want[0]:
         return " (the first number is the batch size)"
     if got[1] != want[1]:
@@ -135,6 +138,13 @@ def _time_hint(got: float, forward_times, backward_times, batch_size: int, micro
     for count, text in suspects:
         if count != m and count >= 1 and math.isclose(got, _gpipe_total(forward_times, backward_times, count)):
             return f" ({text})"
+    stages, slowest = len(forward_times), max(forward_times) + max(backward_times or (0,))
+    if len(set(forward_times)) > 1 and math.isclose(got, (m + stages - 1) * slowest):
+        return (" (that is (m + S - 1) turns of the slowest stage: right for equal stages only; the first "
+                "micro-batch passes each stage at that stage's own speed, sum(forward_times) + sum(backward_times))")
+    if stages > 1 and math.isclose(got, m * slowest):
+        return (" (that is m turns of the slowest stage with no fill: the first micro-batch must first pass every "
+                "stage, sum(forward_times), and the backward drains the same way)")
     if math.isclose(got, m * (sum(forward_times) + sum(backward_times))):
         return " (that is the time with no overlap: stage s starts micro-batch i as soon as it has " \
                "finished i - 1 and stage s - 1 has finished i)"
@@ -189,6 +199,9 @@ def _held_hint(got: list, want: list, schedule: str, num_stages: int, m: int) ->
         return " (one too few: stage s (from 0) runs S - s forwards before its first backward)"
     if schedule == "1f1b" and got == list(reversed(want)):
         return " (reversed: the first stage runs the most forwards ahead, the last stage the fewest)"
+    if schedule == "1f1b" and num_stages > 1 and got == [m] * num_stages and got != want:
+        return (" (that is GPipe's: 1F1B starts each stage's backwards early, so stage s holds at most num_stages - s "
+                "micro-batches)")
     if schedule == "gpipe" and got != want:
         return " (GPipe runs every forward before any backward)"
     return ""

@@ -13,12 +13,12 @@ yet, with no error.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ppkit.checks import check_callable
 from ppkit.cluster.controller import Cluster
 from ppkit.exercises.report import CheckReport
 from ppkit.exercises.subworld import NOT_WRITTEN, check_on_ranks
+from ppkit.exercises.traffic import Traffic, ring_bytes
 
 
 def _close(got, want) -> bool:
@@ -30,23 +30,6 @@ def _describe(got) -> str:
     if not isinstance(got, torch.Tensor):
         return f"{type(got).__name__}, not a tensor"
     return f"shape {tuple(got.shape)}"
-
-
-class _CountAllReduce:
-    """Count dist.all_reduce calls while the learner's function runs."""
-
-    def __enter__(self):
-        self.calls, self.real = 0, dist.all_reduce
-
-        def counting(*args, **kwargs):
-            self.calls += 1
-            return self.real(*args, **kwargs)
-
-        dist.all_reduce = counting
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_reduce = self.real
 
 
 # -- lesson 9: ZeRO-2's gradient step ---------------------------------------------------------
@@ -64,16 +47,22 @@ def _zero2_job(rank, k, fn, numels):
     out = []
     for numel in numels:
         try:
-            with _CountAllReduce() as counted:
+            with Traffic(k) as seen:
                 got = fn(zero_grad_input(rank, numel), rank, k)
         except NotImplementedError:
             return NOT_WRITTEN
-        out.append({"got": got.detach().clone() if isinstance(got, torch.Tensor) else got,
-                    "all_reduce_calls": counted.calls})
+        out.append(_seen(got, seen))
     return out
 
 
-def _zero2_problem(k, rank, numel, got, calls) -> str | None:
+def _seen(got, seen: Traffic) -> dict:
+    """What a rank's job returns: its answer and what it sent to get it."""
+    return {"got": got.detach().clone() if isinstance(got, torch.Tensor) else got,
+            "all_reduce_calls": seen.names().count("all_reduce"), "sent": seen.sent(), "summary": seen.summary()}
+
+
+def _zero2_problem(k, rank, numel, result) -> str | None:
+    got, calls = result["got"], result["all_reduce_calls"]
     inputs = [zero_grad_input(r, numel) for r in range(k)]
     total = torch.stack(inputs).sum(0)
     size = numel // k
@@ -88,6 +77,10 @@ def _zero2_problem(k, rank, numel, got, calls) -> str | None:
                 f"before torch 2.14) into a tensor of numel // world_size = {size} values")
     want = piece(total, rank) / k
     if _close(got, want):
+        once = ring_bytes("reduce_scatter", numel * 4, k)
+        if result["sent"] > once * 1.001:
+            return (f"{label} got the right slice but sent {result['sent']:,.0f} bytes ({result['summary']}), where "
+                    f"one reduce_scatter sends {once:,.0f}: it sums as it goes and hands each rank only its slice")
         return None
     if isinstance(got, torch.Tensor) and got.shape == total.shape:
         return (f"{label} returned the whole gradient ({numel} values); ZeRO-2 keeps only its own slice, "
@@ -114,7 +107,7 @@ def check_zero2_grad_shard(fn, world_sizes=(2, 3, 4), numels=GRAD_NUMELS, timeou
     def problems(k, results):
         for rank, per_size in enumerate(results):
             for numel, r in zip(numels, per_size):
-                yield _zero2_problem(k, rank, numel, r["got"], r["all_reduce_calls"])
+                yield _zero2_problem(k, rank, numel, r)
 
     return check_on_ranks(CheckReport("ZeRO-2 gradient step"), fn, world_sizes, timeout, cluster,
                           lambda k: f"world_size {k} x gradients of {list(numels)} values",
@@ -144,21 +137,25 @@ def _row_job(rank, k, fn):
     x, w, b = row_parallel_inputs()
     cols = _columns(rank, k)
     try:
-        with _CountAllReduce() as counted:
+        with Traffic(k) as seen:
             got = fn(x[:, cols].clone(), w[:, cols].clone(), b.clone())
     except NotImplementedError:
         return NOT_WRITTEN
-    return {"got": got.detach().clone() if isinstance(got, torch.Tensor) else got,
-            "all_reduce_calls": counted.calls}
+    return _seen(got, seen)
 
 
-def _row_problem(k, rank, got, calls) -> str | None:
+def _row_problem(k, rank, result) -> str | None:
+    got, calls = result["got"], result["all_reduce_calls"]
     x, w, b = row_parallel_inputs()
     want = x @ w.T + b
     label = f"world_size {k}: rank {rank}"
     if _close(got, want):
-        return None if calls == 1 else (f"{label} got the right output with {calls} dist.all_reduce calls; "
-                                         "a row-parallel Linear needs exactly one")
+        once = ring_bytes("all_reduce", want.numel() * 4, k)
+        if calls == 1 and result["sent"] <= once * 1.001:
+            return None
+        return (f"{label} got the right output with {calls} dist.all_reduce calls ({result['summary']}: "
+                f"{result['sent']:,.0f} bytes sent, where one all_reduce of the output sends {once:,.0f}); a "
+                "row-parallel Linear needs exactly one all_reduce")
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return f"{label} returned {_describe(got)}, expected shape {tuple(want.shape)}"
     cols = _columns(rank, k)
@@ -170,6 +167,9 @@ def _row_problem(k, rank, got, calls) -> str | None:
                 "add it once, after")
     if _close(got, want - b):
         return f"{label}'s output lacks the bias: add it after the all_reduce"
+    if _close(got, (want - b) / k + b) or _close(got, want / k):
+        return (f"{label}'s output is the sum of the partial products divided by world_size ({k}): x @ W.T is their "
+                "sum, not their average (averaging is for gradients over data-parallel ranks)")
     row, col = (~torch.isclose(got, want)).nonzero()[0].tolist()
     return f"{label} is wrong at [{row}, {col}]: expected {want[row, col].item():g}, got {got[row, col].item():g}"
 
@@ -182,7 +182,7 @@ def check_row_parallel_forward(fn, world_sizes=(2, 3, 4), timeout: float = 30,
     check_callable(fn, "fn(x_part, weight_part, bias)")
 
     def problems(k, results):
-        return (_row_problem(k, rank, r["got"], r["all_reduce_calls"]) for rank, r in enumerate(results))
+        return (_row_problem(k, rank, r) for rank, r in enumerate(results))
 
     return check_on_ranks(CheckReport("row-parallel forward"), fn, world_sizes, timeout, cluster,
                           lambda k: f"world_size {k}, x {ROWS}x{IN_FEATURES}, W {OUT_FEATURES}x{IN_FEATURES}",
