@@ -10,27 +10,40 @@ with a wrong clock still sees "busy 312 s". ``events`` are the record's valid li
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import PurePosixPath
+from functools import cache
+from pathlib import Path, PurePosixPath
 
 from ppkit.progress.read import parse
 from ppkit.room.progress_fetch import Fetched
 
-# The course's exercises per notebook, for "not tried" (ppkit.exercises.catalog holds them, but importing it
-# imports torch and every checker: seconds on an instructor's laptop; tests/test_room_progress.py keeps the two
-# equal).
-EXERCISES_BY_NOTEBOOK = {
-    "00_start_here": ("my_share",), "01_point_to_point": ("ring_shift",),
-    "02_collectives": ("ring_all_reduce", "mean_loss"), "03_data_parallel": ("bucketed_average",),
-    "04_rpc_rref": ("remote_sum",), "05_model_parallel": ("activation_shape",),
-    "06_pipeline": ("pipeline_time", "best_num_microbatches"), "07_two_machines": ("slurm_to_torchrun",),
-    "08_modern_pipelining": ("microbatches_held",), "08b_step_memory": ("predict_peak",),
-    "09_sharded_data_parallel": ("zero2_grad_shard",),
-    "10_tensor_parallel": ("row_parallel_forward", "sequence_shard_of_sum"), "10b_overlap": ("first_bucket",),
-    "11_context_parallel": ("merge_partials",), "12_expert_parallel": ("dispatch_splits",),
-    "13_composition": ("choose_mesh",),
-}
+CATALOG = Path(__file__).resolve().parents[1] / "exercises" / "catalog.py"
+
+
+@cache
+def course_exercises() -> dict[str, tuple[str, ...]]:
+    """notebook (file name without .ipynb) -> its exercises, read from ppkit/exercises/catalog.py's source.
+
+    Read, not imported: importing the catalog imports torch and every checker (seconds on an instructor's laptop).
+    Each ``Exercise("name", "notebook", ...)`` there gives one; {} when the file cannot be read (then no exercise
+    is counted as "not tried").
+    """
+    try:
+        tree = ast.parse(CATALOG.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Exercise":
+            given = {**dict(zip(("name", "notebook"), node.args)), **{k.arg: k.value for k in node.keywords}}
+            name, notebook = (getattr(given.get(k), "value", None) for k in ("name", "notebook"))
+            if isinstance(name, str) and isinstance(notebook, str):
+                found[notebook] = (*found.get(notebook, ()), name)
+    return found
+
+
 ORDER = ("stuck", "unreachable", "bad record", "no server", "no record", "ok")
 TROUBLE = ("hung", "died")
 
@@ -142,7 +155,7 @@ def per_notebook(attempts: list[Attempts], notebooks: list[str | None]) -> dict[
     for path in [*notebooks, *(a.notebook for a in attempts)]:
         key = path or "(no notebook)"
         if key not in table:
-            table[key] = {"passed": [], "failed": [], "not_tried": list(EXERCISES_BY_NOTEBOOK.get(_stem(path), ()))}
+            table[key] = {"passed": [], "failed": [], "not_tried": list(course_exercises().get(_stem(path), ()))}
     for a in attempts:
         entry = table[a.notebook or "(no notebook)"]
         if a.status in ("passed", "failed"):
