@@ -153,3 +153,27 @@ def set_fsdp_unshard_async(model, async_op: bool) -> None:
                           "overlap lesson uses to make FSDP2's all-gathers asynchronous on CPU; wrap the model "
                           "with fully_shard first, or run the lesson with the torch named in pyproject.toml.")
     setter(async_op)
+
+
+# -- torch.compile's and FP8's private corners (lesson 08c) --------------------------------------------
+def inductor_cpp_compiler() -> str:
+    """The C++ compiler Inductor builds CPU kernels with; ``RuntimeError`` (torch's ``InvalidCxxCompiler``) if none
+    works (private: ``torch._inductor.cpp_builder.get_cpp_compiler``)."""
+    from torch._inductor import cpp_builder
+
+    return cpp_builder.get_cpp_compiler()
+
+
+def inductor_generated_files() -> list[str]:
+    """The files of every Python module Inductor generated or loaded from its cache in this process, oldest
+    first (private: ``torch._inductor.codecache.PyCodeCache.modules``)."""
+    from torch._inductor.codecache import PyCodeCache
+
+    return [m.__file__ for m in PyCodeCache.modules]
+
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype):
+    """torch's FP8 matmul, ``torch._scaled_mm`` (private; cuBLASLt on H100-class GPUs)."""
+    import torch
+
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)

@@ -69,6 +69,7 @@ MEASURED: tuple[NotebookMemory, ...] = (
     NotebookMemory("07_two_machines.ipynb", 2733, 1635, 975, 4, 1706, 0, 252.5),
     NotebookMemory("08_modern_pipelining.ipynb", 6530, 4462, 2264, 7, 4421, 0, 422.8),
     NotebookMemory("08b_step_memory.ipynb", 2636, 1455, 1079, 4, 1267, 0, 19.5),  # --timeout 60, isolation
+    NotebookMemory("08c_step_speed.ipynb", 1574, 995, 887, 5, 936, 0, 33.3),  # 2026-11-27, warm Inductor cache
     NotebookMemory("09_sharded_data_parallel.ipynb", 3207, 1324, 733, 6, 1302, 0, 126.1),
     NotebookMemory("10_tensor_parallel.ipynb", 3385, 1465, 809, 6, 1315, 0, 16.1),  # with SP (docs/memory.md)
     NotebookMemory("10b_overlap.ipynb", 4092, 2003, 1046, 8, 1745, 0, 43.3),  # 2026-11-27, same machine

@@ -37,6 +37,7 @@ from ppkit.exercises import (
     check_pipeline,
     check_sequence,
     check_sharding,
+    check_speed,
     solutions,
 )
 from ppkit.lessons import rpc_basics
@@ -188,6 +189,17 @@ EXERCISES = (
          "(s b vocab floats).",
          "Backward's first operator, cross-entropy's, makes two tensors of the logits' size at once: the "
          "gradients of the log-probabilities and of the logits, 2 * 4 * s * b * vocab bytes.")),
+    Exercise(
+        "predict_mfu", "08c_step_speed",
+        "predict_mfu(size, seq_len, tokens_per_step, recompute, step_seconds, peak_flops)",
+        check_speed.check_predict_mfu, solutions.predict_mfu,
+        ("MFU = the model's FLOPs in the step / step_seconds / peak_flops. The model's FLOPs per token are 6N "
+         "(2 forward, 4 backward) plus attention's 12 x layers x seq_len x d_model; multiply by tokens_per_step.",
+         "N is the whole model's weights that multiply: each layer has qkv (3 h^2), the projection (h^2) and the "
+         "MLP (8 h^2), 12 h^2 with h = size.d_model, times size.layers; add the head, h x size.vocab. The "
+         "embedding is a lookup, biases and norms are elementwise: none of them is in N.",
+         "recompute does not change the answer: MFU counts the model's FLOPs, not what the implementation runs "
+         "twice (that is HFU).")),
     Exercise(
         "zero2_grad_shard", "09_sharded_data_parallel", "zero2_grad_shard(grad, rank, world_size)",
         check_sharding.check_zero2_grad_shard, solutions.zero2_grad_shard,

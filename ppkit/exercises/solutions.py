@@ -191,3 +191,11 @@ def first_bucket(params, bucket_cap_mb):
         if size >= cap:                     # a bucket closes once it reaches the cap, with the one that crossed it
             break
     return bucket
+
+
+def predict_mfu(size, seq_len, tokens_per_step, recompute, step_seconds, peak_flops):
+    """Notebook 08c: the model's FLOPs of a step (6N plus attention per token) over its time and the peak."""
+    h = size.d_model
+    n = size.layers * 12 * h * h + h * size.vocab     # weights that multiply: qkv, proj, MLP per layer; the head
+    per_token = 6 * n + 12 * size.layers * seq_len * h  # forward 2, backward 4; attention's Q K^T and weights x V
+    return per_token * tokens_per_step / step_seconds / peak_flops  # recomputation is not the model's work

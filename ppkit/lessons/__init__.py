@@ -12,6 +12,11 @@ are in ppkit/exercises/.
     step_peak      lesson 8b: a step's peak by MemTracker, predicted by formula; recompute policies' step times
     step_tradeoffs lesson 8b: recomputation's and accumulation's gradients, DDP no_sync counted, bf16 autocast
     step_plots     lesson 8b: activations over s and b beside the formulas, a step's peak by part
+    step_flops     lesson 8c: a step's FLOPs by formula (6N + 12 L s h) and by FlopCounterMode; peak, MFU, HFU
+    step_compile   lesson 8c: torch.compile on a block: Inductor's kernels, time, memory
+    loss_scaling   lesson 8c: fp16 underflow and overflow counted; GradScaler's growth and backoff
+    fp8_formats    lesson 8c: e4m3fn and e5m2 measured by casting, per-tensor scaling, what runs on CPU
+    cpu_threads    lesson 8c: the one torch thread its timings run with, and why
     zero           lesson 9: ZeRO-1, -2, -3 by hand from reduce_scatter and all_gather; the ZeRO formulas
     fsdp2          lesson 9: the same with torch's fully_shard on a CPU mesh; what needs CUDA
     tensor_parallel  lesson 10: column/row-parallel Linear, MLP, attention by heads; DTensor's version

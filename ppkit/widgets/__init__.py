@@ -7,6 +7,7 @@ from ppkit.widgets.expert_parallel import MoEExplorer
 from ppkit.widgets.overlap import OverlapExplorer
 from ppkit.widgets.sharding import TensorParallelExplorer, ZeroExplorer
 from ppkit.widgets.step_memory import StepMemoryExplorer
+from ppkit.widgets.step_speed import StepSpeedExplorer
 
 __all__ = ["CollectivesExplorer", "MeshExplorer", "MoEExplorer", "OverlapExplorer", "RingAttentionExplorer",
-           "StepMemoryExplorer", "TensorParallelExplorer", "ZeroExplorer"]
+           "StepMemoryExplorer", "StepSpeedExplorer", "TensorParallelExplorer", "ZeroExplorer"]

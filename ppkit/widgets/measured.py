@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from html import escape
 
+import ipywidgets as widgets
 from IPython.display import display
 
 from ppkit.errors import PPKitError
@@ -51,3 +52,15 @@ class OneAtATime:
                 self._work()
             finally:
                 self._lock.release()
+
+
+def tagged_panel(css: str, controls: dict, summary, output) -> widgets.VBox:
+    """The controls in a row above the summary and the output, each tagged with the CSS class ``{css}-{name}``
+    (what the browser tests find them by), descriptions shown whole; the panel tagged ``css``."""
+    for name, w in {**controls, "summary": summary, "output": output}.items():
+        w.add_class(f"{css}-{name}")
+        if hasattr(w, "description"):
+            w.style.description_width = "initial"
+    panel = widgets.VBox([widgets.HBox(list(controls.values())), summary, output])
+    panel.add_class(css)
+    return panel
