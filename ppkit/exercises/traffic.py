@@ -8,7 +8,9 @@
 The calls are seen below torch.distributed's Python functions, where they reach c10d's operators (a
 ``TorchDispatchMode``, as torch's own ``CommDebugMode`` counts them): ``dist.all_reduce``, ``from
 torch.distributed import all_reduce``, an ``async_op=True`` call and the list and tensor forms are all
-seen, however the learner imported them. Point-to-point calls (send, recv) are not counted here.
+seen, however the learner imported them. Point-to-point calls (send, recv) are not counted here, and no checker
+of send/recv exercises runs under this mode: a rank blocked in a recv inside it was not interrupted when another
+rank raised (the job ended in a timeout instead of the other rank's error), as it is without the mode.
 """
 
 from __future__ import annotations
