@@ -120,3 +120,62 @@ def test_a_real_small_measurement_predicts_and_times_a_mesh():
         with pytest.raises(ConfigError, match="mesh 2x2x2 has 8 ranks, but the world has 4"):
             mt.measure_steps(cluster, (2, 2, 2))
         assert cluster.state == "ready"  # refused before anything ran
+
+
+# -- the exercise: predict_step (docs/exercises.md lists these wrong answers) ------------------------------------
+
+def _step(mesh, compute_s, links, calls, sent, m, bubble="right", recv=False, send_n=2, with_bytes=True):
+    pp = mesh[1]
+    step = compute_s + {"right": compute_s * (pp - 1) / m, "none": 0.0,
+                        "of the step": compute_s * (pp - 1) / (m + pp - 1)}[bubble]
+    for dim, n in zip(comp.DIMS, mesh):
+        used = []
+        for call, count in calls.get(dim, {}).items():
+            if n == 1 or (call == "recv" and not recv):
+                continue
+            link = links["send_recv", send_n if send_n == 2 else n] if call in ("send", "recv") else links[call, n]
+            step += count * link.latency_s
+            used.append(link)
+        if used and with_bytes:
+            step += sent.get(dim, 0) / min(link.bytes_per_s for link in used)
+    return step
+
+
+WRONG_STEPS = {
+    "no bubble": (dict(bubble="none"), "GPipe's bubble is left out"),
+    "bubble as a share of the step": (dict(bubble="of the step"), r"of the whole step, not of the compute"),
+    "recv counted": (dict(recv=True), "each recv is counted as a call too"),
+    "sends over pp's groups": (dict(send_n="pp"), r"the sends use the link of groups of pp = 4"),
+    "no bytes": (dict(with_bytes=False), "the bytes' time is left out"),
+}
+
+
+def test_predict_step_passes_the_solution_and_the_same_formula_written_otherwise():
+    from ppkit.exercises import check_throughput, solutions
+
+    assert check_throughput.check_predict_step(solutions.predict_step).passed
+    assert check_throughput.check_predict_step(_step).passed
+    assert check_throughput.check_predict_step(  # the module's own prediction is the answer
+        lambda mesh, compute_s, links, calls, sent, m: mt.predict(mesh, compute_s, links, calls, sent).step_s).passed
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG_STEPS))
+def test_predict_step_names_each_wrong_answer(wrong):
+    from ppkit.errors import ExerciseFailed
+    from ppkit.exercises import check_throughput
+
+    options, message = WRONG_STEPS[wrong]
+    with pytest.raises(ExerciseFailed, match=message):
+        check_throughput.check_predict_step(lambda *args: _step(*args, **options))
+
+
+def test_predict_step_says_milliseconds_and_what_else_is_off():
+    from ppkit.errors import ExerciseFailed
+    from ppkit.exercises import check_throughput
+
+    with pytest.raises(ExerciseFailed, match="the seconds are milliseconds"):
+        check_throughput.check_predict_step(lambda *args: 1e3 * _step(*args))
+    with pytest.raises(ExerciseFailed, match=r"mesh 2x2x2: returned 1 s, expected .* the parts are compute 50 ms"):
+        check_throughput.check_predict_step(lambda *args: 1.0)
+    with pytest.raises(ExerciseFailed, match="expected a number of seconds, got str"):
+        check_throughput.check_predict_step(lambda *args: "0.1 s")

@@ -38,6 +38,7 @@ from ppkit.exercises import (
     check_sequence,
     check_sharding,
     check_speed,
+    check_throughput,
     solutions,
 )
 from ppkit.lessons import rpc_basics
@@ -265,6 +266,15 @@ EXERCISES = (
          "fits is the best. Ask memory_of rather than the formula: it counts the activations too, and "
          "the formula spreads every parameter evenly over the stages and tp ranks, which they are not.",
          "If the loop ends without a mesh that fits, return None.")),
+    Exercise(
+        "predict_step", "13_composition", "predict_step(mesh, compute_s, links, calls, sent, m)",
+        check_throughput.check_predict_step, solutions.predict_step,
+        ("Start from the compute: GPipe sends m micro-batches through pp stages in m + pp - 1 slots, so the step "
+         "takes compute_s x (m + pp - 1) / m; with pp = 1 that is compute_s.",
+         "Then each dimension (\"dp\", \"pp\", \"tp\", in the mesh's order) whose degree n is above 1: each call "
+         "name in calls[dim] costs count x links[call, n].latency_s, except a send, which goes between two ranks "
+         "(links[\"send_recv\", 2]), and a recv, the other side of a send, which costs nothing more.",
+         "Last, each such dimension's bytes: sent[dim] / the smallest bytes_per_s of the links its calls used.")),
 )
 
 BY_NAME = {exercise.name: exercise for exercise in EXERCISES}

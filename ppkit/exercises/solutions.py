@@ -182,6 +182,22 @@ def choose_mesh(meshes, budget, memory_of):
     return None
 
 
+def predict_step(mesh, compute_s, links, calls, sent, m):
+    """Notebook 13: a mesh's step time from its compute, GPipe's bubble, and each dimension's calls and bytes."""
+    step = compute_s * (m + mesh[1] - 1) / m            # m micro-batches through pp stages: pp - 1 more slots
+    for dim, n in zip(("dp", "pp", "tp"), mesh):
+        used = []
+        for call, count in calls.get(dim, {}).items():
+            if n == 1 or call == "recv":                # no group to talk to; a recv is the other side of a send
+                continue
+            link = links["send_recv", 2] if call == "send" else links[call, n]  # a send goes between two ranks
+            step += count * link.latency_s
+            used.append(link)
+        if used:
+            step += sent.get(dim, 0) / min(link.bytes_per_s for link in used)
+    return step
+
+
 def first_bucket(params, bucket_cap_mb):
     cap = int(bucket_cap_mb * 1024 * 1024)
     bucket, size = [], 0

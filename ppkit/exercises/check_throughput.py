@@ -1,0 +1,96 @@
+"""The exercise that ppkit checks for notebook 13, section 8: predict a mesh's step time.
+
+    check_predict_step(fn)   fn(mesh, compute_s, links, calls, sent, m) -> seconds
+
+The answer is ``mesh_throughput.predict``'s: the compute stretched by GPipe's bubble, compute x (m + pp - 1) / m,
+plus for each dimension of degree above 1 its calls x the latency of each call's link (a send on the pair's link,
+("send_recv", 2); a recv is the other side of a send and costs nothing more) and its bytes sent over the smallest
+bandwidth of the links it uses. The cases use made-up links whose latencies all differ, so that each plausible
+mistake gives its own number and the failure can name it.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+from ppkit.checks import check_callable
+from ppkit.exercises.report import CheckReport, raise_or_report
+from ppkit.lessons import mesh_costs as mc
+from ppkit.lessons import mesh_throughput as mt
+
+MS = 1e-3
+LATENCY = {"all_reduce": (1.0, 3.0), "all_gather": (1.5, 2.5), "reduce_scatter": (2.0, 4.0), "send_recv": (0.5, 0.7)}
+BANDWIDTH = {"all_reduce": 4e8, "all_gather": 2e8, "reduce_scatter": 1e8, "send_recv": 8e8}
+LINKS = {(kind, n): mt.Link(kind, n, LATENCY[kind][i] * MS, BANDWIDTH[kind] / n)
+         for kind in mt.KINDS for i, n in enumerate((2, 4))}
+# (mesh, compute seconds, calls as CommLog counts them on the busiest rank): three meshes of notebook 13
+CASES = (((2, 2, 2), 0.050, {"dp": {"all_gather": 7, "reduce_scatter": 3}, "pp": {"send": 3, "recv": 3},
+                             "tp": {"all_reduce": 24}}),
+         ((2, 4, 1), 0.030, {"dp": {"all_gather": 4, "reduce_scatter": 2}, "pp": {"send": 6, "recv": 6}, "tp": {}}),
+         ((4, 1, 2), 0.050, {"dp": {"all_gather": 9, "reduce_scatter": 5}, "pp": {}, "tp": {"all_reduce": 24}}))
+RELATIVE = 1e-6
+
+
+def _name(mesh) -> str:
+    return "x".join(map(str, mesh))
+
+
+def _mistakes(mesh, compute_s, calls, sent, m, want: mt.Prediction) -> dict[str, float]:
+    """What each plausible wrong answer returns, by the mistake's description."""
+    pp = mesh[1]
+    step = want.step_s
+    recvs = calls.get("pp", {}).get("recv", 0) if pp > 1 else 0
+    bytes_term = step - mt.predict(mesh, compute_s, LINKS, calls, {}).step_s
+    out = {
+        "the seconds are milliseconds: return seconds, as compute_s is given": step * 1e3,
+        "the bytes' time is left out: each dimension also sends sent[dim] bytes over the smallest bandwidth of its "
+        "links": step - bytes_term,
+    }
+    if pp > 1:
+        out["GPipe's bubble is left out: the compute takes (m + pp - 1) / m as long"] = step - want.parts["bubble"]
+        out["the bubble is (pp - 1) / (m + pp - 1) of the whole step, not of the compute: the compute takes "
+            "(m + pp - 1) / m as long, compute x (pp - 1) / m more"] = \
+            step - want.parts["bubble"] + compute_s * (pp - 1) / (m + pp - 1)
+        out["each recv is counted as a call too: a recv is the other side of a send, whose latency is already "
+            "counted"] = step + recvs * LINKS["send_recv", 2].latency_s
+    if pp > 2:
+        out[f"the sends use the link of groups of pp = {pp}: a send goes between two ranks, link "
+            "(\"send_recv\", 2)"] = mt.predict(mesh, compute_s, {**LINKS, ("send_recv", 2): LINKS["send_recv", pp]},
+                                               calls, sent).step_s
+    return out
+
+
+def _problem(label, got, mesh, compute_s, calls, sent, m) -> str | None:
+    want = mt.predict(mesh, compute_s, LINKS, calls, sent)
+    if math.isclose(got, want.step_s, rel_tol=RELATIVE):
+        return None
+    for mistake, value in _mistakes(mesh, compute_s, calls, sent, m, want).items():
+        if math.isclose(got, value, rel_tol=RELATIVE):
+            return f"{label}: returned {got:.6g} s, expected {want.step_s:.6g} s: {mistake}"
+    parts = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in want.parts.items())
+    return (f"{label}: returned {got:.6g} s, expected {want.step_s:.6g} s; the parts are {parts}: compare yours "
+            "part by part")
+
+
+def _seconds(got):
+    return float(got) if isinstance(got, Real) and not isinstance(got, bool) and math.isfinite(got) else None
+
+
+def check_predict_step(fn) -> CheckReport | None:
+    """Check ``fn(mesh, compute_s, links, calls, sent, m)`` (see the module's docstring) on three meshes."""
+    check_callable(fn, "fn(mesh, compute_s, links, calls, sent, m)")
+    report = CheckReport("predict a step")
+    for mesh, compute_s, calls in CASES:
+        label = f"mesh {_name(mesh)}"
+        report.case(label)
+        sent = mc.comm_formula(mesh)
+        m = mt.microbatches(mesh)
+        copies = (mesh, compute_s, dict(LINKS), {d: dict(c) for d, c in calls.items()}, dict(sent), m)
+        got = report.answer(label, fn, copies, _seconds,
+                            "a number of seconds")
+        if got is not None:
+            text = _problem(label, got, mesh, compute_s, calls, sent, m)
+            if text:
+                report.fail(text)
+    return raise_or_report(report)
