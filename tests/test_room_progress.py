@@ -276,3 +276,15 @@ def test_a_room_of_40_is_fetched_in_parallel(hub_url):
           f"{FakeHub.busy['most']} requests at once")
     assert len(rows) == 40 and all(r.state == "stuck" for r in rows)
     assert FakeHub.busy["most"] >= 8  # 16 learners at a time (a machine this loaded still starts 8 threads)
+
+
+def test_the_timeout_is_per_learner_not_per_request(hub_url):
+    """A slow server (1.5 s per request, 3 requests) with 2 s for the learner: given up after about 2 s and said so,
+    not after 3 x 2 s."""
+    FakeHub.files = {"ana": {"record.jsonl": ANA}}
+    FakeHub.delay = 1.5
+    started = time.monotonic()
+    fetched = fetch_learner(learner(hub_url, "ana"), TOKEN, timeout=2.0)
+    took = time.monotonic() - started
+    assert took < 3.4, f"one learner took {took:.1f} s with a 2 s timeout"
+    assert any("time was up" in p or "timed out" in p for p in fetched.problems), fetched.problems

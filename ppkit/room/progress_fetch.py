@@ -7,8 +7,9 @@
 Per learner, through the hub's proxy with a token scoped ``access:servers``: the record folder's listing
 (``GET /user/NAME/api/contents/ppkit-progress``: names and sizes), each record file that is not over
 ``MAX_RECORD_BYTES`` (``?type=file&format=text&content=1``), and ``GET /user/NAME/api/sessions``. Learners are
-fetched in parallel (threads: each waits on the network), each request with its own timeout; whatever goes
-wrong with one learner is written into that learner's ``Fetched`` and never stops the others. Only the
+fetched in parallel (threads: each waits on the network) within one timeout per learner, shared by that learner's
+requests; whatever goes wrong with one learner is written into that learner's ``Fetched`` and never stops the
+others. Only the
 standard library, like hub_api.py.
 """
 
@@ -48,11 +49,15 @@ class _Refused(Exception):
         self.code = code
 
 
-def _get(url: str, token: str, timeout: float, limit: int) -> tuple[bytes, float]:
-    """GET url; the body (at most `limit` bytes, else _Refused 413) and the server's Date as Unix time."""
+def _get(url: str, token: str, deadline: float, limit: int) -> tuple[bytes, float]:
+    """GET url before `deadline` (time.monotonic()); the body (at most `limit` bytes, else _Refused 413) and the
+    server's Date as Unix time."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the learner's time was up before this request")
     req = urllib.request.Request(url, headers={"Authorization": f"token {token}", "Accept": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=left) as resp:
             body = resp.read(limit + 1)
             date = resp.headers.get("Date")
     except urllib.error.HTTPError as exc:
@@ -77,7 +82,9 @@ def _why(code: int, what: str, user: str) -> str:
 
 def fetch_learner(learner: LearnerServer, token: str, record_path: str = "ppkit-progress",
                   timeout: float = 10.0) -> Fetched:
-    """One learner's record texts and sessions; problems are described in the result, never raised."""
+    """One learner's record texts and sessions within `timeout` seconds in all; problems are described in the
+    result, never raised."""
+    deadline = time.monotonic() + timeout
     if learner.url is None or not learner.ready:
         state = f"the hub is busy with it ({learner.pending})" if learner.pending else "not running"
         return Fetched(learner.name, "no server", problems=[f"server {state}"], now=time.time())
@@ -85,14 +92,14 @@ def fetch_learner(learner: LearnerServer, token: str, record_path: str = "ppkit-
     folder = urllib.parse.quote(record_path.strip("/"))
     got = Fetched(learner.name, "running", now=time.time())
     try:
-        body, got.now = _get(f"{base}/sessions", token, timeout, _MAX_ANSWER_BYTES)
+        body, got.now = _get(f"{base}/sessions", token, deadline, _MAX_ANSWER_BYTES)
         got.sessions = json.loads(body)
     except _Refused as exc:
         return _unreachable(got, _why(exc.code, f"GET {base}/sessions {exc}", learner.name))
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return _unreachable(got, f"GET {base}/sessions failed: {exc}")
     try:
-        body, _ = _get(f"{base}/contents/{folder}?content=1", token, timeout, _MAX_ANSWER_BYTES)
+        body, _ = _get(f"{base}/contents/{folder}?content=1", token, deadline, _MAX_ANSWER_BYTES)
         listing = {item["name"]: item.get("size") for item in json.loads(body).get("content") or []}
     except _Refused as exc:
         if exc.code == 404:
@@ -113,7 +120,7 @@ def fetch_learner(learner: LearnerServer, token: str, record_path: str = "ppkit-
                                 f"{MAX_RECORD_BYTES // 2**20} MiB a ppkit record can reach: not read")
             continue
         try:
-            body, _ = _get(f"{base}/contents/{folder}/{name}?type=file&format=text&content=1", token, timeout,
+            body, _ = _get(f"{base}/contents/{folder}/{name}?type=file&format=text&content=1", token, deadline,
                            _MAX_ANSWER_BYTES)
             content = json.loads(body).get("content")
             if not isinstance(content, str):
