@@ -145,6 +145,8 @@ def test_inductor_fuses_the_block_and_its_forward_writes_less():
     eager = sc.eager_forward_buffers(SIZE, 32, 2)
     assert gen.forward_buffer_bytes < eager["bytes"]
     assert sc.saved_bytes(SIZE, 32, 2, compile=True)["bytes"] <= sc.saved_bytes(SIZE, 32, 2)["bytes"]
+    again = sc.generated(SIZE, 32, 2)  # a rerun of the notebook's cell sees the same kernels, from the cache
+    assert again.forward_kernels == gen.forward_kernels and again.cache_hits >= 1
 
 
 # -- the explorer ----------------------------------------------------------------------------------------------------

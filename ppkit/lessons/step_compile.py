@@ -96,9 +96,14 @@ def _buffers(source: str) -> tuple[int, int]:
 
 
 def generated(size: sm.Size = sm.SIZE, s: int = 128, b: int = 4) -> Generated:
-    """Compile one block, run its forward and backward once, and read what Inductor generated."""
+    """Compile one block, run its forward and backward once, and read what Inductor generated.
+
+    It starts with ``torch.compiler.reset()``: code this process compiled before is forgotten (a model compiled
+    earlier compiles again at its next call, from Inductor's disk cache), so that a second call, or a rerun of the
+    cell, builds the graph again and sees its files rather than reusing them unseen."""
     from torch._dynamo.utils import counters
 
+    torch.compiler.reset()
     block, x = _block_input(size, s, b)
     fast = compiled(block)
     before, hits = len(compat.inductor_generated_files()), counters["inductor"]["fxgraph_cache_hit"]

@@ -128,6 +128,11 @@ def _runner(size: sm.Size, setting: Setting):
 def step_seconds(size: sm.Size, settings, repeats: int = 7) -> dict[Setting, float]:
     """The median seconds of a training step (forward, backward, Adam) for each setting, the settings taking
     turns so that other work on the machine slows them alike."""
+    settings = list(settings)
+    if any(setting.compiled for setting in settings):
+        # each compiled setting compiles anew (from Inductor's disk cache): the shapes and policies a kernel compiled
+        # before would otherwise count against dynamo's recompile limit (8), past which it runs eager without a word
+        torch.compiler.reset()
     with threads():
         runners = {setting: _runner(size, setting) for setting in settings}
         times: dict[Setting, list[float]] = {setting: [] for setting in runners}
