@@ -439,7 +439,7 @@ def test_notebook_02s_pdb_sessions_show_what_its_markdown_says(kc):
     # the cells an automatic run skips (NBVAL_SKIP: they wait for a learner's answers), run here with the
     # answers their markdown shows, on the notebook's own cluster (4 ranks, DETAIL); then this module's again
     cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK_02.read_text())["cells"]]
-    cells = cells[next(i for i, s in enumerate(cells) if s.startswith("## 6. Finding a collective bug")):]
+    cells = cells[next(i for i, s in enumerate(cells) if s.startswith("## 5. Finding a collective bug")):]
 
     def cell(start: str) -> str:
         found = [s for s in cells if s.startswith(start) or s.startswith("# NBVAL_CHECK_OUTPUT\n" + start)]
