@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 # Notebooks with a learner test below; test_every_widget_notebook_has_a_learner_test_here checks the list.
-LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "08b_step_memory.ipynb",
+LEARNER_TESTED = {"02_collectives.ipynb", "06_pipeline.ipynb", "08b_step_memory.ipynb", "08c_step_speed.ipynb",
                   "09_sharded_data_parallel.ipynb", "10_tensor_parallel.ipynb", "10b_overlap.ipynb",
                   "11_context_parallel.ipynb",
                   "12_expert_parallel.ipynb", "13_composition.ipynb"}
@@ -411,6 +411,18 @@ def test_step_memory_explorer(lab, open_notebook):
         _set_slider(page, explorer.locator(".ppkit-step-microbatch"), 2)
 
     _explore(nb, "ppkit-step", change, "s = 128, micro-batch 2, 1 accumulation step(s), recompute full")
+
+
+def test_step_speed_explorer(lab, open_notebook):
+    """08c_step_speed: full recomputation at s = 64 times other steps; the summary and the MFU/HFU bars follow."""
+    nb = _open_and_run(lab, open_notebook, "08c_step_speed.ipynb",
+                       (r"^peak = sf\.measure_peak\(", r"^StepSpeedExplorer\(", r"^def predict_mfu\("), timeout=300)
+
+    def change(page, explorer):
+        explorer.locator(".ppkit-speed-recompute select").select_option("full")
+        explorer.locator(".ppkit-speed-seq-len select").select_option("64")
+
+    _explore(nb, "ppkit-speed", change, "s = 64, micro-batch 4, recompute full, eager")
 
 
 def test_zero_explorer(lab, open_notebook):
