@@ -242,3 +242,14 @@ def test_read_folder_reads_only_the_end_of_a_huge_file(folder):
     found = read.read_folder()
     assert found.oversized == [fmt.CURRENT] and len(found.events) == 1
     assert found.bad_lines == {}  # the cut line before it is skipped, not counted as garbage
+
+
+@pytest.mark.parametrize("message, line", [
+    ("ring_shift: 2 problem(s) in 3 cases:\n  - rank 1 got 0, expected 3\n  - rank 2 ...",
+     "ring_shift: 2 problem(s) in 3 cases: - rank 1 got 0, expected 3"),
+    ("\n\nrank 1 exited with code 7\nmore", "rank 1 exited with code 7"),
+    ("ends with a colon:", "ends with a colon:"),
+    ("", ""),
+])
+def test_the_one_line_of_a_message_says_what_went_wrong(message, line):
+    assert fmt.first_line(message) == line

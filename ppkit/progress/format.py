@@ -45,11 +45,15 @@ def switched_off_by_env() -> bool:
 
 
 def first_line(text: object) -> str:
-    """The first non-empty line of ``text`` (an error's message), stripped."""
-    for line in str(text).splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
+    """The first non-empty line of ``text`` (an error's message), stripped; when it only announces what follows
+    (it ends with ":", as "ring_shift: 2 problem(s) in 3 cases:" does), the next line is joined to it, so that the
+    one line still says what went wrong."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def encode(event: dict) -> bytes:
