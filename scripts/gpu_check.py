@@ -3,7 +3,9 @@
     python scripts/gpu_check.py
 
 Checks, each printed with its result: the backend "auto" picks, an nccl all_reduce on a one-rank
-Cluster (local and spawn launchers), ppkit.spawn with nccl, ppkit.torchrun (nccl, FSDP2), DDP on cuda in a worker, and the RPC
+Cluster (local and spawn launchers), ppkit.spawn with nccl, ppkit.torchrun (nccl, FSDP2), DDP on cuda in a worker,
+ppkit.spawn(profile=True) of DDP steps with nccl (the collectives on the timeline; the trace goes to
+$PPKIT_GPU_OUT when set), and the RPC
 ResNet50 pipeline with cuda:0 shards (both on the GPU, and split cpu/cuda), checked against one process
 (--verify), and ppkit bench with nccl on one rank. Exits non-zero on the first failure.
 """
@@ -75,6 +77,40 @@ def torchrun_main():
     dist.destroy_process_group()
 
 
+def profiled_ddp_steps(i, world_size):
+    """Three DDP steps on cuda with nccl, as a learner profiles them (spawn(..., profile=True))."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29534")
+    dist.init_process_group("nccl", rank=i, world_size=world_size)
+    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(f"cuda:{i}"), device_ids=[i])
+    for _ in range(3):
+        model(torch.randn(64, 1024, device=f"cuda:{i}")).sum().backward()
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+
+
+def profiled_nccl():
+    """ppkit.spawn(profile=True) with nccl: what the timeline holds of the collectives (CPU activities: ppkit
+    records those only; the GPU kernels are not in it). The trace goes to $PPKIT_GPU_OUT when set."""
+    import os
+
+    prof = ppkit.spawn(profiled_ddp_steps, args=(1,), nprocs=1, profile=True)
+    communication = prof.events(kind="communication")
+    if not communication:
+        raise AssertionError(f"no communication in the profile; its ops: {sorted({e['name'] for e in prof.events()})[:20]}")
+    if os.environ.get("PPKIT_GPU_OUT"):
+        prof.save(os.path.join(os.environ["PPKIT_GPU_OUT"], "nccl_profile.json"))
+    row = prof.summary()[0]
+    return (f"{len(communication)} communication ops ({', '.join(sorted({e['name'] for e in communication})[:6])}); "
+            f"rank 0: compute {row['compute_ms']:.1f} ms, communication {row['communication_ms']:.1f} ms")
+
+
 def step(name, fn):
     t0 = time.perf_counter()
     result = fn()
@@ -94,6 +130,7 @@ def main() -> int:
             step(f"DDP step on cuda ({launcher})", lambda c=cluster: c.run(ddp_step))
     step("ppkit.spawn with nccl", lambda: ppkit.spawn(spawned, args=(1,), nprocs=1))
     step("ppkit.torchrun with nccl and FSDP2", lambda: ppkit.torchrun(torchrun_main, nproc_per_node=1))
+    step("ppkit.spawn(profile=True) with nccl: the collectives on the timeline", profiled_nccl)
     for placement in ("worker1:cuda:0,worker2:cuda:0", "worker1:cpu,worker2:cuda:0", "master:cuda:0,worker1:cuda:0"):
         cmd = [sys.executable, "-m", "ppkit", "pipeline", "--placement", placement, "--num-microbatches", "1", "4",
                "--batch-size", "32", "--num-batches", "2", "--verify"]
