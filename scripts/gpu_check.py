@@ -103,7 +103,8 @@ def profiled_nccl():
     prof = ppkit.spawn(profiled_ddp_steps, args=(1,), nprocs=1, profile=True)
     communication = prof.events(kind="communication")
     if not communication:
-        raise AssertionError(f"no communication in the profile; its ops: {sorted({e['name'] for e in prof.events()})[:20]}")
+        ops = sorted({e["name"] for e in prof.events()})[:20]
+        raise AssertionError(f"no communication in the profile; its ops: {ops}")
     if os.environ.get("PPKIT_GPU_OUT"):
         prof.save(os.path.join(os.environ["PPKIT_GPU_OUT"], "nccl_profile.json"))
     row = prof.summary()[0]
