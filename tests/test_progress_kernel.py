@@ -65,7 +65,8 @@ def test_checks_and_errors_of_cells_land_in_the_record_with_the_notebook(kernel)
         ("check", "passed"), ("check", "failed"), ("error", "ExerciseFailed"), ("error", "ConfigError")]
     assert all(e.notebook == NOTEBOOK and e.pid == pid for e in events)
     reason = events[1].fields["reason"]
-    assert reason and reason == events[2].fields["message"] and reason in failed.error[1]
+    header, first_problem = failed.error[1].splitlines()[:2]  # "my share: 12 problem(s) in 5 cases:", "  - ..."
+    assert reason == events[2].fields["message"] == f"{header} {first_problem.strip()}", reason
     assert events[3].fields["message"] == wrong.error[1].splitlines()[0]
 
 
