@@ -39,9 +39,20 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 def test_sinfo_shows_both_nodes_idle_in_partition_debug(slurm):
-    out = slurm.run(["sinfo", "-h", "-N", "-o", "%N %P %t"], check=True).stdout.split("\n")
-    rows = {tuple(line.split()) for line in out if line.strip()}
-    assert rows == {("n1", "debug*", "idle"), ("n2", "debug*", "idle"), ("n1", "one", "idle")}
+    # The testbed is shared by the session's SLURM tests: a job another test left pending or ending shows its
+    # nodes as "plnd" (the backfill scheduler's plan) until it is gone (a fresh-clone run saw that once). This
+    # test is about the testbed at rest, so it waits for an empty queue first and says which jobs it waited for.
+    queued = slurm.squeue()
+    slurm.wait_no_jobs(timeout=60)
+    expected = {("n1", "debug*", "idle"), ("n2", "debug*", "idle"), ("n1", "one", "idle")}
+    deadline = time.monotonic() + 20
+    while True:
+        out = slurm.run(["sinfo", "-h", "-N", "-o", "%N %P %t"], check=True).stdout.split("\n")
+        rows = {tuple(line.split()) for line in out if line.strip()}
+        if rows == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert rows == expected, f"{rows}; jobs queued when the test began: {queued}"
     assert os.environ["SLURM_CONF"] == str(slurm.conf_path)  # the fixture exported it for the code under test
     assert slurm_session.testbed() is slurm  # one per session: the notebooks' hook (../conftest.py) gets this one
 
