@@ -130,10 +130,11 @@ def test_killed_slurmd_goes_down_comes_back_and_stop_leaves_nothing():
         job = sbatch(tb, "-N", "2", "-n", "4", "-o", "/dev/null", "--wrap", "srun sleep 300")
         wait_running(tb, job)
         deadline = time.monotonic() + 15
-        while True:  # the batch script's srun starts the steps a moment after the job is RUNNING
+        while True:  # the batch script's srun starts the steps, then their tasks, a moment after the job is RUNNING
             started = tb._cluster_processes()
             steps = [p.pid for p in started if p.name() == "slurmstepd"]
-            if len(steps) == 3 or time.monotonic() > deadline:
+            sleeps = [p.pid for p in started if p.name() == "sleep"]
+            if (len(steps) == 3 and len(sleeps) == 4) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         assert len(steps) == 3, f"a batch step on n1 and a step on each node: {started}"
