@@ -24,11 +24,11 @@ def add_all(collapser, rank, lines, now):
 
 def test_identical_lines_leave_once_with_every_rank_and_each_ranks_order_is_kept():
     c = Collapser([0, 1])
-    add_all(c, 0, ["epoch 1", "rank 0 says", "epoch 2"], 0.0)
+    add_all(c, 0, ["epoch 1", "ada says", "epoch 2"], 0.0)
     assert c.ready(0.0) == []  # rank 1 may still print epoch 1
-    add_all(c, 1, ["epoch 1", "rank 1 says", "epoch 2"], 0.1)
-    assert c.ready(0.1) == [("stdout", "epoch 1", [0, 1]), ("stdout", "rank 0 says", [0]),
-                            ("stdout", "rank 1 says", [1]), ("stdout", "epoch 2", [0, 1])]
+    add_all(c, 1, ["epoch 1", "bob says", "epoch 2"], 0.1)
+    assert c.ready(0.1) == [("stdout", "epoch 1", [0, 1]), ("stdout", "ada says", [0]),
+                            ("stdout", "bob says", [1]), ("stdout", "epoch 2", [0, 1])]
 
 
 def test_a_line_waits_at_most_the_window_and_crossed_lines_never_deadlock():
@@ -136,3 +136,106 @@ def test_nproc_per_node_auto_is_the_gpus_else_the_cpu_budget_never_more_than_the
         options.nproc_per_node("gpu")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert options.nproc_per_node("auto") == options.nproc_per_node("gpu") == 4
+
+
+# -- lines that differ only in their numbers (issue 47, item 3)
+
+def lines_of(ranks_and_texts, stream="stdout"):
+    c = Collapser(sorted(ranks_and_texts))
+    for rank, text in ranks_and_texts.items():
+        c.add(rank, stream, text, 0.0)
+    return c.ready(0.0) + c.flush()
+
+
+def test_lines_that_differ_only_in_numbers_fold_into_the_spread_naming_the_rank_that_stands_out():
+    losses = {0: "2.31", 1: "2.33", 2: "2.35", 3: "2.32", 4: "2.34", 5: "2.91", 6: "2.31", 7: "2.33"}
+    folded = lines_of({rank: f"step 10 loss {loss}" for rank, loss in losses.items()})
+    assert folded == [("stdout", "step 10 loss 2.31…2.35 (rank 5: 2.91)", list(range(8)))]
+    assert OutputSettings().label(folded[0][2]) + folded[0][1] == "[ranks 0-7] step 10 loss 2.31…2.35 (rank 5: 2.91)"
+    # an even spread names no rank; two ranks never do (neither is the odd one out)
+    assert lines_of({0: "loss 1.0", 1: "loss 2.0", 2: "loss 3.0", 3: "loss 4.0"})[0][1] == "loss 1.0…4.0"
+    assert lines_of({0: "loss 2.31", 1: "loss 9.99"})[0][1] == "loss 2.31…9.99"
+
+
+def test_lines_that_differ_in_words_stay_apart():
+    apart = [("loss 2.31", "loss nan"), ("took 1.2s", "took 1.2ms"), ("on worker3", "on worker4"),
+             ("torch 2.14.1", "torch 2.15.1"), ("at 0x7f3a", "at 0x7f3b"), ("on 10.0.0.1", "on 10.0.0.2"),
+             ("rank 0 sends", "rank 1 waits")]
+    for a, b in apart:
+        assert len(lines_of({0: a, 1: b, 2: a})) == 2, (a, b)
+
+
+def test_the_folding_rule_reads_signs_exponents_ints_floats_percentages_and_durations():
+    from ppkit.cluster.output.fold import fold
+
+    def f(*texts):
+        return fold(list(enumerate(texts)))
+
+    assert f("delta -0.5", "delta +0.25", "delta 0.1") == "delta -0.5…+0.25"
+    assert f("lr 1e-3", "lr 1e-3", "lr 1e-3", "lr 2.5E-2") == "lr 1e-3 (rank 3: 2.5E-2)"
+    assert f("tokens 100", "tokens 100.5", "tokens 99") == "tokens 99…100.5"
+    assert f("acc 91%", "acc 93%", "acc 92%") == "acc 91%…93%"
+    assert f("step took 1.2s", "step took 1.3s", "step took 1.25s", "step took 4.0s") == \
+        "step took 1.2s…1.3s (rank 3: 4.0s)"
+    assert f("x 1", "x 1.0") == "x 1"  # the same number written two ways
+    assert f("at 04:17:50", "at 04:17:51") == "at 04:17:50…51"
+    assert f("3 of 4 ranks", "3 of 4 ranks") == "3 of 4 ranks"
+    # several ranks off the same majority are each named, and only the numbers that differ are spread
+    assert f(*[f"epoch 2 grad {g} lr 0.1" for g in ("1", "1", "1", "1", "7", "1", "9", "1")]) == \
+        "epoch 2 grad 1 (rank 4: 7, rank 6: 9) lr 0.1"
+
+
+def test_the_outlier_rule_is_a_robust_one():
+    from ppkit.cluster.output.fold import standing_out
+
+    assert standing_out([2.31, 2.33, 2.35, 2.91]) == [3]  # far from the median, in median absolute deviations
+    assert standing_out([1.0, 2.0, 3.0, 4.0]) == [] and standing_out([1.0, 5.0]) == []
+    assert standing_out([1.0, 1.0, 1.0, 1.01]) == [3]  # the others agree exactly: any difference stands out
+    assert standing_out([1.0, 1.0, 2.0, 2.0]) == []  # no majority
+    assert standing_out([1.0, 1.0, float("inf")]) == []  # nothing to measure against
+
+
+def test_ansi_colours_stay_whole_and_numbers_inside_them_fold():
+    red, green, end = "\x1b[31m", "\x1b[32m", "\x1b[0m"
+    folded = lines_of({r: f"{green}loss {v}{end}" for r, v in enumerate(["2.1", "2.2", "2.3"])})
+    assert folded == [("stdout", f"{green}loss 2.1…2.3{end}", [0, 1, 2])]
+    assert len(lines_of({0: f"{green}ok 1{end}", 1: f"{red}ok 1{end}"})) == 2  # another colour: another word
+
+
+def test_very_long_lines_and_lines_of_many_numbers_fold_only_when_identical():
+    from ppkit.cluster.output import fold
+
+    long = ["x" * fold.MAX_CHARS + f" {r}" for r in range(3)]
+    assert len(lines_of(dict(enumerate(long)))) == 3
+    assert lines_of({0: long[0], 1: long[0]}) == [("stdout", long[0], [0, 1])]
+    tensor = [str(list(range(r, r + fold.MAX_NUMBERS + 1))) for r in range(2)]
+    assert len(lines_of(dict(enumerate(tensor)))) == 2
+
+
+def test_a_fast_ranks_numbered_line_waits_at_most_the_window():
+    c = Collapser([0, 1, 2], window_s=0.5)
+    c.add(0, "stdout", "step 1 loss 2.5", 0.0)
+    c.add(1, "stdout", "step 1 loss 2.6", 0.1)
+    assert c.ready(0.4) == []  # rank 2 may still print it
+    assert c.ready(0.5) == [("stdout", "step 1 loss 2.5…2.6", [0, 1])]
+    c.add(2, "stdout", "step 1 loss 2.7", 0.6)
+    assert c.ready(1.1) == [("stdout", "step 1 loss 2.7", [2])]
+
+
+def test_tqdms_lines_are_never_folded(capsys):
+    printer = RankPrinter(world_size=2)
+    with printer.use(OutputSettings(collapse=True, live=True)):
+        printer.write(0, "stderr", "\r  0%|   | 0/4\r100%|###| 4/4 [00:01<00:00, 3.21it/s]\n")
+        printer.write(1, "stderr", "\r  0%|   | 0/4\r100%|###| 4/4 [00:01<00:00, 3.87it/s]\n")
+    err = capsys.readouterr().err
+    assert "[rank 0] 100%|###| 4/4 [00:01<00:00, 3.21it/s]\n" in err, err
+    assert "[rank 1] 100%|###| 4/4 [00:01<00:00, 3.87it/s]\n" in err and "…" not in err
+
+
+def test_no_collapse_keeps_every_ranks_raw_line(capsys):
+    for settings in (parse("--nproc-per-node 2 --no-collapse").output, OutputSettings(collapse=False, live=True)):
+        printer = RankPrinter(world_size=2)
+        with printer.use(settings):
+            printer.write(0, "stdout", "step 1 loss 2.5\n")
+            printer.write(1, "stdout", "step 1 loss 2.6\n")
+        assert capsys.readouterr().out == "[rank 0] step 1 loss 2.5\n[rank 1] step 1 loss 2.6\n"

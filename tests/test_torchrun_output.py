@@ -112,7 +112,7 @@ def test_identical_lines_of_several_ranks_are_shown_once_unless_no_collapse(kc):
         dist.init_process_group("gloo")
         dist.barrier()
         print("epoch 1 loss 2.31")
-        print("my rank is", os.environ["RANK"])
+        print("my name is", ["ada", "bob"][int(os.environ["RANK"])])  # lines that differ in words stay apart
         print("epoch 2 loss 1.20")
         '''
     script = textwrap.dedent(script)
@@ -120,13 +120,39 @@ def test_identical_lines_of_several_ranks_are_shown_once_unless_no_collapse(kc):
     assert cell.error is None, cell.shown()
     lines = cell.text.splitlines()
     assert lines.index("[ranks 0-1] epoch 1 loss 2.31") < lines.index("[ranks 0-1] epoch 2 loss 1.20"), cell.text
-    assert "[rank 0] my rank is 0" in lines and "[rank 1] my rank is 1" in lines
-    for rank in (0, 1):  # each rank's own lines in the order it printed them
-        assert lines.index(f"[rank {rank}] my rank is {rank}") < lines.index("[ranks 0-1] epoch 2 loss 1.20")
+    assert "[rank 0] my name is ada" in lines and "[rank 1] my name is bob" in lines
+    for rank, name in ((0, "ada"), (1, "bob")):  # each rank's own lines in the order it printed them
+        assert lines.index(f"[rank {rank}] my name is {name}") < lines.index("[ranks 0-1] epoch 2 loss 1.20")
     raw = run_cell(kc, "%%torchrun --nproc-per-node 2 --no-collapse" + script)
     assert raw.error is None, raw.shown()
     assert all(f"[rank {r}] epoch {e}" in raw.text for r in (0, 1) for e in ("1 loss 2.31", "2 loss 1.20"))
     assert "[ranks" not in raw.text
+
+
+def test_lines_that_differ_only_in_numbers_fold_at_four_ranks_naming_the_rank_that_stands_out(kc):
+    (kc.folder / "steps.py").write_text(textwrap.dedent('''
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        dist.barrier()
+        print(f"step 10 loss {[2.31, 2.35, 2.91, 2.33][rank]} took {[1.2, 1.3, 1.25, 1.2][rank]}s")
+        print("loss", "nan" if rank == 3 else "finite")
+        '''))
+    cell = run_cell(kc, '''
+        from ppkit.cluster.output import collapse
+        collapse.WINDOW_S, before = 60.0, collapse.WINDOW_S  # a loaded machine's ranks print seconds apart
+        try:
+            %torchrun --nproc-per-node 4 steps.py
+        finally:
+            collapse.WINDOW_S = before
+        ''')
+    assert cell.error is None, cell.shown()
+    lines = cell.text.splitlines()
+    assert "[ranks 0-3] step 10 loss 2.31…2.35 (rank 2: 2.91) took 1.2s…1.3s" in lines, cell.text
+    assert "[ranks 0-2] loss finite" in lines and "[rank 3] loss nan" in lines, cell.text  # words differ
+    raw = run_cell(kc, "%torchrun --nproc-per-node 4 --no-collapse steps.py")
+    assert raw.error is None, raw.shown()
+    assert "[rank 2] step 10 loss 2.91 took 1.25s" in raw.text and "[ranks" not in raw.text, raw.text
 
 
 def test_local_ranks_filter_shows_rank_0_only_and_log_dir_keeps_every_rank(kc):

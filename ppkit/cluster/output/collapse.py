@@ -1,11 +1,13 @@
-"""Identical lines from several ranks, shown once with the ranks that printed them:
+"""Lines from several ranks shown once with the ranks that printed them: the same line as
 ``[ranks 0-3] epoch 1 loss 2.31`` (the collapsing that PyTorch's RFC #162999 asks of torchrun, and
-that Monarch does over a time window).
+that Monarch does over a time window), and lines that differ only in their numbers as one line that
+says where they differ, ``[ranks 0-7] step 10 loss 2.31…2.35 (rank 5: 2.91)`` (fold.py).
 
 Each rank's lines wait in a queue of their own, so each rank's order is kept. A line at the head of
-its rank's queue leaves, with the same line at the head of other ranks' queues, once every shown rank
-has it there, or once no other rank can still print it next (its queue holds other lines and not
-this one), or at the latest ``WINDOW_S`` after it was printed. Lines are compared whole, as printed.
+its rank's queue leaves, with the lines of its shape (fold.py: its text without its numbers) at the
+head of other ranks' queues, once every shown rank has one there, or once no other rank can still
+print one next (its queue holds other lines and none of this shape), or at the latest ``WINDOW_S``
+after it was printed. A line redrawn with ``\\r`` (tqdm's) leaves only with the same line.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 
-WINDOW_S = 0.5  # the longest a line waits for the same line from other ranks
+from ppkit.cluster.output import fold
+
+WINDOW_S = 0.5  # the longest a line waits for lines of its shape from other ranks
 MAX_PENDING = 10_000  # lines waiting at once; beyond, the oldest leave without waiting
 
 
@@ -21,16 +25,18 @@ class Collapser:
     """``add`` the lines as they arrive (all of one chunk, then ask), ``ready`` (and ``through``,
     ``flush``) hand back ``(stream, text, ranks)`` in the order they are to be shown."""
 
-    def __init__(self, ranks: list[int], window_s: float = WINDOW_S):
+    def __init__(self, ranks: list[int], window_s: float | None = None):
         self._expected = set(ranks)
-        self._window_s = window_s
-        self._queues: dict[int, deque] = {rank: deque() for rank in ranks}  # rank -> (stream, text, since)
-        self._waiting: dict[int, Counter] = {rank: Counter() for rank in ranks}  # rank -> (stream, text) queued
+        self._window_s = WINDOW_S if window_s is None else window_s
+        self._queues: dict[int, deque] = {rank: deque() for rank in ranks}  # rank -> (stream, shape, text, since)
+        self._waiting: dict[int, Counter] = {rank: Counter() for rank in ranks}  # rank -> (stream, shape) queued
         self._count = 0
 
-    def add(self, rank: int, stream: str, text: str, now: float) -> None:
-        self._queues.setdefault(rank, deque()).append((stream, text, now))
-        self._waiting.setdefault(rank, Counter())[stream, text] += 1
+    def add(self, rank: int, stream: str, text: str, now: float, redrawn: bool = False) -> None:
+        """``redrawn``: the line was drawn with ``\\r`` (a progress bar): it leaves only with the same line."""
+        shape = text if redrawn else fold.shape(text)
+        self._queues.setdefault(rank, deque()).append((stream, shape, text, now))
+        self._waiting.setdefault(rank, Counter())[stream, shape] += 1
         self._count += 1
 
     def ready(self, now: float | None = None, force: bool = False) -> list[tuple]:
@@ -38,11 +44,11 @@ class Collapser:
         now = time.monotonic() if now is None else now
         out = []
         while True:
-            heads: dict[tuple, list] = {}  # (stream, text) -> [ranks with it first, its earliest time]
+            heads: dict[tuple, list] = {}  # (stream, shape) -> [ranks with one first, its earliest time]
             for rank, queue in self._queues.items():
                 if queue:
-                    stream, text, since = queue[0]
-                    head = heads.setdefault((stream, text), [[], since])
+                    stream, shape, _, since = queue[0]
+                    head = heads.setdefault((stream, shape), [[], since])
                     head[0].append(rank)
                     head[1] = min(head[1], since)
             leaving = next((key for key, (ranks, since) in sorted(heads.items(), key=lambda kv: kv[1][1])
@@ -69,10 +75,11 @@ class Collapser:
                    for rank in self._expected)
 
     def _pop(self, key: tuple, ranks: list[int]) -> tuple:
-        for rank in ranks:
-            self._queues[rank].popleft()
+        lines = []
+        for rank in sorted(ranks):
+            lines.append((rank, self._queues[rank].popleft()[2]))
             self._waiting[rank][key] -= 1
             if not self._waiting[rank][key]:
                 del self._waiting[rank][key]
         self._count -= len(ranks)
-        return key[0], key[1], sorted(ranks)
+        return key[0], fold.fold(lines), sorted(ranks)

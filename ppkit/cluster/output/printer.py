@@ -70,13 +70,14 @@ class RankPrinter:
         now = time.monotonic()
         shown: list[tuple] = []
         for line in lines:
-            line = current(line) if "\r" in line else line
+            redrawn = "\r" in line
+            line = current(line) if redrawn else line
             if key in self._live:
                 self._emit(shown)
                 shown = []
                 self._live.end(key, settings.label([rank], self._labels) + line)
             elif self._collapser is not None:
-                self._collapser.add(rank, stream, line, now)
+                self._collapser.add(rank, stream, line, now, redrawn=redrawn)
             else:
                 shown.append((stream, line, [rank]))
         if self._collapser is not None:

@@ -1,0 +1,101 @@
+"""Lines of several ranks that differ only in their numbers, shown as one line that says where they
+differ: ``step 10 loss 2.31…2.35 (rank 5: 2.91)``.
+
+A line's ``shape`` is its text with its numbers taken out (``step # loss #``); lines of one shape fold
+(collapse.py decides which lines meet). Each number that differs between them shows its spread, lowest
+``…`` highest, as each rank wrote it, and a rank that stands out is named with its value, outside the
+spread (``standing_out``). A word that differs keeps lines apart: ``nan`` against ``2.31``, ``ms``
+against ``s``.
+
+A number is a decimal with an optional sign, fraction, exponent and unit (``-0.5``, ``1e-3``, ``91%``,
+``1.2s``), not part of a word: ``worker3``, ``0x7f3a``, ``2.14.1`` and ``10.0.0.1`` are words. ANSI
+colour codes are words. A line longer than ``MAX_CHARS``, or with more than ``MAX_NUMBERS`` numbers
+(a tensor, a list: the numbers are the message), folds only with the same line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+
+SPREAD = "…"
+MAX_CHARS = 1000
+MAX_NUMBERS = 16
+Z = 3.5  # Iglewicz and Hoaglin's cut-off for the modified z-score
+HOLE = "\x00"  # where a number was, in a shape
+
+_ANSI = re.compile(r"(\x1b\[[0-?]*[ -/]*[@-~])")
+_NUMBER = re.compile(r"(?<![\w.])"  # not inside a word, an address or a version
+                     r"(?P<number>[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?)(?P<unit>%|[^\W\d_]*)"
+                     r"(?!\w|\.\w)")
+
+
+def shape(text: str) -> str:
+    """``text`` with each number replaced by a hole (its unit kept); ``text`` itself when it folds only
+    with the same line."""
+    if len(text) > MAX_CHARS:
+        return text
+    parts, numbers = _split(text)
+    if not numbers or len(numbers) > MAX_NUMBERS:
+        return text
+    return "".join(part + HOLE + unit for part, (_, unit, _) in zip(parts, numbers)) + parts[-1]
+
+
+def fold(lines: list[tuple[int, str]]) -> str:
+    """One line for ``(rank, text)`` lines of one shape, in rank order."""
+    texts = [text for _, text in lines]
+    if all(text == texts[0] for text in texts):
+        return texts[0]
+    split = [_split(text) for text in texts]
+    parts = split[0][0]
+    out = [parts[0]]
+    for i in range(len(split[0][1])):
+        out.append(_spread([(rank, numbers[i]) for (rank, _), (_, numbers) in zip(lines, split)]))
+        out.append(parts[i + 1])
+    return "".join(out)
+
+
+def standing_out(values: list[float]) -> list[int]:
+    """The indexes of the values that stand out from the others: a modified z-score,
+    0.6745 × |x − median| / MAD, above ``Z`` (MAD: the median of the distances from the median). Where
+    most values are the same (MAD 0), every other value stands out. Fewer than three values: none (which
+    of two is the odd one?)."""
+    if len(values) < 3 or not all(math.isfinite(v) for v in values):
+        return []
+    middle = statistics.median(values)
+    distances = [abs(v - middle) for v in values]
+    mad = statistics.median(distances)
+    if mad == 0:
+        return [i for i, d in enumerate(distances) if d > 0]
+    return [i for i, d in enumerate(distances) if 0.6745 * d / mad > Z]
+
+
+def _split(text: str) -> tuple[list[str], list[tuple[str, str, float]]]:
+    """The text around the numbers (one more part than numbers), and each number's ``(text, unit, value)``.
+    ANSI codes are text, and a number may start or end right at one."""
+    parts, numbers, current = [], [], ""
+    for i, piece in enumerate(_ANSI.split(text)):
+        if i % 2:  # an ANSI code
+            current += piece
+            continue
+        start = 0
+        for match in _NUMBER.finditer(piece):
+            parts.append(current + piece[start:match.start()])
+            numbers.append((match["number"], match["unit"], float(match["number"])))
+            current, start = "", match.end()
+        current += piece[start:]
+    parts.append(current)
+    return parts, numbers
+
+
+def _spread(column: list[tuple[int, tuple[str, str, float]]]) -> str:
+    """One number's place in the folded line: its spread over the ranks, and the ranks that stand out."""
+    unit = column[0][1][1]
+    odd = standing_out([value for _, (_, _, value) in column])
+    usual = [number for i, (_, number) in enumerate(column) if i not in odd]
+    low, high = min(usual, key=lambda n: n[2]), max(usual, key=lambda n: n[2])
+    shown = f"{low[0]}{unit}" if low[2] == high[2] else f"{low[0]}{unit}{SPREAD}{high[0]}{unit}"
+    if odd:
+        shown += " (" + ", ".join(f"rank {column[i][0]}: {column[i][1][0]}{unit}" for i in odd) + ")"
+    return shown
