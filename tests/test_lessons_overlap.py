@@ -80,31 +80,88 @@ def test_ddp_buckets_go_in_reverse_parameter_order_while_backward_runs(cluster):
 
 
 @pytest.mark.slow
+def test_ddp_default_buckets_start_with_a_small_one(cluster):
+    # bucket_cap_mb left out (None): a first bucket of 1 MiB, then 25 MiB ones; 25 passed explicitly: every
+    # bucket 25 MiB, this 2.4 MiB model in one, all-reduced after backward
+    assert ov.DDP_DEFAULT in ov.CAPS_MB  # the notebook's sweep measures the real default
+    out = cluster.run(ov.ddp_step, ov.DDP_DEFAULT)[0]
+    assert [b["params"] for b in out["buckets"]] == [
+        ["10.bias", "10.weight", "8.bias", "8.weight", "6.bias", "6.weight"],  # 3 x 0.39 MiB crosses 1 MiB
+        ["4.bias", "4.weight", "2.bias", "2.weight", "0.bias", "0.weight"]]
+    assert len(cluster.run(ov.ddp_step, 25.0)[0]["buckets"]) == 1
+    with pytest.raises(ConfigError, match="ppkit.lessons.overlap.DDP_DEFAULT for DDP's default"):
+        ov.ddp_noting_buckets(ov.make_model(), None)
+
+
+@pytest.mark.slow
 def test_sweep_and_no_overlap_step(cluster):
-    rows = ov.bucket_sweep(cluster, caps_mb=(0.05, 25.0))
+    rows = ov.bucket_sweep(cluster, caps_mb=(0.05, ov.DDP_DEFAULT, 25.0))
     by = {r["setting"]: r for r in rows}
     assert by["DDP, bucket_cap_mb=0.05"]["buckets"] == 6 and by["DDP, bucket_cap_mb=25"]["buckets"] == 1
+    assert by["DDP, default (bucket_cap_mb=None)"]["buckets"] == 2
     plain = by["no overlap (notebook 03)"]
     assert plain["overlapped"] == 0  # every all-reduce runs after backward, while the thread waits
     assert plain["exposed"] == plain["comm"] > 0
     assert by["DDP, bucket_cap_mb=0.05"]["overlapped"] > 0
     assert {0, 1} == {e["rank"] for e in plain["events"]}
     table = ov.sweep_table(rows)
-    assert table.splitlines()[0].split()[:2] == ["setting", "buckets"] and len(table.splitlines()) == 4
+    assert table.splitlines()[0].split()[:2] == ["setting", "buckets"] and len(table.splitlines()) == 5
 
 
 # -- FSDP2 and TP ---------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_fsdp_settings(cluster):
-    rows = osh.fsdp_sweep(cluster, settings=osh.SETTINGS[1:4:2], layers=4, width=256)
-    prefetch, keep = rows
+    rows = osh.fsdp_sweep(cluster, layers=4, width=256)
+    none, prefetch, both, keep = rows
     assert prefetch["setting"].startswith("backward prefetch")
     # resharded after forward: each layer is all-gathered in forward and again in backward (the root's
     # own parameters none); kept gathered: only in forward, and the held weights raise the peak
-    assert prefetch["all_gathers"] == 2 * 4 and keep["all_gathers"] == 4
+    assert none["all_gathers"] == prefetch["all_gathers"] == both["all_gathers"] == 2 * 4 and keep["all_gathers"] == 4
     assert keep["peak_bytes"] > prefetch["peak_bytes"]
-    assert "reshard_after_forward=False" in osh.fsdp_table(rows)
+    # the trace's prefetches: layer i-1's all-gather issued from layer i's, 3 of 4 layers; none without
+    assert [(r["forward_prefetches"], r["backward_prefetches"]) for r in rows] == [(0, 0), (0, 3), (3, 3), (0, 0)]
+    table = osh.fsdp_table(rows).splitlines()
+    assert "reshard_after_forward=False" in table[-1] and table[2].split()[-8:-5] == ["0", "/", "3"]
+
+
+def _prefetching_unshards(rank, world_size, forward_prefetch, backward_prefetch, layers=4, steps=2):
+    """The (pass, layer) of every prefetch that issued an all-gather in ``steps`` steps of
+    ``shard_with_prefetch``, seen by a spy on FSDP2's prefetch (FSDPParamGroup._prefetch_unshard)."""
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    issued, real = [], FSDPParamGroup._prefetch_unshard
+
+    def spy(target, pass_type):
+        idle = target._all_gather_result is None and not target.is_unsharded
+        real(target, pass_type)
+        if idle and target._all_gather_result is not None:  # this call started an all-gather
+            issued.append((pass_type, target._module_fqn))
+
+    FSDPParamGroup._prefetch_unshard = staticmethod(spy)
+    try:
+        model = osh.shard_with_prefetch(ov.make_model(layers, 64), world_size, forward_prefetch, backward_prefetch,
+                                        reshard_after_forward=True)
+        x = torch.randn(8, 64)
+        for _ in range(steps):
+            model.zero_grad()
+            model(x).square().mean().backward()
+    finally:
+        FSDPParamGroup._prefetch_unshard = staticmethod(real)
+    return issued
+
+
+@pytest.mark.slow
+def test_no_prefetch_issues_no_prefetching_all_gather(cluster):
+    # FSDP2 reads an empty backward-prefetch list as "the default" (prefetch the previous layer), so "no
+    # prefetch" must be something else; with it off, backward gathers each layer only when it starts
+    for fwd, bwd in ((False, False), (False, True), (True, True)):
+        for issued in cluster.run(_prefetching_unshards, fwd, bwd):
+            backward = [layer for p, layer in issued if p == "backward"]
+            forward = [layer for p, layer in issued if p == "forward"]
+            assert backward == (["4", "2", "0"] * 2 if bwd else []), (fwd, bwd)  # layer i-1 from layer i
+            assert forward == (["2", "4", "6"] * 2 if fwd else []), (fwd, bwd)
 
 
 @pytest.mark.slow

@@ -22,7 +22,11 @@ from ppkit.lessons import data_parallel as dp
 from ppkit.lessons import overlap_trace as ot
 
 LAYERS, WIDTH, BATCH = 6, 320, 256
-CAPS_MB = (0.05, 0.5, 1.0, 25.0)  # 0.05: a bucket per weight, 25: DDP's default, one bucket for this model
+# DDP's default: bucket_cap_mb left out (None), a first bucket of 1 MiB, then buckets of 25 MiB. Passing 25
+# explicitly is not the default: every bucket, the first included, is then 25 MiB (torch's
+# BucketCapacityConfig). For this 2.4 MiB model: the default makes 2 buckets, 25 one.
+DDP_DEFAULT = "DDP's default"
+CAPS_MB = (0.05, 0.5, 1.0, DDP_DEFAULT, 25.0)  # 0.05: a bucket per weight; 25: one bucket for this model
 
 
 def make_mlp(widths, seed: int = 0) -> nn.Sequential:
@@ -57,20 +61,30 @@ def _batch(rank: int, width: int, batch: int):
 
 
 def _check_cap(bucket_cap_mb) -> None:
+    if bucket_cap_mb == DDP_DEFAULT:
+        return
     if not isinstance(bucket_cap_mb, (int, float)) or isinstance(bucket_cap_mb, bool) or not bucket_cap_mb > 0:
-        raise ConfigError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}; DDP's "
-                          "default is 25.")
+        raise ConfigError(f"bucket_cap_mb must be a positive number of MiB, or "
+                          f"ppkit.lessons.overlap.DDP_DEFAULT for DDP's default (a first bucket of 1 MiB, then "
+                          f"25 MiB ones); got {bucket_cap_mb!r}.")
 
 
-def ddp_noting_buckets(model: nn.Module, bucket_cap_mb: float):
+def _setting(bucket_cap_mb) -> str:
+    if bucket_cap_mb == DDP_DEFAULT:
+        return "DDP, default (bucket_cap_mb=None)"
+    return f"DDP, bucket_cap_mb={bucket_cap_mb:g}"
+
+
+def ddp_noting_buckets(model: nn.Module, bucket_cap_mb: float | str):
     """``model`` in DDP with its default all-reduce hook, noting each bucket it launches: ``launched`` gets
-    a new list per step (the step appends it), each bucket as ``{"index", "params", "bytes"}``."""
+    a new list per step (the step appends it), each bucket as ``{"index", "params", "bytes"}``.
+    ``bucket_cap_mb``: MiB, or ``DDP_DEFAULT`` to leave it out (DDP's own None)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     _check_cap(bucket_cap_mb)
     names = {id(p): n for n, p in model.named_parameters()}
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    ddp = DDP(model, bucket_cap_mb=None if bucket_cap_mb == DDP_DEFAULT else bucket_cap_mb)
     launched: list[list[dict]] = []
 
     def note_then_all_reduce(process_group, bucket):
@@ -95,7 +109,7 @@ def ddp_buckets(rank, world_size, widths, bucket_cap_mb: float, steps: int = 2) 
     return [b["params"] for b in launched[-1]]
 
 
-def ddp_step(rank, world_size, bucket_cap_mb: float = 25.0, layers: int = LAYERS, width: int = WIDTH,
+def ddp_step(rank, world_size, bucket_cap_mb: float | str = DDP_DEFAULT, layers: int = LAYERS, width: int = WIDTH,
              batch: int = BATCH, warmup: int = 2, own_profiler: bool = True) -> dict:
     """One DDP step measured on this rank (after ``warmup`` steps), with its buckets.
 
@@ -134,19 +148,19 @@ def no_overlap_step(rank, world_size, layers: int = LAYERS, width: int = WIDTH, 
     return {"trace": ot.profile_step(rank, step, warmup)}
 
 
-def measure_ddp(cluster, bucket_cap_mb: float | None, layers: int = LAYERS, width: int = WIDTH,
+def measure_ddp(cluster, bucket_cap_mb: float | str | None, layers: int = LAYERS, width: int = WIDTH,
                 batch: int = BATCH) -> dict:
-    """One setting measured on every rank of ``cluster``: DDP with ``bucket_cap_mb``, or with None the
-    no-overlap step. A row: ``setting``, ``bucket_cap_mb``, ``buckets`` (all-reduces per step), rank 0's
-    breakdown in ms (``overlap_trace.breakdown``), the ``profile`` (a ``ppkit.Profile``: its timeline, its
-    summary) and its ``events``."""
+    """One setting measured on every rank of ``cluster``: DDP with ``bucket_cap_mb`` (MiB, or ``DDP_DEFAULT``),
+    or with None the no-overlap step. A row: ``setting``, ``bucket_cap_mb``, ``buckets`` (all-reduces per
+    step), rank 0's breakdown in ms (``overlap_trace.breakdown``), the ``profile`` (a ``ppkit.Profile``: its
+    timeline, its summary) and its ``events``."""
     if bucket_cap_mb is None:
         per_rank = cluster.run(no_overlap_step, layers, width, batch)
         setting, buckets = "no overlap (notebook 03)", 2 * layers  # one all-reduce per weight and bias
     else:
         _check_cap(bucket_cap_mb)
         per_rank = cluster.run(ddp_step, bucket_cap_mb, layers, width, batch)
-        setting, buckets = f"DDP, bucket_cap_mb={bucket_cap_mb:g}", len(per_rank[0]["buckets"])
+        setting, buckets = _setting(bucket_cap_mb), len(per_rank[0]["buckets"])
     prof = ot.merged(r["trace"] for r in per_rank)
     events = prof.events()
     return {"setting": setting, "bucket_cap_mb": bucket_cap_mb, "buckets": buckets, "profile": prof,
@@ -167,9 +181,9 @@ def overlap_fraction(row: dict) -> float:
 
 def sweep_table(rows) -> str:
     """The sweep as text: one line per setting."""
-    head = f"{'setting':<28} {'buckets':>7} {'step ms':>8} {'comm ms':>8} {'overlapped':>10} {'exposed ms':>10}"
+    head = f"{'setting':<34} {'buckets':>7} {'step ms':>8} {'comm ms':>8} {'overlapped':>10} {'exposed ms':>10}"
     lines = [head]
     for r in rows:
-        lines.append(f"{r['setting']:<28} {r['buckets']:>7} {r['step']:>8.1f} {r['comm']:>8.1f} "
+        lines.append(f"{r['setting']:<34} {r['buckets']:>7} {r['step']:>8.1f} {r['comm']:>8.1f} "
                      f"{overlap_fraction(r):>10.0%} {r['exposed']:>10.1f}")
     return "\n".join(lines)

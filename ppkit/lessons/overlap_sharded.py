@@ -37,7 +37,13 @@ def shard_with_prefetch(model, world_size: int, forward_prefetch: bool, backward
     """Each Linear of ``model`` and then the whole model wrapped by ``fully_shard``; layer i prefetches layer
     i + 1's all-gather in forward, layer i - 1's in backward, when asked (explicit prefetching).
     ``async_all_gather``: the all-gathers as asynchronous work, which a CPU needs to overlap anything
-    (``compat.set_fsdp_unshard_async``; GPUs overlap through streams instead)."""
+    (``compat.set_fsdp_unshard_async``; GPUs overlap through streams instead).
+
+    FSDP2 has no switch for "no backward prefetch": ``set_modules_to_backward_prefetch([])`` means "the
+    default", which prefetches the previous layer (torch's ``FSDPState._pre_backward``). Without backward
+    prefetch each layer is therefore told to prefetch itself: its weights are gathered before its own
+    prefetch runs, so that unshard does nothing (an empty "FSDP::backward_prefetch" span on the timeline).
+    The root ``model`` holds no parameters of its own here (Linears and ReLUs), so it prefetches nothing."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -48,7 +54,7 @@ def shard_with_prefetch(model, world_size: int, forward_prefetch: bool, backward
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     for i, layer in enumerate(layers):
         layer.set_modules_to_forward_prefetch(layers[i + 1:i + 2] if forward_prefetch else [])
-        layer.set_modules_to_backward_prefetch(layers[i - 1:i] if backward_prefetch and i else [])
+        layer.set_modules_to_backward_prefetch([layers[i - 1] if backward_prefetch and i else layer])
     compat.set_fsdp_unshard_async(model, async_all_gather)
     return model
 
@@ -80,8 +86,10 @@ def fsdp_step(rank, world_size, forward_prefetch: bool = False, backward_prefetc
 
 def measure_fsdp(cluster, forward_prefetch: bool, backward_prefetch: bool, reshard_after_forward: bool,
                  layers: int = FSDP_LAYERS, width: int = FSDP_WIDTH, batch: int = FSDP_BATCH) -> dict:
-    """One setting measured on every rank of ``cluster``: rank 0's breakdown (ms), its peak memory and
-    all-gathers per step, the ``profile`` (a ``ppkit.Profile``) and its ``events``."""
+    """One setting measured on every rank of ``cluster``: rank 0's breakdown (ms), its peak memory,
+    all-gathers per step and how many of them were issued as a prefetch in forward and in backward
+    (``forward_prefetches``, ``backward_prefetches``, read from the trace), the ``profile`` (a
+    ``ppkit.Profile``) and its ``events``."""
     chosen = (forward_prefetch, backward_prefetch, reshard_after_forward)
     label = next((name for name, *flags in SETTINGS if tuple(flags) == chosen),
                  f"forward prefetch {'on' if forward_prefetch else 'off'}, backward prefetch "
@@ -93,7 +101,9 @@ def measure_fsdp(cluster, forward_prefetch: bool, backward_prefetch: bool, resha
     gathers = [e for e in ot.collectives(events, 0) if e["name"] == "gloo:all_gather"]
     return {"setting": label, "forward_prefetch": forward_prefetch, "backward_prefetch": backward_prefetch,
             "reshard_after_forward": reshard_after_forward, "peak_bytes": per_rank[0]["peak_bytes"],
-            "all_gathers": len(gathers), "profile": prof, "events": events, **ot.breakdown(events, 0)}
+            "all_gathers": len(gathers), "forward_prefetches": len(ot.prefetched_all_gathers(events, 0, "forward")),
+            "backward_prefetches": len(ot.prefetched_all_gathers(events, 0, "backward")), "profile": prof,
+            "events": events, **ot.breakdown(events, 0)}
 
 
 def fsdp_sweep(cluster, settings=SETTINGS, layers: int = FSDP_LAYERS, width: int = FSDP_WIDTH,
@@ -103,11 +113,13 @@ def fsdp_sweep(cluster, settings=SETTINGS, layers: int = FSDP_LAYERS, width: int
 
 
 def fsdp_table(rows) -> str:
-    head = (f"{'setting':<38} {'all-gathers':>11} {'peak MB':>8} {'step ms':>8} {'comm ms':>8} "
+    """The sweep as text: all-gathers per step, how many were prefetched (forward / backward), peak, times."""
+    head = (f"{'setting':<38} {'all-gathers':>11} {'prefetch f/b':>12} {'peak MB':>8} {'step ms':>8} {'comm ms':>8} "
             f"{'overlapped':>10} {'exposed ms':>10}")
     return "\n".join([head] + [
-        f"{r['setting']:<38} {r['all_gathers']:>11} {r['peak_bytes'] / 1e6:>8.2f} {r['step']:>8.1f} "
-        f"{r['comm']:>8.1f} {ov.overlap_fraction(r):>10.0%} {r['exposed']:>10.1f}" for r in rows])
+        f"{r['setting']:<38} {r['all_gathers']:>11} {r['forward_prefetches']:>5} / {r['backward_prefetches']:<4} "
+        f"{r['peak_bytes'] / 1e6:>8.2f} {r['step']:>8.1f} {r['comm']:>8.1f} {ov.overlap_fraction(r):>10.0%} "
+        f"{r['exposed']:>10.1f}" for r in rows])
 
 
 def tp_step(rank, world_size, blocks: int = 4, d_model: int = 256, hidden: int = 1024, tokens: int = 256,

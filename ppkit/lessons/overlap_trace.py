@@ -127,6 +127,19 @@ def breakdown(events, rank: int) -> dict:
     return {k: v / 1000 for k, v in out.items()}
 
 
+def prefetched_all_gathers(events, rank: int, pass_type: str) -> list[str]:
+    """The layers whose all-gather FSDP2 issued as a prefetch in the measured step on ``rank``, in order:
+    each ``FSDP::all_gather (layer)`` span inside a ``FSDP::{pass_type}_prefetch for ...`` span
+    (``pass_type`` "forward" or "backward"). A prefetch span with no all-gather inside did nothing."""
+    s0, s1 = _window(events, rank)
+    mine = [e for e in events if e["rank"] == rank and s0 <= e["start_us"] < s1]
+    outer = [(e["tid"], e["start_us"], e["start_us"] + e["dur_us"]) for e in mine
+             if e["name"].startswith(f"FSDP::{pass_type}_prefetch for ")]
+    inner = sorted((e for e in mine if e["name"].startswith("FSDP::all_gather (")), key=lambda e: e["start_us"])
+    return [e["name"][len("FSDP::all_gather ("):-1] for e in inner
+            if any(tid == e["tid"] and a <= e["start_us"] < b for tid, a, b in outer)]
+
+
 def collectives(events, rank: int, prefix: str = "gloo:") -> list[dict]:
     """The step's collectives on ``rank`` as the backend ran them (``gloo:all_reduce`` on gloo's own
     threads), in the order they started."""
