@@ -1,5 +1,5 @@
 """What one run asks of its output: which ranks and streams reach the cell, which go to files, the
-prefix of each line, whether identical lines are collapsed and ``\\r``-redrawn lines shown in place.
+prefix of each line, whether lines of several ranks are collapsed and ``\\r``-redrawn lines shown in place.
 
 ``%%torchrun`` builds one from torchrun's ``--tee``, ``--redirects``, ``--log-dir``,
 ``--local-ranks-filter`` and ``--log-line-prefix-template`` (torchrun/options.py); ``cluster.run``
@@ -20,7 +20,8 @@ class OutputSettings:
     """``hidden``: ``(rank, stream)`` pairs kept out of the cell; ``logged``: those written to
     ``log_dir``'s files, in torchrun's layout (logfiles.py); ``prefix``: a torchrun template
     (``${rank}``, ``${local_rank}``, ``${role_name}``, ``${hostname}``), "" for ``[rank N] ``;
-    ``collapse``: identical lines of several ranks shown once (collapse.py); ``live``: a line
+    ``collapse``: lines of several ranks that are the same, or differ only in their numbers, shown once
+    (collapse.py, fold.py); ``live``: a line
     redrawn with ``\\r`` (tqdm) updated in place (live.py)."""
 
     hidden: frozenset[tuple[int, str]] = frozenset()

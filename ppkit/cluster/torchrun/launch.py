@@ -34,8 +34,9 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int =
     No time limit unless ``timeout`` (seconds): then ``JobTimeoutError`` says where each rank waited.
     ``master_port``: None picks a free port for each run, as torchrun does without ``--master-port``. ``nnodes`` above 1
     runs ``nproc_per_node`` processes on each of that many SLURM nodes, in a SLURM job of their own
-    (a step of the allocation inside one), as ``torchrun --nnodes`` would. ``collapse``: identical
-    lines of several ranks shown once, ``[ranks 0-3] ...``; False shows every line of every rank. Returns None;
+    (a step of the allocation inside one), as ``torchrun --nnodes`` would. ``collapse``: lines of
+    several ranks that are the same or differ only in their numbers shown once, ``[ranks 0-3] loss 2.31…2.35
+    (rank 2: 2.91)`` (docs/torchrun.md); False shows every line of every rank. Returns None;
     with ``profile=True`` every rank runs under torch.profiler and a ``ppkit.Profile`` is returned
     (``profile=dict(record_shapes=True)`` adds input shapes; docs/profiling.md).
     """
