@@ -1,0 +1,115 @@
+"""A rank's process ends as a plain script's does when threads outlive its main function: a thread
+pool that an imported library keeps (as many do), a non-daemon thread that ends by itself and an
+atexit handler, in the interpreter's order: ``threading._shutdown()`` (the callbacks of
+``threading._register_atexit``, which stop the pool's workers, then the non-daemon threads joined),
+then the atexit handlers. Through ``ppkit.spawn`` with both start methods and through ``%%torchrun``,
+each compared with the same code run as ``python script.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_spawn import assert_none_left
+from test_torchrun import shell  # noqa: F401 - the fixture: one IPython shell with %load_ext ppkit
+
+import ppkit
+
+pytestmark = pytest.mark.timeout(300)
+
+LIBRARY = '''\
+"""A library that keeps a thread pool for the life of the process."""
+import concurrent.futures
+
+POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+'''
+
+SCENARIO = '''\
+"""Work left to threads when main returns; each step notes itself in FOLDER/order-NAME, in order."""
+import atexit
+import os
+import threading
+import time
+
+import heldpool
+
+
+def main(folder, name):
+    def note(what):
+        with open(os.path.join(folder, f"order-{name}"), "a") as file:
+            file.write(what + "\\n")
+
+    returned, pooled = threading.Event(), threading.Event()
+
+    def pool_task():
+        returned.wait()
+        note("pool task")
+        pooled.set()
+
+    def ends_by_itself():
+        pooled.wait()
+        time.sleep(0.3)  # still running when the interpreter starts to exit
+        note("non-daemon thread ends by itself")
+
+    def at_exit():
+        try:
+            heldpool.POOL.submit(print)
+            note("atexit handler: the pool still takes work")
+        except RuntimeError as exc:  # the interpreter stopped the pool's workers before the atexit handlers
+            note(f"atexit handler: {exc}")
+
+    heldpool.POOL.submit(pool_task)
+    threading.Thread(target=ends_by_itself).start()  # not a daemon
+    atexit.register(at_exit)
+    note("main returns")
+    returned.set()
+'''
+
+SCRIPT = "import sys, scenario\nscenario.main(sys.argv[1], 'script')\n"
+AS_A_SCRIPT = ["main returns", "pool task", "non-daemon thread ends by itself",
+               "atexit handler: cannot schedule new futures after shutdown"]  # its workers, stopping, marked it so
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "heldpool.py").write_text(LIBRARY)
+    (tmp_path / "scenario.py").write_text(SCENARIO)
+    return tmp_path
+
+
+def order(folder, name: str) -> list[str]:
+    return (folder / f"order-{name}").read_text().splitlines()
+
+
+def as_a_script(folder) -> list[str]:
+    (folder / "script.py").write_text(SCRIPT)
+    subprocess.run([sys.executable, str(folder / "script.py"), str(folder)], cwd=folder, check=True, timeout=60)
+    seen = order(folder, "script")
+    assert seen == AS_A_SCRIPT  # the interpreter's own exit, the pool shut down before the atexit handlers
+    return seen
+
+
+def _rank_main(i, folder):
+    sys.path.insert(0, str(folder))
+    import scenario
+
+    scenario.main(str(folder), f"rank-{i}")
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_spawn_ends_with_a_held_pool_as_a_script_does(folder, method):
+    ppkit.spawn(_rank_main, args=(folder,), nprocs=2, start_method=method, timeout=90)
+    script = as_a_script(folder)
+    assert order(folder, "rank-0") == order(folder, "rank-1") == script
+    assert_none_left()
+
+
+def test_torchrun_ends_with_a_held_pool_as_a_script_does(shell, folder, monkeypatch):  # noqa: F811 - the fixture
+    monkeypatch.chdir(folder)  # the notebook's folder: the script's, where scenario.py is found
+    result = shell.run_cell("%%torchrun --nproc-per-node 2 --timeout 90\n"
+                            "import os, scenario\nscenario.main(os.getcwd(), 'rank-' + os.environ['RANK'])\n",
+                            store_history=False)
+    assert result.success, result.error_in_exec
+    script = as_a_script(folder)
+    assert order(folder, "rank-0") == order(folder, "rank-1") == script
