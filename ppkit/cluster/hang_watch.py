@@ -3,8 +3,11 @@
 ``ppkit.spawn`` and ``%%torchrun`` have no wall-clock limit by default, as mp.spawn and torchrun have
 none: a training run takes as long as it takes. A hang is told apart from a long step by two signs
 together: for ``PPKIT_HANG_S`` seconds (default 60; 0 turns the watch off) no rank printed anything
-or finished, and every rank that is still running waits inside torch.distributed (a collective, a
-send/recv, a barrier, a store). Then the cell shows each rank's stack once and the run goes on:
+or finished, and every rank that is still running waits on its peers: its stack ends inside
+torch.distributed (a collective, a send/recv, a barrier, a store), or its flight record shows a
+collective started and not completed (NCCL's waits at ``.item()`` or ``synchronize``). Then the cell
+shows the collective doctor's reading of the ranks' records (hang_doctor/) and each rank's stack once,
+and the run goes on:
 the learner decides (Kernel > Interrupt stops every rank). A rank that computes for a minute
 without printing is not reported: its stack is in its own code, and the watch looks again later.
 """
@@ -52,18 +55,26 @@ class HangWatch:
         self._last_activity = last_activity
         return float("inf") if self.told or not self.seconds else max(last_activity, self._since) + self.seconds
 
-    def look(self, stacks: dict[int, str]) -> str | None:
-        """The message to print once if every waiting rank waits on its peers, else None (look again later)."""
+    def look(self, stacks: dict[int, str], records: dict[int, dict] | None = None, diagnosis=None) -> str | None:
+        """The message to print once if every waiting rank waits on its peers (by its stack or its
+        flight record, ``records``), else None (look again later). ``diagnosis``: the collective
+        doctor's (hang_doctor.diagnose), shown before the stacks."""
+        from ppkit.cluster import hang_doctor
+
+        records = records or {}
         quiet, self._since = time.monotonic() - max(self._last_activity, self._since), time.monotonic()
-        if not stacks or not all(waits_on_peers(text) for text in stacks.values()):
+        if not stacks or not all(waits_on_peers(text) or hang_doctor.waits_on_peers(records.get(rank))
+                                 for rank, text in stacks.items()):
             return None
         self.told = True
         _record(quiet, stacks)
         shown = "".join(f"\n--- rank {r} waits here ---\n{text}" for r, text in self._show(stacks).items())
         return (f"[ppkit] possibly hung: for {self.seconds:g} s no rank printed or finished, and rank(s) "
-                f"{sorted(stacks)} each wait inside torch.distributed (a collective, send/recv or barrier that "
-                "another rank has not reached). The run goes on; Kernel > Interrupt stops every rank. "
-                f"(This look comes once per run, after {HANG_ENV}={self.seconds:g} s of silence.)" + shown + "\n")
+                f"{sorted(stacks)} each wait inside torch.distributed or on a collective they started (a collective, "
+                "send/recv or barrier that another rank has not reached). The run goes on; Kernel > Interrupt "
+                "stops every rank. "
+                f"(This look comes once per run, after {HANG_ENV}={self.seconds:g} s of silence.)\n"
+                + (str(diagnosis) if diagnosis is not None else "") + shown + "\n")
 
 
 def _record(quiet: float, stacks: dict[int, str]) -> None:

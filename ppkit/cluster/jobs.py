@@ -14,12 +14,13 @@ import math
 import os
 import time
 
-from ppkit.cluster import diagnostics
+from ppkit.cluster import diagnostics, hang_doctor
 from ppkit.cluster.debug.sessions import Ended, Sessions, ended_error
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
 from ppkit.errors import ConfigError
 from ppkit.transport import byvalue, channel
+from ppkit.transport.flight_messages import FlightRecord
 from ppkit.transport.messages import Cancel, Cancelled, CellSource, Result, Run
 from ppkit.transport.sending import Broadcast
 
@@ -74,6 +75,7 @@ class Job:
         self.debug = Sessions(send, printer.flush, world_size=world_size)  # breakpoints on ranks
         self.results: dict[int, Result | Cancelled] = {}
         self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
+        self.records: dict[int, dict] = {}  # rank -> its flight record's last words, as it aborted (hang_doctor/)
 
     def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float | None, workers: dict,
             last: bool = False, watch: HangWatch | None = None) -> list:
@@ -97,6 +99,7 @@ class Job:
         if errors:
             waiting = self.waiting()
             stacks = self._stacks(waiting) if waiting else {}
+            self._print_diagnosis()
             if waiting:
                 self._on_break(f"rank(s) {waiting} are still blocked after rank {min(errors)} failed.")
             raise diagnostics.ranks_raised(errors, waiting, stacks, self.rendezvous)
@@ -154,6 +157,7 @@ class Job:
             elif item is None:
                 waiting = self.waiting()
                 stacks = self._stacks(waiting)
+                self._print_diagnosis()
                 self._printer.flush()
                 self._on_break(f"a job timed out with rank(s) {waiting} still blocked.")
                 raise diagnostics.job_timed_out(timeout, waiting, sorted(self.results), stacks, self.rendezvous)
@@ -164,6 +168,7 @@ class Job:
             elif isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
+                self._print_diagnosis({rank: self._launcher.describe_exit(rank)})
                 self._printer.flush()
                 self._on_break(f"rank {rank} died.")
                 raise diagnostics.worker_died(rank, self._launcher.rank_label(rank, workers.get(rank, {})),
@@ -189,7 +194,9 @@ class Job:
         return status is not None and os.waitstatus_to_exitcode(status) == 0
 
     def _look_for_a_hang(self) -> None:
-        message = self.watch.look(self._stacks(self.waiting()))
+        stacks = self._stacks(self.waiting())
+        diagnosis = self._diagnosis()
+        message = self.watch.look(stacks, diagnosis.records, diagnosis if diagnosis.problem else None)
         if message:
             self._printer.flush()
             print(message, end="", flush=True)
@@ -212,7 +219,23 @@ class Job:
             self._on_break(f"rank(s) {stuck} were still blocked after the pdb session on rank {ended.rank} ended.")
         raise ended_error(ended, stuck, restarted=bool(stuck and self._restart))
 
+    def _diagnosis(self, ended: dict | None = None) -> hang_doctor.Diagnosis:
+        """The collective doctor's reading of every rank's flight record (ppkit/cluster/hang_doctor/)."""
+        finished = {r: "it finished its job" + (" and its process ended" if self.last else "") if m.ok else
+                    f"it raised {m.value.type}" for r, m in self.results.items() if isinstance(m, Result)}
+        records = hang_doctor.ask_records(self._send, self._inbox, range(self.world_size), self.records)
+        return hang_doctor.diagnose(records, self.world_size, {**finished, **(ended or {})})
+
+    def _print_diagnosis(self, ended: dict | None = None) -> None:
+        diagnosis = self._diagnosis(ended)
+        if diagnosis.problem:
+            self._printer.flush()
+            print(diagnosis, end="", flush=True)
+
     def _take(self, item: Item) -> bool:
+        if isinstance(item.msg, FlightRecord):  # a rank's last words as gloo aborts it
+            self.records[item.source] = hang_doctor.parse(item.msg.text)
+            return False
         if isinstance(item.msg, (Result, Cancelled)) and item.msg.job_id == self.job_id:
             self.results[item.source] = item.msg
             return True

@@ -3,9 +3,9 @@
 Who talks to whom (each arrow is one authenticated channel connection, see channel.py):
 
     worker      -> controller   Hello, then Ready or JoinFailed; afterwards Output, Result,
-                                Cancelled and Stacks (forked, or a fresh interpreter: fresh.py)
-    controller  -> worker       Init or Reject (the answer to Hello); then Run, AskStacks, Cancel,
-                                Shutdown; and both ways, pdb on a rank (debug/messages.py)
+                                Cancelled, Stacks, FlightRecord (forked, or a fresh interpreter: fresh.py)
+    controller  -> worker       Init or Reject (the answer to Hello); then Run, AskStacks, Cancel, Shutdown,
+                                AskFlightRecord (flight_messages.py); both ways, pdb on a rank (debug/messages.py)
     fork server -> controller   ForkServerHello, then Spawned and Exited for each worker it forks
     controller  -> fork server  Spawn, Kill, Shutdown
     agent       -> controller   AgentHello, then Spawned and Exited (as a fork server does);

@@ -22,10 +22,11 @@ import threading
 import traceback
 from datetime import timedelta
 
-from ppkit.transport import byvalue, channel, interpreter_exit, procs, rendezvous
+from ppkit.transport import byvalue, channel, flight_record, interpreter_exit, procs, rendezvous
 from ppkit.transport.capture import OutputPipe
 from ppkit.transport.debug.messages import DebugLine, PostMortem
 from ppkit.transport.debug.rank_pdb import RankDebugger, drop_async_exc
+from ppkit.transport.flight_messages import AskFlightRecord, FlightRecord
 from ppkit.transport.messages import (
     AskStacks,
     Cancel,
@@ -96,6 +97,7 @@ class Worker:
         else:
             self._pipes = []
         os.environ.update(cfg.env)
+        flight_record.enable()  # before any process group: torch reads the buffer's size once
         if cfg.threads:
             set_torch_threads(cfg.threads)
         if cfg.cwd and os.path.isdir(cfg.cwd):
@@ -106,6 +108,7 @@ class Worker:
         self.debugger = RankDebugger(self.rank, self.send, self._sync_output)
         self.debugger.install()  # breakpoint() on this rank asks the notebook (debug/rank_pdb.py)
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
+        flight_record.on_abort(lambda: self.send(self._flight_record(last_words=True)))
         rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
         info = WorkerInfo(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), backend=cfg.backend,
                           device=cfg.device)
@@ -172,6 +175,8 @@ class Worker:
                 frame = sys._current_frames().get(self._main_ident)
                 text = "".join(traceback.format_stack(frame)) if frame else "(no Python frame)"
                 self.send(Stacks(self._current, text, rendezvous.history()))
+            elif isinstance(msg, AskFlightRecord):  # answered here, while the main thread waits in a collective
+                self.send(self._flight_record())
             elif isinstance(msg, Cancel):
                 with self._current_lock:
                     if self._current == msg.job_id:
@@ -189,6 +194,10 @@ class Worker:
                 except Exception:
                     pass
                 _exit(0)
+
+    def _flight_record(self, last_words: bool = False) -> FlightRecord:
+        frame = sys._current_frames().get(self._main_ident)
+        return FlightRecord(self._current, flight_record.snapshot(frame), last_words)
 
     # -- the main thread --------------------------------------------------------------------
     def serve(self) -> None:

@@ -1,0 +1,48 @@
+"""Each rank's flight record, asked over the control channel (flight_messages.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ppkit.transport.flight_messages import AskFlightRecord, FlightRecord
+
+WAIT_S = 3.0  # a rank's reader thread answers at once, even while its main thread waits in a collective
+
+
+def ask_records(send, inbox, ranks, records: dict | None = None, wait: float = WAIT_S) -> dict[int, dict]:
+    """rank -> its record (flight_record.snapshot, parsed) for each of ``ranks`` that answers within
+    ``wait`` s; ``send(rank, msg)`` is False for a rank that is gone. ``records``: what is known
+    already (a rank's last words as it aborted), kept for the ranks that do not answer. What else
+    arrives meanwhile is put back in the inbox."""
+    found = dict(records or {})
+    asked = {rank for rank in ranks if send(rank, AskFlightRecord())}
+    deadline, others = time.monotonic() + wait, []
+    while asked:
+        item = inbox.next(deadline)
+        if item is None:
+            break
+        if isinstance(item.msg, FlightRecord) and item.source in asked and not item.msg.last_words:
+            found[item.source] = parse(item.msg.text)
+            asked.discard(item.source)
+        elif isinstance(item.msg, FlightRecord) and item.msg.last_words:
+            found.setdefault(item.source, parse(item.msg.text))
+        else:
+            others.append(item)
+    inbox.put_back(others)
+    return found
+
+
+def parse(text: str) -> dict:
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        return {"calls": [], "groups": {}, "p2p": None, "at": {}, "error": f"unreadable record: {exc}"}
+    return record if isinstance(record, dict) else {"calls": [], "groups": {}, "error": "not a record"}
+
+
+def waits_on_peers(record: dict | None) -> bool:
+    """The record shows a collective started and not completed (NCCL's too, whose wait may be at
+    ``.item()`` or ``synchronize``), or a send/recv the rank is blocked in."""
+    return bool(record) and (any(not call["done"] for call in record.get("calls", []))
+                             or record.get("p2p") is not None)

@@ -1,0 +1,183 @@
+"""A rank's flight record: torch's own record of its recent collectives, read on request.
+
+torch keeps, per process, a ring buffer of the collectives it issued (its "flight recorder",
+torch/csrc/distributed/c10d/FlightRecorder.hpp): each one's process group, sequence number, op,
+sizes, dtypes and whether it completed. The buffer's size is read
+from ``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) once, when the first process
+group is created, so ``enable`` sets it before any. gloo's send and recv are not in the record
+(torch 2.14), so a rank blocked in one says so from its main thread's frames instead.
+
+``snapshot`` is what the kernel's collective doctor (ppkit/cluster/hang_doctor/) reads: a JSON
+text of plain values, the last ``KEEP`` calls of each group, the one the main thread waits in with
+the learner's line that called it. The record's own Python stacks are not asked for: turning them
+into text imports torch._dynamo on the rank (seconds, and memory), while the main thread's frames
+name the same line for the call it waits in. ``on_abort`` sends the record once more when gloo
+aborts the process (a size mismatch does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import linecache
+import os
+import pickle
+import signal
+import sys
+
+BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+NCCL_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+BUFFER = 1000  # calls kept per process: a lesson's loop fits; a few hundred bytes each
+KEEP = 16  # calls per process group sent to the kernel
+P2P_CALLS = ("send", "recv", "isend", "irecv")
+_OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # ppkit/ itself
+
+
+def enable(environ=os.environ) -> None:
+    """Every process group this process creates records its calls (``BUFFER`` of them), unless the
+    learner chose a size (0: off)."""
+    if BUFFER_ENV not in environ and NCCL_BUFFER_ENV not in environ:  # NCCL's name: deprecated, still read
+        environ[BUFFER_ENV] = str(BUFFER)
+
+
+def buffer_size(environ=os.environ) -> int:
+    text = environ.get(BUFFER_ENV, environ.get(NCCL_BUFFER_ENV, "2000"))  # torch's own default: 2000
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def snapshot(main_frame) -> str:
+    """This rank's record and where its main thread is (``main_frame``: its innermost frame), as JSON."""
+    record = {"buffer": buffer_size(), "calls": [], "groups": {}, "p2p": None,
+              "at": _learner_line(_frames_of(main_frame)), "error": ""}
+    if "torch.distributed" not in sys.modules:  # no process group was ever created here
+        return json.dumps(record)
+    try:
+        record["groups"] = _groups()
+        record["calls"] = _calls()
+        record["p2p"] = _p2p_wait(main_frame)
+        waiting = [call for call in record["calls"] if not call["done"]]
+        if waiting and _in_distributed(main_frame):  # the newest call not completed is the one it waits in
+            waiting[-1]["at"] = record["at"]
+    except Exception as exc:  # noqa: BLE001 - the record is a diagnosis; it never fails the rank
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    return json.dumps(record)
+
+
+def _calls() -> list[dict]:
+    from torch._C import _distributed_c10d as c10d
+
+    dumps = [c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)]
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and hasattr(c10d, "_dump_nccl_trace"):
+        dumps.append(c10d._dump_nccl_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+    entries = [entry for raw in dumps for entry in pickle.loads(raw).get("entries", [])]
+    by_group: dict[str, list] = {}
+    for entry in sorted(entries, key=lambda e: e.get("time_created_ns") or 0):
+        by_group.setdefault(str(entry["process_group"][0]), []).append(_call(entry))
+    return [call for calls in by_group.values() for call in calls[-KEEP:]]
+
+
+def _call(entry: dict) -> dict:
+    backend, _, name = entry["profiling_name"].partition(":")
+    op, _, meta = name.partition(" ")
+    peer = None
+    if op in ("send", "recv") and meta:  # "send 0->1", "recv 1<-0" (ranks of the group)
+        peer = int(meta.split("->")[1] if op == "send" else meta.split("<-")[1])
+    return {"group": str(entry["process_group"][0]), "desc": str(entry["process_group"][1]),
+            "seq": entry["collective_seq_id"], "p2p_seq": entry["p2p_seq_id"], "is_p2p": entry["is_p2p"],
+            "op": op, "peer": peer, "backend": backend, "profiling_name": entry["profiling_name"],
+            "input_sizes": entry["input_sizes"], "output_sizes": entry["output_sizes"],
+            "input_dtypes": entry["input_dtypes"], "output_dtypes": entry["output_dtypes"],
+            "state": entry["state"], "done": bool(entry.get("retired")) or entry["state"] == "completed",
+            "time_created_ns": entry.get("time_created_ns") or 0, "at": {}}
+
+
+def _groups() -> dict[str, dict]:
+    """Each process group's name -> its description and global ranks."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return {}
+    world = dist.distributed_c10d._world
+    return {str(pg.group_name): {"desc": str(getattr(pg, "group_desc", "")), "ranks": sorted(ranks)}
+            for pg, ranks in world.pg_group_ranks.items()}
+
+
+def _p2p_wait(frame) -> dict | None:
+    """The send or recv the main thread is blocked in, with its peer (gloo does not record these)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in P2P_CALLS and code.co_filename.endswith("distributed_c10d.py"):
+            local = frame.f_locals
+            op = code.co_name
+            peer = local.get("dst" if op in ("send", "isend") else "src")
+            if peer is None:
+                peer = local.get("group_dst" if op in ("send", "isend") else "group_src")
+            tensor = local.get("tensor")
+            return {"op": op, "peer": peer, "sizes": [list(tensor.shape)] if tensor is not None else [],
+                    "dtype": str(tensor.dtype).replace("torch.", "") if tensor is not None else "",
+                    "at": _learner_line(_frames_of(frame))}
+        frame = frame.f_back
+    return None
+
+
+def _in_distributed(frame) -> bool:
+    while frame is not None:
+        if "distributed" in frame.f_code.co_filename and "/torch/" in frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _frames_of(frame) -> list[tuple[str, int, str]]:
+    """Innermost first, as the flight recorder lists them."""
+    frames = []
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return frames
+
+
+def _learner_line(frames) -> dict:
+    """The innermost frame outside torch, ppkit and the standard library: the learner's line."""
+    for filename, line, name in frames:
+        if _is_learners(filename):
+            return {"file": filename, "line": line, "func": name,
+                    "code": linecache.getline(filename, line).strip()}
+    return {}
+
+
+def _is_learners(filename: str) -> bool:
+    if filename.startswith("<") and not filename.startswith("<%%ranks"):
+        return filename.startswith("<ipython-input")
+    norm = filename.replace("\\", "/")
+    return not (any(filename.startswith(own) for own in _OWN) or "/site-packages/" in norm
+                or "/lib/python3" in norm or "/torch/" in norm)
+
+
+_on_abort = None  # the handler (kept alive: ctypes calls it from C)
+
+
+def on_abort(send_record) -> None:
+    """When the process aborts (gloo's abort() on a size mismatch: a C++ exception in its own thread),
+    ``send_record()`` runs first, so the kernel learns what this rank had issued. The handler is
+    C-level (libc's signal), since Python's own handler would run only after the abort."""
+    global _on_abort
+    libc = ctypes.CDLL(None, use_errno=True)
+    handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
+
+    def last_words(signum):
+        try:
+            send_record()
+        except BaseException:  # noqa: BLE001 - the process is ending either way
+            pass
+        libc.signal(signal.SIGABRT, ctypes.c_void_p(0))  # SIG_DFL: abort() goes on and ends the process
+
+    _on_abort = handler_type(last_words)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(signal.SIGABRT, ctypes.cast(_on_abort, ctypes.c_void_p))
