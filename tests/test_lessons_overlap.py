@@ -119,6 +119,9 @@ def test_fsdp_settings(cluster):
     # own parameters none); kept gathered: only in forward, and the held weights raise the peak
     assert none["all_gathers"] == prefetch["all_gathers"] == both["all_gathers"] == 2 * 4 and keep["all_gathers"] == 4
     assert keep["peak_bytes"] > prefetch["peak_bytes"]
+    # a backward prefetch holds one more layer's full weights at backward's peak; forward prefetch adds nothing
+    assert prefetch["peak_bytes"] - none["peak_bytes"] == (256 * 256 + 256) * 4
+    assert both["peak_bytes"] == prefetch["peak_bytes"]
     # the trace's prefetches: layer i-1's all-gather issued from layer i's, 3 of 4 layers; none without
     assert [(r["forward_prefetches"], r["backward_prefetches"]) for r in rows] == [(0, 0), (0, 3), (3, 3), (0, 0)]
     table = osh.fsdp_table(rows).splitlines()

@@ -9,8 +9,9 @@ FSDP2 all-gathers a layer's weights just before the layer runs. Prefetching issu
 all-gather while this one computes: one more layer's full weights held, less waiting. With
 ``reshard_after_forward=False`` the weights stay gathered from forward to backward: no all-gather in
 backward, every layer's full weights held until then. TP's all-reduce sits between two layers: the next
-layer needs its result, so nothing is left to compute while it runs (only async TP, which cuts the matmul
-into chunks on GPUs with symmetric memory, hides it).
+layer needs its result, so nothing is left to compute while it runs. Only async TP hides TP's communication:
+on GPUs with symmetric memory it fuses an all-gather with the matmul after it and a matmul with the
+reduce-scatter after it, the collectives of TP with sequence parallelism; a plain all-reduce has neither.
 """
 
 from __future__ import annotations
