@@ -25,10 +25,9 @@ from pathlib import Path
 import pytest
 
 # Tests and nbval's kernels (which inherit this environment; this file is loaded for a notebook-only run
-# too) write the learner's progress record (ppkit/progress/) and exercise record to scratch files, never
-# ~/ppkit-progress or ~/.ppkit/progress.json.
+# too) write the learner's progress record (ppkit/progress/) to a scratch folder, never
+# ~/ppkit-progress.
 os.environ.setdefault("PPKIT_RECORD_DIR", os.path.join(tempfile.gettempdir(), f"ppkit-test-record-{os.getpid()}"))
-os.environ.setdefault("PPKIT_PROGRESS", os.path.join(tempfile.gettempdir(), f"ppkit-test-progress-{os.getpid()}.json"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # the same modules tests/conftest.py imports
 pytest.register_assert_rewrite("solved_notebooks", "leftovers")  # their asserts explain themselves as tests' do

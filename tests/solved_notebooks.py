@@ -13,7 +13,6 @@ fails if a ppkit process outlived it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -25,6 +24,8 @@ from leftovers import end_leftovers, ppkit_children
 from nbval.plugin import IPyNbFile
 
 from ppkit.exercises import catalog, workbook
+from ppkit.progress import format as progress_format
+from ppkit.progress import read as progress_read
 
 CHECK_CALL = re.compile(r"workbook\.check\(\s*[\"'](\w+)[\"']")
 
@@ -73,17 +74,17 @@ class SolvedNotebook(IPyNbFile):
     def setup(self):
         # The kernel starts here and inherits os.environ: its own progress record, and the owner mark
         # that tells this run's ppkit processes from others' (tests/conftest.py sets it too).
-        self.progress = Path(tempfile.mkdtemp(prefix="ppkit-nbval-")) / "progress.json"
-        saved = os.environ.get(workbook.PROGRESS_ENV)
-        os.environ[workbook.PROGRESS_ENV] = str(self.progress)
+        self.progress = Path(tempfile.mkdtemp(prefix="ppkit-nbval-")) / "ppkit-progress"
+        saved = os.environ.get(progress_format.DIR_ENV)
+        os.environ[progress_format.DIR_ENV] = str(self.progress)
         os.environ.setdefault("PPKIT_TEST_OWNER", str(os.getpid()))
         try:
             super().setup()
         finally:
             if saved is None:
-                os.environ.pop(workbook.PROGRESS_ENV, None)
+                os.environ.pop(progress_format.DIR_ENV, None)
             else:
-                os.environ[workbook.PROGRESS_ENV] = saved
+                os.environ[progress_format.DIR_ENV] = saved
 
     def teardown(self):
         super().teardown()
@@ -97,11 +98,9 @@ class ExercisesPassed(pytest.Item):
     def runtest(self):
         notebook: SolvedNotebook = self.parent
         name = Path(str(notebook.path)).name
-        try:
-            record = json.loads(notebook.progress.read_text())
-        except (OSError, ValueError) as err:
-            raise AssertionError(f"{name}: no progress record from workbook.check ({err})") from err
-        outcome = {exercise: entry["status"] for exercise, entry in record.items()}
+        record = progress_read.read_folder(notebook.progress)
+        assert not record.problems, f"{name}: the progress record could not be read: {record.problems}"
+        outcome = {state.exercise: state.status for book in record.notebooks for state in book.exercises}
         assert outcome == {exercise: workbook.PASSED for exercise in notebook.filled}, (
             f"{name} with its solutions filled in: {outcome}")
         if notebook.kernel is not None and notebook.kernel.is_alive():

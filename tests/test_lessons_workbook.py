@@ -7,7 +7,6 @@ solutions in their exercise cells (tests/solved_notebooks.py).
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import ppkit
 from ppkit.cli import main as cli
 from ppkit.errors import ConfigError, ExerciseFailed
 from ppkit.exercises import catalog, check_launch, solutions, workbook
+from ppkit.progress import format as progress_format
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
 
@@ -29,15 +29,18 @@ PURE = ("my_share", "activation_shape", "pipeline_time", "slurm_to_torchrun", "m
 
 @pytest.fixture(autouse=True)
 def record(tmp_path, monkeypatch):
-    """Each test keeps its progress record in its own file, and starts with no hints given."""
-    path = tmp_path / "progress.json"
-    monkeypatch.setenv(workbook.PROGRESS_ENV, str(path))
+    """Each test keeps its progress record in its own folder, and starts with no hints given."""
+    path = tmp_path / "ppkit-progress"
+    monkeypatch.setenv(progress_format.DIR_ENV, str(path))
+    monkeypatch.delenv(progress_format.SWITCH_ENV, raising=False)
     monkeypatch.setattr(workbook, "_hints_given", {})
     return path
 
 
 def recorded(path: Path) -> dict:
-    return {name: entry["status"] for name, entry in json.loads(path.read_text()).items()}
+    """What the progress record in `path` (the test's own) says of each exercise checked."""
+    assert progress_format.record_dir() == path
+    return {r["name"]: r["status"] for r in workbook.progress_rows() if r["status"] != workbook.NOT_TRIED}
 
 
 # -- every checker against every solution ---------------------------------------------------------
@@ -287,9 +290,10 @@ def test_progress_lists_every_exercise_with_its_last_outcome(record, capsys):
 
 
 def test_unreadable_record_is_said_and_ignored(record, capsys):
-    record.write_text("{not json")
+    record.mkdir()
+    (record / progress_format.CURRENT).write_text("{not json\n")
     assert all(r["status"] == workbook.NOT_TRIED for r in workbook.progress_rows())
-    assert "could not read the exercise record" in capsys.readouterr().err
+    assert "the progress record could not be read in full: 1 line(s) not JSON" in capsys.readouterr().err
 
 
 def test_cli_verify_runs_checkers_on_solutions(monkeypatch, capsys):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 
 import nbformat
@@ -19,6 +18,7 @@ import pytest
 from solved_notebooks import CHECK_CALL, check_cells, exercise_cells, with_solutions
 
 from ppkit.exercises import workbook
+from ppkit.progress import format as progress_format
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -50,8 +50,7 @@ def test_every_exercise_has_a_solution_and_a_checked_check_cell(path):
 
 @pytest.mark.parametrize("path", notebooks_with_exercises(), ids=lambda p: p.name)
 def test_the_shipped_stubs_print_the_shipped_reminder(path, tmp_path, monkeypatch):
-    progress = tmp_path / "progress.json"
-    monkeypatch.setenv(workbook.PROGRESS_ENV, str(progress))
+    monkeypatch.setenv(progress_format.DIR_ENV, str(tmp_path / "ppkit-progress"))
     nb = nbformat.read(path, as_version=4)
     for stub, check in zip(exercise_cells(nb), check_cells(nb), strict=True):
         name = CHECK_CALL.search(check.source).group(1)
@@ -64,4 +63,4 @@ def test_the_shipped_stubs_print_the_shipped_reminder(path, tmp_path, monkeypatc
             assert workbook.check(name, namespace[name]) is None
         shipped = "".join(o.get("text", "") for o in check.outputs if o.get("output_type") == "stream")
         assert printed.getvalue() == shipped, f"{path.name}, {name}"
-        assert json.loads(progress.read_text())[name]["status"] == workbook.NOT_WRITTEN
+        assert {r["name"]: r["status"] for r in workbook.progress_rows()}[name] == workbook.NOT_WRITTEN

@@ -1,4 +1,4 @@
-"""What records, outside a kernel: a workbook check (and ~/.ppkit/progress.json as before), the hang
+"""What records, outside a kernel: a workbook check, the hang
 watch's "hung" with how long and where, a preflight's verdict, how a failed job is named. The kernel's
 side (a cell's ppkit error, a ppkit.spawn rank exiting 7) is in test_progress_kernel.py."""
 
@@ -22,7 +22,6 @@ from ppkit.progress import hooks, read
 def folder(tmp_path, monkeypatch):
     path = tmp_path / "ppkit-progress"
     monkeypatch.setenv(fmt.DIR_ENV, str(path))
-    monkeypatch.setenv(workbook.PROGRESS_ENV, str(tmp_path / "progress.json"))
     monkeypatch.delenv(fmt.SWITCH_ENV, raising=False)
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     return path
@@ -32,7 +31,7 @@ def events(kind: str) -> list:
     return [e for e in read.read_folder().events if e.kind == kind]
 
 
-def test_a_workbook_check_records_each_outcome_and_keeps_its_own_record(folder):
+def test_a_workbook_check_records_each_outcome(folder):
     def my_share(rank, world_size, num_items):
         raise NotImplementedError
 
@@ -94,7 +93,6 @@ def test_preflight_records_its_verdict(folder, statuses, verdict):
     (None, None),
     (ProcessExitedError("…", 1, 4242, exit_code=7), "ppkit.spawn: rank 1 exited with code 7"),
     (ProcessExitedError("…", 0, 4242, signal_name="SIGKILL"), "ppkit.spawn: rank 0 was killed by signal SIGKILL"),
-    (JobInterrupted("interrupted"), "ppkit.spawn: stopped by Kernel > Interrupt"),
 ])
 def test_a_job_end_names_the_rank_and_how(folder, error, detail):
     hooks.job_ended("ppkit.spawn", 2, error)
@@ -103,3 +101,10 @@ def test_a_job_end_names_the_rank_and_how(folder, error, detail):
         assert ended.fields == {"state": "finished", "detail": "ppkit.spawn: all 2 rank(s) finished"}
     else:
         assert ended.fields == {"state": "died", "detail": detail}
+
+
+@pytest.mark.parametrize("error", [JobInterrupted("interrupted"), KeyboardInterrupt()])
+def test_a_job_the_learner_stopped_herself_is_stopped_not_died(folder, error):
+    hooks.job_ended("%%torchrun", 2, error)
+    [ended] = events("cluster")
+    assert ended.fields == {"state": "stopped", "detail": "%%torchrun: stopped by Kernel > Interrupt"}

@@ -197,7 +197,8 @@ def test_the_reader_counts_garbage_and_never_raises():
     assert found.oversized == [fmt.CURRENT]  # 5 MiB: only its end was read, and the record says so
     assert [e.kind for e in found.events] == ["check", "check"]  # the cluster line was before the end read
     state = found.notebooks[0].exercises[0]
-    assert (state.status, state.checks, state.failures, state.reason) == ("failed", 2, 1, "rank 0 got 1")
+    assert (state.status, state.checks, state.failures, state.reason) == ("passed", 2, 1, "rank 0 got 1")
+    assert state.failed_since_pass  # passed, then failed: still passed, with the failure shown as later
     shown = json.loads(found.to_json())
     assert shown["problems"] and shown["notebooks"][0]["notebook"] == "nb.ipynb"
 

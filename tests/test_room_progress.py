@@ -20,8 +20,8 @@ import pytest
 
 from ppkit.room.hub_api import HubClient, HubError, LearnerServer
 from ppkit.room.progress import collect_progress
-from ppkit.room.progress_fetch import MAX_RECORD_BYTES, fetch_learner
-from ppkit.room.progress_rows import course_exercises, row_of
+from ppkit.room.progress_fetch import MAX_RECORD_BYTES, Fetched, fetch_learner
+from ppkit.room.progress_rows import row_of
 from ppkit.room.progress_table import as_csv, as_json, exercise_summary, render
 
 NOW = 1_790_000_000.0
@@ -241,16 +241,6 @@ def test_the_cli_prints_csv_and_the_summary_and_says_when_something_is_missing(h
     assert serve.returncode == 2 and "JUPYTERHUB_SERVICE_PREFIX" in serve.stderr and "--progress" in serve.stderr
 
 
-@pytest.mark.slow
-def test_the_rooms_exercise_list_is_the_catalogs_read_without_importing_it():
-    from ppkit.exercises.catalog import EXERCISES
-
-    course: dict[str, tuple] = {}
-    for exercise in EXERCISES:
-        course[exercise.notebook] = (*course.get(exercise.notebook, ()), exercise.name)
-    assert course_exercises() == course
-
-
 def test_the_live_pages_room_collects_and_says_why_a_collection_failed(hub_url):
     from ppkit.room.live_page import PAGE
     from ppkit.room.serve import Room
@@ -288,3 +278,49 @@ def test_the_timeout_is_per_learner_not_per_request(hub_url):
     took = time.monotonic() - started
     assert took < 3.4, f"one learner took {took:.1f} s with a 2 s timeout"
     assert any("time was up" in p or "timed out" in p for p in fetched.problems), fetched.problems
+
+
+# -- item 8 of issue 46: a hung or died run is history once she moved on -------------------------------------
+
+def fetched(*lines: str, sessions: list[dict] | None = None) -> Fetched:
+    open_06 = [{"path": NB, "kernel": {"execution_state": "idle", "last_activity": iso(NOW - 5)}}]
+    return Fetched("ana", "running", texts={"record.old.jsonl": None, "record.jsonl": "".join(lines)},
+                   sessions=open_06 if sessions is None else sessions, now=NOW)
+
+
+HUNG = [line("cluster", NOW - 300, state="running", detail="%%torchrun: 2 rank(s) started"),
+        line("cluster", NOW - 290, state="hung", seconds=60.0, detail="every rank waits inside torch.distributed")]
+
+
+def test_a_run_she_stopped_herself_with_kernel_interrupt_is_not_stuck():
+    row = row_of(fetched(*HUNG, line("cluster", NOW - 280, state="stopped",
+                                     detail="%%torchrun: stopped by Kernel > Interrupt")), stuck_after=1)
+    assert row.state == "ok" and row.stuck == [], row.stuck
+    assert row.cluster["state"] == "stopped"
+
+
+def test_a_run_that_died_is_history_once_she_does_something_else_in_that_kernel():
+    died = line("cluster", NOW - 200, state="died", detail="%%torchrun: rank 1 exited with code 7")
+    assert row_of(fetched(*HUNG[:1], died), stuck_after=1).state == "stuck"  # nothing since: current
+    own_error = line("error", NOW - 199.6, error="ProcessExitedError", message="rank 1 exited with code 7")
+    assert row_of(fetched(*HUNG[:1], died, own_error), stuck_after=1).state == "stuck"  # the same cell's end
+    row = row_of(fetched(*HUNG[:1], died, line("check", NOW - 100, exercise="pipeline_time", status="passed")),
+                 stuck_after=1)
+    assert row.state == "ok" and row.stuck == [], row.stuck
+    assert row.cluster["state"] == "died" and row.cluster["current"] is False  # still shown, as history
+
+
+def test_a_hang_is_history_once_its_kernel_is_gone():
+    # restarted: the same notebook's next event comes from another kernel (pid 43)
+    row = row_of(fetched(*HUNG, line("check", NOW - 100, pid=43, exercise="pipeline_time", status="failed",
+                                     reason="case 1")), stuck_after=60)
+    assert row.stuck == [] and row.cluster["current"] is False, row.stuck
+    # closed: no session holds that notebook any more
+    row = row_of(fetched(*HUNG, sessions=[]), stuck_after=60)
+    assert row.stuck == [] and row.cluster["current"] is False, row.stuck
+    # still open, nothing since: the hang is current, and she is stuck
+    row = row_of(fetched(*HUNG), stuck_after=60)
+    assert row.stuck == ["cluster hung 5 min ago: every rank waits inside torch.distributed"]
+    assert row.cluster["current"] is True
+    # the sessions could not be read: whether the kernel is gone is not known, so the hang stays current
+    assert row_of(fetched(*HUNG, sessions=None), stuck_after=60).stuck == row.stuck

@@ -9,8 +9,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--verify", action="store_true",
                         help="run every checker against its shipped solution here (about a minute): "
                              "does this machine run the exercises at all?")
-    parser.epilog = ("Without --verify it reads the record each workbook.check() call keeps "
-                     "(~/.ppkit/progress.json, or the file PPKIT_PROGRESS names). Exit status 1 when "
+    parser.epilog = ("Without --verify it reads your progress record, where each workbook.check() call is "
+                     "written (`ppkit progress` says where). Exit status 1 when "
                      "--verify finds a checker that fails on its own solution.")
 
 

@@ -7,28 +7,24 @@
     workbook.progress()                        # every exercise and how it went on this machine
 
 The exercises themselves (checker, solution, hints) are registered in ``ppkit.exercises.catalog``.
-Each check is recorded in ``~/.ppkit/progress.json`` (``PPKIT_PROGRESS`` names another file), which
-``ppkit exercises`` shows too, and appended to the learner's progress record (``ppkit progress``).
+Each check is appended to the learner's progress record (ppkit/progress/: ``ppkit progress`` shows it, ``ppkit
+progress --off`` stops it), the one store that ``progress()`` and ``ppkit exercises`` read too.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
-import json
-import os
 import sys
 import textwrap
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 from ppkit.checks import check_callable
 from ppkit.errors import ExerciseFailed
 from ppkit.exercises import catalog, solutions
 from ppkit.progress import hooks as progress_record
 
-PROGRESS_ENV = "PPKIT_PROGRESS"
 PASSED, FAILED, NOT_WRITTEN, NOT_TRIED = "passed", "failed", "not written yet", "not tried"
 
 _hints_given: dict[str, int] = {}
@@ -115,51 +111,47 @@ def verify_solution(name: str, **options):
 
 # -- progress ------------------------------------------------------------------------------------
 
-def progress_path() -> Path:
-    return Path(os.environ.get(PROGRESS_ENV) or Path.home() / ".ppkit" / "progress.json")
-
-
-def _read_progress() -> dict:
-    try:
-        return json.loads(progress_path().read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as err:
-        print(f"(could not read the exercise record {progress_path()}: {err}; showing none)", file=sys.stderr)
-        return {}
-
-
 def _record(name: str, status: str, error: ExerciseFailed | None = None) -> None:
-    progress_record.checked(name, status, error)  # the record of ppkit/progress/: never raises
-    record = _read_progress()
-    record[name] = {"status": status, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    path = progress_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-        tmp.replace(path)  # atomic: two kernels checking at once never leave half a file
-    except OSError as err:
-        print(f"(not recorded in {path}: {err}; set {PROGRESS_ENV} to a writable file)", file=sys.stderr)
+    progress_record.checked(name, status, error)  # the learner's progress record: never raises
+
+
+_STATUS_WORDS = {v: k for k, v in progress_record.WORKBOOK_STATUSES.items()}  # the record's words -> ours
 
 
 def progress_rows() -> list[dict]:
-    """One row per exercise, in course order: name, notebook, status, when (empty if never checked)."""
-    record = _read_progress()
-    return [{"name": e.name, "notebook": e.notebook,
-             "status": record.get(e.name, {}).get("status", NOT_TRIED),
-             "when": record.get(e.name, {}).get("when", "")} for e in catalog.EXERCISES]
+    """One row per exercise, in course order: name, notebook, status, when (its last check; empty if never
+    checked), from the learner's progress record. An exercise is "passed" once it passed, in any notebook."""
+    from ppkit.progress import read
+
+    record = read.read_folder()
+    if record.problems:
+        print(f"(the progress record could not be read in full: {'; '.join(record.problems)})", file=sys.stderr)
+    seen: dict[str, list] = {}
+    for book in record.notebooks:
+        for state in book.exercises:
+            seen.setdefault(state.exercise, []).append(state)
+    rows = []
+    for e in catalog.EXERCISES:
+        states = seen.get(e.name, [])
+        last = max(states, key=lambda s: s.t, default=None)
+        status = PASSED if any(s.status == "passed" for s in states) else (
+            _STATUS_WORDS.get(last.status, last.status) if last else NOT_TRIED)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(last.t)) if last else ""
+        rows.append({"name": e.name, "notebook": e.notebook, "status": status, "when": when})
+    return rows
 
 
 def format_progress(rows: list[dict]) -> str:
+    from ppkit.progress.format import record_dir
+
     done = sum(r["status"] == PASSED for r in rows)
     width = max(len(r["name"]) for r in rows)
     nb_width = max(len(r["notebook"]) for r in rows)
     lines = [f"{r['notebook']:<{nb_width}}  {r['name']:<{width}}  {r['status']:<15}  {r['when']}".rstrip()
              for r in rows]
-    return "\n".join([*lines, f"{done} of {len(rows)} exercises passed on this machine ({progress_path()})"])
+    return "\n".join([*lines, f"{done} of {len(rows)} exercises passed on this machine ({record_dir()})"])
 
 
 def progress() -> None:
-    """Print every exercise, its notebook, and how its last check went on this machine."""
+    """Print every exercise, its notebook, and how it went on this machine (from the progress record)."""
     print(format_progress(progress_rows()))

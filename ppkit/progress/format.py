@@ -28,7 +28,7 @@ KINDS = {
     "preflight": ("verdict", "summary"),
 }
 CHECK_STATUSES = ("passed", "failed", "not written")
-CLUSTER_STATES = ("running", "finished", "hung", "died")
+CLUSTER_STATES = ("running", "finished", "stopped", "hung", "died")  # stopped: by the learner (Kernel > Interrupt)
 VERDICTS = ("ready", "warnings", "not ready")
 COMMON = ("v", "t", "kind", "notebook", "pid")
 

@@ -5,7 +5,14 @@ call these (or ``ppkit.progress.note``); none of them raises.
 
 from __future__ import annotations
 
-from ppkit.errors import PPKitError, ProcessExitedError, ProcessRaisedError, RemoteError, WorkerDiedError
+from ppkit.errors import (
+    ExerciseFailed,
+    PPKitError,
+    ProcessExitedError,
+    ProcessRaisedError,
+    RemoteError,
+    WorkerDiedError,
+)
 from ppkit.progress import note
 from ppkit.progress.format import first_line
 
@@ -32,7 +39,8 @@ def register(shell) -> None:
 
 def _after_cell(result) -> None:
     error = getattr(result, "error_in_exec", None)
-    if isinstance(error, PPKitError):  # ExerciseFailed is one too
+    # a failed check is already recorded, by workbook.check, as a failed check: once is the truth
+    if isinstance(error, PPKitError) and not isinstance(error, ExerciseFailed):
         note("error", error=type(error).__name__, message=first_line(error) or "(no message)")
 
 
@@ -43,9 +51,13 @@ def job_started(caller: str, world_size: int) -> None:
 
 
 def job_ended(caller: str, world_size: int, error: BaseException | None) -> None:
-    """The job's end: finished when ``error`` is None, else died, naming the rank and how it ended."""
+    """The job's end: finished when ``error`` is None; stopped when the learner stopped it herself (Kernel >
+    Interrupt, Ctrl-C: a KeyboardInterrupt, as ppkit's JobInterrupted is), which is not trouble; else died, naming
+    the rank and how it ended."""
     if error is None:
         note("cluster", state="finished", detail=f"{caller}: all {world_size} rank(s) finished")
+    elif isinstance(error, KeyboardInterrupt):
+        note("cluster", state="stopped", detail=f"{caller}: stopped by Kernel > Interrupt")
     else:
         note("cluster", state="died", detail=f"{caller}: {_how_it_ended(error)}")
 
@@ -60,8 +72,6 @@ def _how_it_ended(error: BaseException) -> str:
         return f"rank {rank} raised {error.exc_types.get(rank)}: {first_line(error.messages.get(rank, ''))}"
     if isinstance(error, (RemoteError, WorkerDiedError)) and error.ranks:
         return f"rank {error.ranks[0]}: {type(error).__name__}: {first_line(error)}"
-    if isinstance(error, KeyboardInterrupt):
-        return "stopped by Kernel > Interrupt"
     return f"{type(error).__name__}: {first_line(error)}"
 
 

@@ -1,5 +1,10 @@
-"""What a record's events add up to: per notebook, each exercise's last outcome, the last error and the
-last cluster state; and the last preflight verdict. Plain dataclasses, built by ``summarise``."""
+"""What a record's events add up to: per notebook, each exercise's outcome, the last error and the last cluster
+state; and the last preflight verdict. Plain dataclasses, built by ``summarise``.
+
+An exercise's outcome has one meaning wherever it is shown (``ppkit progress``, ``ppkit exercises``, the
+instructor's room): "passed" once it passed, whatever came later (a failure after the pass is kept, and shown, as
+``failed_since_pass``); else the last check's "failed" or "not written".
+"""
 
 from __future__ import annotations
 
@@ -20,8 +25,9 @@ class Event:
 
 @dataclass
 class ExerciseState:
-    """An exercise as checked in one notebook: the last check's ``status`` at ``t``; how many checks and
-    failures; the last failure's ``reason`` and time; when it first passed (None: never)."""
+    """An exercise as checked in one notebook: its ``status`` ("passed" once passed, else the last check's) and the
+    last check's time ``t``; how many checks and failures; the last failure's ``reason`` and time; when it first
+    passed (None: never); whether a check failed after its last pass."""
 
     exercise: str
     status: str
@@ -31,6 +37,7 @@ class ExerciseState:
     reason: str = ""
     failed_t: float | None = None
     passed_t: float | None = None
+    failed_since_pass: bool = False
 
 
 @dataclass
@@ -100,10 +107,16 @@ def summarise(events: list[Event]) -> tuple[list[NotebookSummary], PreflightSeen
 
 def _checked(state: ExerciseState, ev: Event) -> None:
     status = ev.fields["status"]
-    state.status, state.t = status, ev.t
+    state.t = ev.t
     state.checks += 1
     if status == "failed":
         state.failures += 1
         state.reason, state.failed_t = ev.fields.get("reason", ""), ev.t
-    elif status == "passed" and state.passed_t is None:
-        state.passed_t = ev.t
+    elif status == "passed":
+        state.passed_t = ev.t if state.passed_t is None else state.passed_t
+        state.failed_since_pass = False
+    if state.passed_t is not None:
+        state.status = "passed"
+        state.failed_since_pass = state.failed_since_pass or status == "failed"
+    else:
+        state.status = status

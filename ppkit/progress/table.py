@@ -1,6 +1,7 @@
-"""The learner's own view of their record (``ppkit progress``): per notebook, the exercises passed,
-failed (with the last reason), not written and not tried; the last error and the last cluster state,
-each with how long ago; the last preflight verdict; and what was wrong with the files, if anything."""
+"""The learner's own view of their record (``ppkit progress``): per notebook, the exercises passed (and, among
+them, those failed since, with the reason), failed (with the last reason), not written and not tried; the last
+error and the last cluster state, each with how long ago; the last preflight verdict; and what was wrong with the
+files, if anything."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ ABOUT = ("It stays on this machine: ppkit sends nothing anywhere. In a workshop 
 
 
 def exercises_by_notebook() -> dict[str, list[str]]:
-    """The course's exercises by notebook file name (without .ipynb), from the catalogue."""
-    from ppkit.exercises import catalog
+    """The course's exercises by notebook file name (without .ipynb), from its plain data (exercises/course.py)."""
+    from ppkit.exercises.course import EXERCISES
 
     found: dict[str, list[str]] = {}
-    for exercise in catalog.EXERCISES:
-        found.setdefault(exercise.notebook, []).append(exercise.name)
+    for exercise in EXERCISES:
+        found.setdefault(exercise["notebook"], []).append(exercise["name"])
     return found
 
 
@@ -71,7 +72,9 @@ def format_table(record: Record, folder: Path, course: dict[str, list[str]], now
     for book in record.notebooks:
         lines += ["", f"{book.notebook or '(outside a notebook)'}  (last: {ago(book.last_t, now)})"]
         failed = [e for e in book.exercises if e.status == "failed"]
+        since = [e for e in book.exercises if e.failed_since_pass]
         rows = [("passed", ", ".join(book.with_status("passed"))),
+                ("failed since passed", "; ".join(f"{e.exercise} ({ago(e.failed_t, now)}): {e.reason}" for e in since)),
                 ("failed", "; ".join(f"{e.exercise} ({ago(e.t, now)}): {e.reason}" for e in failed)),
                 ("not written", ", ".join(book.with_status("not written"))),
                 ("not tried", ", ".join(not_tried(book, course)))]
@@ -82,7 +85,7 @@ def format_table(record: Record, folder: Path, course: dict[str, list[str]], now
             run = book.last_cluster
             hung = f" for {run.seconds:g} s" if run.seconds is not None else ""
             rows.append(("cluster", f"{run.state}{hung} ({ago(run.t, now)}): {run.detail}"))
-        lines += [f"  {name:<12}{text}" for name, text in rows if text]
+        lines += [f"  {name:<12}{text}" if len(name) < 12 else f"  {name}  {text}" for name, text in rows if text]
     if record.preflight:
         pre = record.preflight
         lines += ["", f"preflight     {pre.verdict} ({ago(pre.t, now)}): {pre.summary}"]

@@ -28,7 +28,8 @@ class KernelOutput:
     error: str | None  # "ename: evalue" when the code raised
 
 
-def _execute_request(code: str, session: str) -> dict:
+def execute_request(code: str, session: str) -> dict:
+    """The Jupyter message that runs `code` (messaging protocol 5.3, as JupyterLab sends it)."""
     return {
         "header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "ppkit-room",
                    "session": session, "date": datetime.now(timezone.utc).isoformat(), "version": "5.3"},
@@ -62,7 +63,7 @@ async def run_code(server_url: str, token: str, code: str, timeout: float,
     try:
         kernel = await _rest(client, "POST", f"{base}/api/kernels", token, {"name": kernel_name} if kernel_name else {})
         try:
-            return await run_in_kernel(server_url, token, kernel["id"], code, timeout)
+            return await _execute(server_url, token, kernel["id"], code, timeout)
         finally:
             try:
                 await _rest(client, "DELETE", f"{base}/api/kernels/{kernel['id']}", token)
@@ -72,28 +73,27 @@ async def run_code(server_url: str, token: str, code: str, timeout: float,
         client.close()
 
 
-async def run_in_kernel(server_url: str, token: str, kernel_id: str, code: str, timeout: float | None
-                        ) -> KernelOutput | None:
-    """Run `code` in the running kernel `kernel_id` of the server at `server_url` (e.g. a notebook's, from
-    /api/sessions) and collect its stdout; timeout=None sends the code and returns None at once (it runs on)."""
+async def _execute(server_url: str, token: str, kernel_id: str, code: str, timeout: float) -> KernelOutput:
+    """Run `code` in run_code's fresh kernel `kernel_id` over its websocket and collect its stdout."""
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
     session = uuid.uuid4().hex
-    ws_url = server_url.rstrip("/").replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels?session_id={session}"
-    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"},
-                                               request_timeout=60))
+    conn = await websocket_connect(HTTPRequest(channels_url(server_url, kernel_id, session),
+                                               headers={"Authorization": f"token {token}"}, request_timeout=60))
     try:
-        if timeout is None:
-            conn.write_message(json.dumps(_execute_request(code, session)))
-            await asyncio.sleep(0.5)  # the message is on its way before the socket closes
-            return None
-        return await _collect(conn, _execute_request(code, session), timeout)
+        return await collect_output(conn, execute_request(code, session), timeout)
     finally:
         conn.close()
 
 
-async def _collect(conn, request: dict, timeout: float) -> KernelOutput:
+def channels_url(server_url: str, kernel_id: str, session: str) -> str:
+    """The kernel's websocket on the server (ws:// or wss:// as the server's http:// or https://)."""
+    return server_url.rstrip("/").replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels?session_id={session}"
+
+
+async def collect_output(conn, request: dict, timeout: float) -> KernelOutput:
+    """Send `request` on the kernel websocket `conn`; its stdout and error once the kernel is idle again."""
     conn.write_message(json.dumps(request))
     msg_id = request["header"]["msg_id"]
     stdout: list[str] = []

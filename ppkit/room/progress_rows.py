@@ -10,42 +10,30 @@ with a wrong clock still sees "busy 312 s". ``events`` are the record's valid li
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from ppkit.progress.read import parse
 from ppkit.room.progress_fetch import Fetched
 
-CATALOG = Path(__file__).resolve().parents[1] / "exercises" / "catalog.py"
-
 
 @cache
 def course_exercises() -> dict[str, tuple[str, ...]]:
-    """notebook (file name without .ipynb) -> its exercises, read from ppkit/exercises/catalog.py's source.
+    """notebook (file name without .ipynb) -> its exercises, from the course's plain data (ppkit/exercises/course.py,
+    which the catalog reads too; importing it imports no checker and no torch)."""
+    from ppkit.exercises.course import EXERCISES
 
-    Read, not imported: importing the catalog imports torch and every checker (seconds on an instructor's laptop).
-    Each ``Exercise("name", "notebook", ...)`` there gives one; {} when the file cannot be read (then no exercise
-    is counted as "not tried").
-    """
-    try:
-        tree = ast.parse(CATALOG.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return {}
     found: dict[str, tuple[str, ...]] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Exercise":
-            given = {**dict(zip(("name", "notebook"), node.args)), **{k.arg: k.value for k in node.keywords}}
-            name, notebook = (getattr(given.get(k), "value", None) for k in ("name", "notebook"))
-            if isinstance(name, str) and isinstance(notebook, str):
-                found[notebook] = (*found.get(notebook, ()), name)
+    for exercise in EXERCISES:
+        found[exercise["notebook"]] = (*found.get(exercise["notebook"], ()), exercise["name"])
     return found
 
 
 ORDER = ("stuck", "unreachable", "bad record", "no server", "no record", "ok")
-TROUBLE = ("hung", "died")
+TROUBLE = ("hung", "died")  # a run the learner stopped herself ("stopped": Kernel > Interrupt) is not trouble
+SAME_CELL_S = 10.0  # a died run's own error (ppkit records it as the cell ends) follows it within this
 
 
 @dataclass
@@ -169,17 +157,34 @@ def _last(events: list[dict], kind: str) -> dict | None:
     return next((e for e in reversed(events) if e.get("kind") == kind), None)
 
 
-def _cluster(events: list[dict], now: float) -> dict | None:
+def still_current(run: dict, events: list[dict], open_paths: list[str] | None) -> bool:
+    """Whether a hung or died run is still where the learner is, rather than history: not when she did something
+    in that kernel since (a check, another run, a ppkit error of a later cell), nor when its kernel is gone (the
+    notebook's later events come from another kernel: restarted; or no open session holds the notebook: closed;
+    unknown when the sessions could not be read)."""
+    for e in events:
+        if e["t"] <= run["t"]:
+            continue
+        if e.get("pid") == run.get("pid") and not (e.get("kind") == "error" and e["t"] - run["t"] < SAME_CELL_S):
+            return False  # her next activity in that kernel (the run's own error, recorded as its cell ends, is not)
+        if run.get("notebook") and e.get("notebook") == run.get("notebook") and e.get("pid") != run.get("pid"):
+            return False  # the notebook has another kernel now
+    return not (open_paths is not None and run.get("notebook") and run.get("notebook") not in open_paths)
+
+
+def _cluster(events: list[dict], open_paths: list[str] | None, now: float) -> dict | None:
+    """The cluster to show: the latest current trouble (a kernel whose latest run hung or died, and is
+    still_current), else the latest run's state; ``current``: whether a hang or death is still current."""
     latest: dict = {}
     for e in events:
         if e.get("kind") == "cluster":
             latest[e.get("pid")] = e  # one kernel's clusters: its latest state counts
     if not latest:
         return None
-    troubled = [e for e in latest.values() if e.get("state") in TROUBLE]
+    troubled = [e for e in latest.values() if e.get("state") in TROUBLE and still_current(e, events, open_paths)]
     e = max(troubled or latest.values(), key=lambda e: e["t"])
     return {"state": e.get("state"), "detail": e.get("detail"), "seconds": e.get("seconds"),
-            "notebook": e.get("notebook"), "ago_s": _ago(now, e["t"])}
+            "notebook": e.get("notebook"), "ago_s": _ago(now, e["t"]), "current": bool(troubled)}
 
 
 def learner_row(fetched: Fetched, events: list[dict], record_problems: list[str], stuck_after: float = 5.0
@@ -201,8 +206,8 @@ def learner_row(fetched: Fetched, events: list[dict], record_problems: list[str]
     for n in notebooks:
         if n["busy_s"] is not None and n["busy_s"] >= limit:
             row.stuck.append(f"kernel of {PurePosixPath(n['path']).name} busy {n['busy_s']:.0f} s")
-    row.cluster = _cluster(events, now)
-    if row.cluster and row.cluster["state"] in TROUBLE:
+    row.cluster = _cluster(events, None if fetched.sessions is None else [n["path"] for n in notebooks], now)
+    if row.cluster and row.cluster["current"]:
         row.stuck.append(f"cluster {row.cluster['state']} {_minutes(row.cluster['ago_s'])} ago: "
                          f"{row.cluster['detail']}")
     if (error := _last(events, "error")) is not None:

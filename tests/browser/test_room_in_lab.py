@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pytest
 from hub_testbed import HubMissing, HubTestbed, find_components
-
-from ppkit.room.kernel_exec import run_in_kernel
+from live_kernel import run_in_kernel
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = "notebooks/06_pipeline.ipynb"
