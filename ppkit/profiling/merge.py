@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ppkit.profiling import classify
+from ppkit.profiling import classify, sizes
 
 SKIPPED_CATEGORIES = {"Trace"}  # the profiler's own span of the whole recording
 
@@ -41,11 +41,12 @@ def merge(results: dict[int, dict], offsets_us: dict[int, float]) -> Merged:
                 threads[(rank, tid)] = "main" if main else _thread_label(raw.get("args", {}).get("name", ""))
             if raw.get("ph") != "X" or raw.get("cat") in SKIPPED_CATEGORIES:
                 continue
-            name = str(raw.get("name", ""))
+            name, args = str(raw.get("name", "")), dict(raw.get("args", {}))
             events.append({"name": name, "rank": rank, "tid": int(raw.get("tid", 0)),
                            "start_us": absolute_us(trace, float(raw["ts"])) - offset,
                            "dur_us": float(raw.get("dur", 0.0)), "kind": classify.kind(name),
-                           "cat": raw.get("cat", ""), "args": dict(raw.get("args", {}))})
+                           "cat": raw.get("cat", ""), "args": args, "bytes": sizes.op_bytes(args),
+                           "elements": sizes.elements(args)})
     zero = min((e["start_us"] for e in events), default=0.0)
     for event in events:
         event["start_us"] -= zero
@@ -73,6 +74,7 @@ def chrome_trace(merged: Merged) -> dict:
         meta.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
     body = [{"ph": "X", "name": e["name"], "cat": e["cat"] or e["kind"], "pid": e["rank"], "tid": e["tid"],
              "ts": round(e["start_us"], 3), "dur": round(e["dur_us"], 3),
-             "args": {**e["args"], "kind": e["kind"]}} for e in merged.events]
+             "args": {**e["args"], "kind": e["kind"], **({"bytes": e["bytes"]} if e["bytes"] else {})}}
+            for e in merged.events]
     return {"traceEvents": meta + body, "displayTimeUnit": "ms",
             "otherData": {"producer": "ppkit", "clock": "the kernel's, ranks' offsets applied (docs/profiling.md)"}}

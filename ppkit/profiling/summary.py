@@ -1,10 +1,16 @@
 """Per rank: compute, communication, how much of it overlapped compute, idle, and the top ops.
 
-Times are unions of intervals, so nested ops (``aten::linear`` around ``aten::addmm``) count once,
-and so do ops of several threads at the same time. Communication that overlaps compute is the part
-of the communication intervals during which some compute op ran too: the hidden part. Idle is the
-rank's span (first op's start to last op's end) in which neither ran. Top ops: by self time (an op's
-own time, its children's taken off), the profiler's usual ranking."""
+Compute is the operators' own time (each op's span less its children's: ``aten::linear``'s dispatch,
+``aten::mm``'s matmul), outside every collective. A span that encloses a collective is no compute of its
+own: a learner's ``record_function`` label, ``DistributedDataParallel.forward`` or a schedule's
+``ProfilerStep#N`` (labels, which count only through the ops inside them) and autograd's
+``evaluate_function`` around a hook that runs an all_reduce would otherwise cover the time the thread
+waits for it, and call a blocking all_reduce hidden. Communication is every collective's span, on
+any thread. Times are unions of intervals, so ops of several threads at once count once. Communication
+that overlaps compute is the part of the communication intervals during which some compute ran too: the
+hidden part. Idle is the rank's span (first op's start to last op's end) in which neither ran (Python
+between ops included). Top ops: by self time (an op's own time, its children's taken off), the
+profiler's usual ranking."""
 
 from __future__ import annotations
 
@@ -71,11 +77,60 @@ def _close(entry: list, totals: dict) -> None:
     totals[event["name"]] += max(0.0, event["dur_us"] - children)
 
 
+OPERATOR_CATEGORIES = {"cpu_op"}  # torch's operators; a user_annotation is a label (gloo's ops are named ones)
+NOT_NESTING = {"python_function"}  # Python frames (with_stack) around and inside ops: no work of their own
+
+
+def compute_intervals(events: list[dict]) -> list[tuple[float, float]]:
+    """When the rank computed: each operator's own time (its span less its children's), for the operators
+    that are neither inside a collective (gloo's own copies are communication's work) nor around one (an
+    ``evaluate_function`` whose hook launched or waited for an all_reduce). Labels count through their ops."""
+    chosen: list[tuple[float, float]] = []
+    by_thread: dict[tuple, list[dict]] = defaultdict(list)
+    for event in events:
+        if event.get("cat") not in NOT_NESTING:
+            by_thread[(event["rank"], event["tid"])].append(event)
+    for thread in by_thread.values():
+        stack: list[list] = []  # [event, end, children's (start, end), holds a collective]
+        for event in sorted(thread, key=lambda e: (e["start_us"], -e["dur_us"])):
+            end = event["start_us"] + event["dur_us"]
+            while stack and stack[-1][1] <= event["start_us"]:
+                _close_op(stack.pop(), stack, chosen)
+            if stack:
+                stack[-1][2].append((event["start_us"], end))
+            stack.append([event, end, [], False])
+        while stack:
+            _close_op(stack.pop(), stack, chosen)
+    return union(chosen)
+
+
+def _close_op(entry: list, ancestors: list[list], chosen: list) -> None:
+    event, end, children, holds_collective = entry
+    collective = event["kind"] == COMMUNICATION
+    if ancestors and (collective or holds_collective):
+        ancestors[-1][3] = True
+    if (collective or holds_collective or event.get("cat") not in OPERATOR_CATEGORIES
+            or any(a[0]["kind"] == COMMUNICATION for a in ancestors)):
+        return
+    at = event["start_us"]
+    for start, stop in union(children):
+        if start > at:
+            chosen.append((at, start))
+        at = max(at, stop)
+    if end > at:
+        chosen.append((at, end))
+
+
+def _intervals(events) -> list[tuple[float, float]]:
+    return union((e["start_us"], e["start_us"] + e["dur_us"]) for e in events)
+
+
 def rank_row(rank: int, events: list[dict]) -> dict:
-    spans = {k: union((e["start_us"], e["start_us"] + e["dur_us"]) for e in events if e["kind"] == k)
-             for k in (COMPUTE, COMMUNICATION)}
+    spans = {COMPUTE: compute_intervals(events),
+             COMMUNICATION: _intervals(e for e in events if e["kind"] == COMMUNICATION)}
     busy = union(spans[COMPUTE] + spans[COMMUNICATION])
-    span = (busy[-1][1] - busy[0][0]) if busy else 0.0
+    every = _intervals(events)
+    span = (every[-1][1] - every[0][0]) if every else 0.0
     communication = length(spans[COMMUNICATION])
     overlapped = length(intersection(spans[COMPUTE], spans[COMMUNICATION]))
     top = sorted(self_times(events).items(), key=lambda item: -item[1])[:TOP]

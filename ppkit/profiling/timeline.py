@@ -1,5 +1,5 @@
 """The merged timeline as an interactive plotly figure: a row per rank and thread, compute and
-communication in two colours, hover for the op's name, shapes, duration and bytes, zoom and pan.
+communication in two colours, hover for the op's name, shapes, duration and size, zoom and pan.
 
 plotly.js is inlined in the notebook (nothing is loaded from the network): in full the first time
 this kernel shows a timeline, after which later timelines of the page use it (docs/profiling.md)."""
@@ -7,7 +7,6 @@ this kernel shows a timeline, after which later timelines of the page use it (do
 from __future__ import annotations
 
 import json
-import math
 import uuid
 
 from ppkit.profiling.classify import COMMUNICATION, COMPUTE
@@ -15,8 +14,6 @@ from ppkit.profiling.classify import COMMUNICATION, COMPUTE
 COLOURS = {COMPUTE: "#4C78A8", COMMUNICATION: "#F58518"}
 MAX_DEPTH = 4  # nested ops drawn below this depth would be thinner than a pixel row
 MAX_BARS = 20_000  # beyond this the longest ops are drawn (a browser slows down past some tens of thousands)
-ITEM_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
-              "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2}
 _shown_js = [False]  # plotly.js already put in this kernel's page
 
 
@@ -33,27 +30,23 @@ def depths(events: list[dict]) -> list[int]:
     return out
 
 
-def op_bytes(args: dict) -> int | None:
-    """The bytes an op moved, where the trace says: a collective's message size, else its inputs' sizes
-    (with record_shapes)."""
-    nelems, dtype = args.get("In msg nelems"), args.get("dtype")
-    if isinstance(nelems, int) and dtype:
-        return nelems * ITEM_BYTES.get(str(dtype).lower(), 4)
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if not dims or not types:
-        return None
-    total = 0
-    for shape, name in zip(dims, types):
-        if isinstance(shape, list) and shape and all(isinstance(d, int) for d in shape) and name in ITEM_BYTES:
-            total += math.prod(shape) * ITEM_BYTES[name]
-    return total or None
+NOT_RECORDED = "size not recorded: profile=dict(record_shapes=True) records it"
+
+
+def size_text(event: dict) -> str:
+    """The hover's size line: bytes where the trace says (sizes.py), else elements (a c10d op's tensor
+    list has no dtype), else, for a collective, how to record it."""
+    if event.get("bytes"):
+        return f"{event['bytes']:,} bytes"
+    if event.get("elements"):
+        return f"{event['elements']:,} elements"
+    return NOT_RECORDED if event["kind"] == COMMUNICATION else ""
 
 
 def _hover(event: dict) -> list[str]:
     shapes = event["args"].get("Input Dims")
-    moved = op_bytes(event["args"])
     return [event["name"], f"{event['dur_us']:,.1f} µs", f"shapes {shapes}" if shapes else "",
-            f"{moved:,} bytes" if moved else "", event["kind"]]
+            size_text(event), event["kind"]]
 
 
 def figure(merged, title: str = "ppkit profile: every rank on one clock"):
