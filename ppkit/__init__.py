@@ -7,12 +7,14 @@
     ppkit.spawn(fn, args=(2,), nprocs=2)  # mp.spawn's fn(i, *args), fresh processes every call
     ppkit.torchrun(main, nproc_per_node=2)  # a torchrun script's main(): RANK, WORLD_SIZE... in os.environ
     prof = ppkit.spawn(fn, args=(2,), nprocs=2, profile=True)  # a ppkit.Profile: every rank's timeline
+    ppkit.collective_doctor(cluster)    # where the ranks' collectives disagree (also shown when a run hangs)
 
     %load_ext ppkit                     # then a cell that starts with %%torchrun --nproc-per-node 2
                                         # runs as a torchrun script (__main__, argparse after --)
 """
 
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.hang_doctor.on_demand import collective_doctor
 from ppkit.cluster.rpc.world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
 from ppkit.cluster.spawn.call import SpawnContext, spawn
@@ -96,6 +98,7 @@ __all__ = [
     "WorkerError",
     "__version__",
     "by_value",
+    "collective_doctor",
     "read_launch_env",
     "spawn",
     "start",

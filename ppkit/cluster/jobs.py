@@ -145,7 +145,9 @@ class Job:
             paused = self.debug.paused_s
             quiet = item is None and switch_at is None and self.debug.active is None
             if quiet and self.watch and time.monotonic() < ends:
-                self._look_for_a_hang()  # the hang watch's time came: the run goes on
+                # output is taken inside next() and moves the look: asked again, the watch says whether it came
+                if self.watch.due(self._inbox.last_put) <= time.monotonic():
+                    self._look_for_a_hang()  # the hang watch's time came: the run goes on
             elif item is None and switch_at is not None and time.monotonic() < ends:
                 self.debug.switch()  # the active rank is blocked: on to a rank waiting at a prompt
             elif item is not None and self.debug.take(item.source, item.msg):
@@ -223,8 +225,10 @@ class Job:
         """The collective doctor's reading of every rank's flight record (ppkit/cluster/hang_doctor/)."""
         finished = {r: "it finished its job" + (" and its process ended" if self.last else "") if m.ok else
                     f"it raised {m.value.type}" for r, m in self.results.items() if isinstance(m, Result)}
+        failed = {r for r, m in self.results.items() if isinstance(m, Result) and not m.ok
+                  and "torch/distributed/" in m.value.traceback.replace("\\", "/")}
         records = hang_doctor.ask_records(self._send, self._inbox, range(self.world_size), self.records)
-        return hang_doctor.diagnose(records, self.world_size, {**finished, **(ended or {})})
+        return hang_doctor.diagnose(records, self.world_size, {**finished, **(ended or {})}, failed)
 
     def _print_diagnosis(self, ended: dict | None = None) -> None:
         diagnosis = self._diagnosis(ended)

@@ -30,7 +30,7 @@ class GroupFinding:
     missing: dict[int, str] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(repr=False)
 class Diagnosis:
     """What the records say: per group, and the send/recv each blocked rank waits in (``p2p``:
     rank -> its wait, with its peer); ``deadlock``: ranks that each wait on the other."""
@@ -56,11 +56,17 @@ class Diagnosis:
 
         return explain(self)
 
+    __repr__ = __str__  # a cell that ends with ppkit.collective_doctor() shows the words
 
-def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | None = None) -> Diagnosis:
+
+def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | None = None,
+             failed=()) -> Diagnosis:
     """``records``: rank -> its flight record (gather.ask_records); ``ended``: rank -> how a rank
-    that is no longer running ended ("its fn returned", "it was killed by signal SIGABRT")."""
+    that is no longer running ended ("its fn returned", "it was killed by signal SIGABRT");
+    ``failed``: ranks whose job raised inside torch.distributed: gloo retires a failed call as if
+    it completed, so their newest call counts as not completed."""
     ended = dict(ended or {})
+    records = {rank: _failed(record) if rank in failed else record for rank, record in records.items()}
     groups = _memberships(records, world_size)
     findings = [f for name, (desc, ranks) in sorted(groups.items(), key=lambda kv: _order(kv[0]))
                 if (f := _group(name, desc, ranks, records, ended)) is not None]
@@ -69,6 +75,14 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
     return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records)
+
+
+def _failed(record: dict) -> dict:
+    calls = [dict(call) for call in record.get("calls", [])]
+    if calls:
+        newest = max(calls, key=lambda call: call["time_created_ns"])
+        newest["done"] = False
+    return {**record, "calls": calls}
 
 
 def _order(name: str):

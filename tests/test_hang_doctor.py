@@ -1,0 +1,142 @@
+"""The collective doctor (issue 47) as a learner meets it: in a real Jupyter kernel, each kind of
+disagreement between ranks is named in the cell, by ppkit.spawn (hang watch after PPKIT_HANG_S=2 s,
+then its timeout), by %%ranks --timeout, and on demand with ppkit.collective_doctor(cluster).
+
+One kernel serves every case (kernel and fork server cost seconds to start); each case is one short cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from kernels import kernel_in
+from test_debugger import run_cell
+from test_layout import payload_problems
+
+from ppkit.cluster.hang_doctor import diagnose
+from ppkit.transport import flight_messages
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+START = """
+import os, time
+import torch, torch.distributed as dist
+import ppkit
+from ppkit.lessons.data_parallel import free_port
+%load_ext ppkit
+
+def join(i):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["DOCTOR_PORT"])
+    dist.init_process_group("gloo", rank=i, world_size=2)
+
+def spawn(fn):
+    os.environ["DOCTOR_PORT"] = str(free_port())
+    try:
+        ppkit.spawn(fn, nprocs=2, timeout=9)
+    except ppkit.WorkerError as exc:
+        print(type(exc).__name__, exc)
+print("ready")
+"""
+
+
+@pytest.fixture(scope="module")
+def kc(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as env:  # the kernel inherits this environment
+        env.setenv("PPKIT_HANG_S", "2")
+        with kernel_in(tmp_path_factory.mktemp("doctor"), expect_processes=True) as (_, client):
+            cell = run_cell(client, START)
+            assert cell.error is None and "ready" in cell.text, cell.text
+            yield client
+
+
+def spawned(kc, body: str):
+    """The cell's text after ``spawn(case)`` of a ``case(i)`` whose body is ``body`` (after join(i))."""
+    cell = run_cell(kc, "def case(i):\n    join(i)\n" + "".join(f"    {line}\n" for line in body.splitlines())
+                    + "spawn(case)\n")
+    assert cell.error is None, cell.text
+    return cell.text
+
+
+def test_an_op_mismatch_names_both_ops_their_sizes_and_lines(kc):
+    text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\n"
+                       "dist.all_reduce(t) if i == 0 else dist.broadcast(t, src=0)")
+    assert "possibly hung" in text, text
+    assert "every rank that answered completed collective #1 (all_reduce)" in text, text
+    assert "collective #2 does not match: the op differs" in text, text
+    assert "rank 0: all_reduce #2 of [4] Float" in text and "rank 1: broadcast #2 of [4] Float" in text, text
+    assert "dist.all_reduce(t) if i == 0 else dist.broadcast(t, src=0)" in text, text  # the learner's line
+
+
+def test_a_skipped_collective_is_named_against_the_barrier(kc):
+    text = spawned(kc, "t = torch.ones(4)\nif i == 0:\n    dist.all_reduce(t)\ndist.barrier()")
+    assert "collective #1 does not match: the op differs" in text, text
+    assert "rank 0: all_reduce #1 of [4] Float" in text and "rank 1: barrier #1" in text, text
+    assert "one rank skipped a collective" in text, text
+
+
+def test_different_sizes_are_named_after_gloo_aborts_a_rank(kc):
+    text = spawned(kc, "dist.all_reduce(torch.ones(4 if i == 0 else 8))")
+    assert "collective #1 does not match: the sizes differ" in text, text
+    assert "all_reduce #1 of [4] Float" in text and "all_reduce #1 of [8] Float" in text, text
+
+
+def test_different_process_groups_are_named(kc):
+    text = spawned(kc, "group = dist.new_group([0, 1])\nt = torch.ones(2)\n"
+                       "dist.all_reduce(t, group=group if i == 0 else None)")
+    assert "the ranks wait in different process groups" in text, text
+    assert "rank 1 has not reached it: it waits in all_reduce #1 of group 0" in text, text
+    assert "rank 0 has not reached it: it waits in all_reduce #1 of group 1" in text, text
+
+
+def test_a_send_recv_pair_that_waits_on_each_other_names_each_peer(kc):
+    text = spawned(kc, "t = torch.zeros(3)\ndist.recv(t, src=1 - i)")
+    assert "rank 0 waits in recv from rank 1 of [3] float32" in text, text
+    assert "rank 1 waits in recv from rank 0 of [3] float32" in text, text
+    assert "ranks 0 and 1 each wait on the other" in text, text
+
+
+def test_a_rank_that_ended_early_is_named(kc):
+    text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\nif i == 0:\n    dist.all_reduce(t)")
+    assert "collective #2 is not reached by every rank" in text, text
+    assert "rank 1 has not reached it: it finished its job and its process ended" in text, text
+    assert "does not match" not in text, text
+
+
+def test_a_rank_that_computes_for_a_while_is_no_false_alarm(kc):
+    text = spawned(kc, "t = torch.ones(4)\nif i == 1:\n    time.sleep(5)\ndist.all_reduce(t)\n"
+                       "print('sum', t[0].item())")
+    assert "[rank 0] sum 2.0" in text and "[rank 1] sum 2.0" in text, text
+    assert "does not match" not in text and "possibly hung" not in text and "collective doctor" not in text, text
+
+
+def test_ranks_cell_that_times_out_names_the_mismatch_and_the_doctor_answers_on_demand(kc):
+    assert run_cell(kc, "cluster = ppkit.start(2)").error is None
+    cell = run_cell(kc, "%%ranks --timeout 6\nt = torch.ones(4)\n"
+                        "dist.all_reduce(t) if rank == 0 else dist.broadcast(t, src=0)\n")
+    assert cell.error is not None and cell.error[0] == "JobTimeoutError", cell.text
+    assert "rank 0: all_reduce #1 of [4] Float" in cell.text and "rank 1: broadcast #1 of [4] Float" in cell.text
+    again = run_cell(kc, "print(ppkit.collective_doctor())")  # the ranks still wait: their reader threads answer
+    assert again.error is None, again.text
+    assert "does not match: the op differs" in again.text, again.text
+    assert run_cell(kc, "cluster.close()").error is None
+
+
+def test_the_flight_record_messages_are_typed_frozen_dataclasses():
+    classes = [c for c in vars(flight_messages).values()
+               if isinstance(c, type) and c.__module__ == flight_messages.__name__]
+    assert len(classes) == 2 and all(dataclasses.is_dataclass(c) for c in classes)
+    assert [p for c in classes for p in payload_problems(c, flight_messages)] == []
+
+
+def test_a_record_that_matches_on_every_rank_is_no_problem():
+    call = {"group": "0", "desc": "default_pg", "seq": 1, "p2p_seq": 0, "is_p2p": False, "op": "all_reduce",
+            "profiling_name": "gloo:all_reduce", "input_sizes": [[4]], "output_sizes": [[4]],
+            "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled", "done": False,
+            "time_created_ns": 1, "at": {}}
+    record = {"calls": [call], "groups": {"0": {"desc": "default_pg", "ranks": [0, 1]}}, "p2p": None}
+    diagnosis = diagnose({0: record, 1: record}, 2)
+    assert not diagnosis.problem
+    assert "collective #1 is called by every rank and has not completed yet" in str(diagnosis)
+    other = {**record, "calls": [{**call, "op": "broadcast", "profiling_name": "gloo:broadcast"}]}
+    assert diagnose({0: record, 1: other}, 2).mismatched[0].mismatch == "the op differs"
