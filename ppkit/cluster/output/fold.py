@@ -15,6 +15,7 @@ colour codes are words. A line longer than ``MAX_CHARS``, or with more than ``MA
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import statistics
@@ -71,6 +72,7 @@ def standing_out(values: list[float]) -> list[int]:
     return [i for i, d in enumerate(distances) if 0.6745 * d / mad > Z]
 
 
+@functools.lru_cache(maxsize=1024)  # a line is split when it arrives (its shape) and again when it leaves
 def _split(text: str) -> tuple[list[str], list[tuple[str, str, float]]]:
     """The text around the numbers (one more part than numbers), and each number's ``(text, unit, value)``.
     ANSI codes are text, and a number may start or end right at one."""
