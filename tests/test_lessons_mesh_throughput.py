@@ -32,22 +32,31 @@ def test_prediction_adds_compute_bubble_latency_and_bytes():
     links["reduce_scatter", 2] = mt.Link("reduce_scatter", 2, 2 * MS, 5e5)  # dp's slowest link sets its bytes' time
     links["send_recv", 2] = mt.Link("send_recv", 2, 0.5 * MS, 2e6)
     p = mt.predict((2, 2, 2), 0.010, links, CALLS_222, SENT_222)
-    want = {"compute": 0.010, "bubble": 0.010 * (2 - 1) / 2,
+    want = {"compute": 0.010,
             "dp": 7 * MS + 3 * 2 * MS + 10_000 / 5e5,
             "pp": 3 * 0.5 * MS + 2_000 / 2e6,      # a recv is the other side of a send: not counted twice
             "tp": 24 * MS + 24_000 / 1e6}
+    # the bubble stretches each micro-batch's whole slot, its sends and tp's all_reduces too; dp comes once
+    want["bubble"] = (want["compute"] + want["pp"] + want["tp"]) * (2 - 1) / 2
     assert p.parts == pytest.approx(want)
     assert p.step_s == pytest.approx(sum(want.values()))
     assert p.tokens == comp.SIZE.batch * comp.SIZE.seq == 64
     assert p.tokens_per_s == pytest.approx(64 / sum(want.values()))
 
 
-def test_the_bubble_is_gpipes_share_of_the_step():
+def test_the_bubble_is_gpipes_share_of_the_pipelined_part():
+    """Narayanan et al. 2021: the bubble is (pp - 1) / m of the slots' ideal time, and a slot holds the
+    micro-batch's compute, its tp all_reduces and its sends: they all wait in it, dp's once-a-step traffic not."""
+    calls = {"dp": {"all_gather": 2}, "pp": {"send": 2, "recv": 2}, "tp": {"all_reduce": 4}}
     for pp, m in ((2, 2), (4, 2)):
-        p = mt.predict((1, pp, 8 // pp), 0.1, _links(n=(2, 4, 8 // pp)), {}, {})
-        busy_and_idle = p.parts["compute"] + p.parts["bubble"]
-        assert p.parts["bubble"] / busy_and_idle == pytest.approx((pp - 1) / (m + pp - 1))
-    assert mt.predict((4, 1, 2), 0.1, _links(), {}, {}).parts["bubble"] == 0  # no pipeline, no bubble
+        p = mt.predict((1, pp, 8 // pp), 0.1, _links(n=(2, 4, 8 // pp)), calls, {})
+        pipelined = p.parts["compute"] + p.parts["pp"] + p.parts["tp"]
+        assert p.parts["pp"] > 0 and p.parts["tp"] > 0
+        assert p.parts["bubble"] / (pipelined + p.parts["bubble"]) == pytest.approx((pp - 1) / (m + pp - 1))
+    with_dp = mt.predict((2, 2, 2), 0.1, _links(), calls, {})
+    assert with_dp.parts["dp"] > 0
+    assert with_dp.parts["bubble"] == pytest.approx((0.1 + with_dp.parts["pp"] + with_dp.parts["tp"]) / 2)
+    assert mt.predict((4, 1, 2), 0.1, _links(), calls, {}).parts["bubble"] == 0  # no pipeline, no bubble
 
 
 def test_a_dimension_of_degree_one_costs_nothing():
@@ -74,6 +83,49 @@ def test_ring_bytes():
     assert mt.ring_bytes("all_gather", 1000, 4) == 3000
     assert mt.ring_bytes("reduce_scatter", 1000, 4) == 750
     assert mt.ring_bytes("send_recv", 1000, 4) == 1000
+
+
+def _sent_by_link_calls(rank, world_size, nbytes):
+    """What CommLog (the count that ``sent`` comes from) sees each timed link call of ``measure_links`` send."""
+    from ppkit.lessons import composition_measure as cm
+
+    out = {}
+    for n in (2, 4):
+        mesh3d = comp.device_mesh((world_size // n, 1, n))
+        for kind in ("all_reduce", "all_gather", "reduce_scatter"):  # a send's bytes are its tensor's
+            x, buf = mt.link_buffers(kind, nbytes, n)
+            log = cm.CommLog(mesh3d)
+            with log:
+                mt.link_call(kind, mesh3d["tp"].get_group(), x, buf)
+            out[kind, n] = (x.nbytes, log.sent["tp"])
+    return out
+
+
+def test_link_bandwidths_divide_the_bytes_each_call_sends(cluster4):
+    """The bandwidth of a link is its extra wire bytes over its extra time: those bytes must be what the timed call
+    sends, as CommLog counts them (a reduce_scatter of an input of S bytes sends (n - 1) / n x S, not less)."""
+    for (kind, n), (input_bytes, sent) in cluster4.run(_sent_by_link_calls, nbytes=4096)[0].items():
+        assert sent == mt.ring_bytes(kind, input_bytes, n), (kind, n)
+        assert input_bytes == 4096, (kind, n)  # the size measure_links names is the call's input
+
+
+def test_measure_links_turns_two_sizes_into_latency_and_bandwidth():
+    """Known times give known links: the latency is the small call's, the bandwidth the extra ring bytes of the
+    large call's input over the extra seconds."""
+    sizes = (1024, 1 << 18)
+
+    class Timed:
+        world_size = 4
+
+        def run(self, fn, groups, sizes, reps):
+            return [{(kind, n, s): (1e-3 if s == sizes[0] else 3e-3) for kind in mt.KINDS for n in groups
+                     for s in sizes}] * 4
+
+    links = mt.measure_links(Timed(), groups=(2, 4), sizes=sizes)
+    for (kind, n), link in links.items():
+        assert link.latency_s == 1e-3
+        want = (mt.ring_bytes(kind, sizes[1], n) - mt.ring_bytes(kind, sizes[0], n)) / 2e-3
+        assert link.bytes_per_s == pytest.approx(want), (kind, n)
 
 
 def test_the_local_stage_holds_a_tp_ranks_share():
@@ -124,26 +176,33 @@ def test_a_real_small_measurement_predicts_and_times_a_mesh():
 
 # -- the exercise: predict_step (docs/exercises.md lists these wrong answers) ------------------------------------
 
-def _step(mesh, compute_s, links, calls, sent, m, bubble="right", recv=False, send_n=2, with_bytes=True):
+def _step(mesh, compute_s, links, calls, sent, m, bubble="right", recv=False, send_n=2, with_bytes=True,
+          stretch=("pp", "tp")):
     pp = mesh[1]
-    step = compute_s + {"right": compute_s * (pp - 1) / m, "none": 0.0,
-                        "of the step": compute_s * (pp - 1) / (m + pp - 1)}[bubble]
+    cost = {}
     for dim, n in zip(comp.DIMS, mesh):
-        used = []
+        cost[dim], used = 0.0, []
         for call, count in calls.get(dim, {}).items():
             if n == 1 or (call == "recv" and not recv):
                 continue
             link = links["send_recv", send_n if send_n == 2 else n] if call in ("send", "recv") else links[call, n]
-            step += count * link.latency_s
+            cost[dim] += count * link.latency_s
             used.append(link)
         if used and with_bytes:
-            step += sent.get(dim, 0) / min(link.bytes_per_s for link in used)
-    return step
+            cost[dim] += sent.get(dim, 0) / min(link.bytes_per_s for link in used)
+    slots = compute_s + sum(cost[d] for d in stretch)
+    share = {"right": (pp - 1) / m, "none": 0.0, "of the step": (pp - 1) / (m + pp - 1)}[bubble]
+    return slots * (1 + share) + sum(cost[d] for d in comp.DIMS if d not in stretch)
 
 
 WRONG_STEPS = {
+    "only compute stretched (the old model)": (dict(stretch=()), r"you stretched only the compute by \(m \+ pp - 1\) "
+                                               r"/ m: tp's all_reduces and the pipeline's sends"),
+    "sends not stretched": (dict(stretch=("tp",)), "the pipeline's sends are not stretched"),
+    "tp not stretched": (dict(stretch=("pp",)), "tp's all_reduces are not stretched"),
+    "dp stretched too": (dict(stretch=("dp", "pp", "tp")), "dp's traffic is stretched too"),
     "no bubble": (dict(bubble="none"), "GPipe's bubble is left out"),
-    "bubble as a share of the step": (dict(bubble="of the step"), r"of the whole step, not of the compute"),
+    "bubble as a share of the step": (dict(bubble="of the step"), r"of the whole step, not of the slots"),
     "recv counted": (dict(recv=True), "each recv is counted as a call too"),
     "sends over pp's groups": (dict(send_n="pp"), r"the sends use the link of groups of pp = 4"),
     "no bytes": (dict(with_bytes=False), "the bytes' time is left out"),

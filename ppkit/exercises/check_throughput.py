@@ -2,11 +2,13 @@
 
     check_predict_step(fn)   fn(mesh, compute_s, links, calls, sent, m) -> seconds
 
-The answer is ``mesh_throughput.predict``'s: the compute stretched by GPipe's bubble, compute x (m + pp - 1) / m,
-plus for each dimension of degree above 1 its calls x the latency of each call's link (a send on the pair's link,
-("send_recv", 2); a recv is the other side of a send and costs nothing more) and its bytes sent over the smallest
-bandwidth of the links it uses. The cases use made-up links whose latencies all differ, so that each plausible
-mistake gives its own number and the failure can name it.
+The answer is ``mesh_throughput.predict``'s: for each dimension of degree above 1 its calls x the latency of each
+call's link (a send on the pair's link, ("send_recv", 2); a recv is the other side of a send and costs nothing more)
+plus its bytes sent over the smallest bandwidth of the links it uses; then GPipe's bubble stretches each
+micro-batch's whole slot, (compute + pp + tp) x (m + pp - 1) / m (Narayanan et al. 2021: tp's all_reduces and the
+sends sit inside the slot), and dp is added once. Stretching the compute alone is named as a mistake. The cases
+use made-up links whose latencies all differ, so that each plausible mistake gives its own number and the failure
+can name it.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ def _name(mesh) -> str:
 def _mistakes(mesh, compute_s, calls, sent, m, want: mt.Prediction) -> dict[str, float]:
     """What each plausible wrong answer returns, by the mistake's description."""
     pp = mesh[1]
-    step = want.step_s
-    recvs = calls.get("pp", {}).get("recv", 0) if pp > 1 else 0
+    step, parts = want.step_s, want.parts
+    stretch = (pp - 1) / m
     bytes_term = step - mt.predict(mesh, compute_s, LINKS, calls, {}).step_s
     out = {
         "the seconds are milliseconds: return seconds, as compute_s is given": step * 1e3,
@@ -48,12 +50,24 @@ def _mistakes(mesh, compute_s, calls, sent, m, want: mt.Prediction) -> dict[str,
         "links": step - bytes_term,
     }
     if pp > 1:
-        out["GPipe's bubble is left out: the compute takes (m + pp - 1) / m as long"] = step - want.parts["bubble"]
-        out["the bubble is (pp - 1) / (m + pp - 1) of the whole step, not of the compute: the compute takes "
-            "(m + pp - 1) / m as long, compute x (pp - 1) / m more"] = \
-            step - want.parts["bubble"] + compute_s * (pp - 1) / (m + pp - 1)
+        slot = compute_s + parts["pp"] + parts["tp"]
+        out["you stretched only the compute by (m + pp - 1) / m: tp's all_reduces and the pipeline's sends happen "
+            "inside each micro-batch's slot, so they wait in the bubble too (Narayanan et al. 2021): stretch "
+            "compute + pp + tp"] = step - (parts["pp"] + parts["tp"]) * stretch
+        out["the pipeline's sends are not stretched: they happen inside each micro-batch's slot, so stretch "
+            "compute + pp + tp by (m + pp - 1) / m"] = step - parts["pp"] * stretch
+        out["tp's all_reduces are not stretched: they happen inside each micro-batch's slot, so stretch "
+            "compute + pp + tp by (m + pp - 1) / m"] = step - parts["tp"] * stretch
+        out["dp's traffic is stretched too: it is added once per step, after the pipeline (its reduce-scatters come "
+            "after the last micro-batch)"] = step + parts["dp"] * stretch
+        out["GPipe's bubble is left out: each micro-batch's slot (compute + pp + tp) takes (m + pp - 1) / m as "
+            "long"] = step - parts["bubble"]
+        out["the bubble is (pp - 1) / (m + pp - 1) of the whole step, not of the slots: compute + pp + tp take "
+            "(m + pp - 1) / m as long, x (pp - 1) / m more"] = step - parts["bubble"] + slot * (pp - 1) / (m + pp - 1)
+        pp_calls = calls.get("pp", {})
+        recv_as_send = {**calls, "pp": {"send": pp_calls.get("send", 0) + pp_calls.get("recv", 0)}}
         out["each recv is counted as a call too: a recv is the other side of a send, whose latency is already "
-            "counted"] = step + recvs * LINKS["send_recv", 2].latency_s
+            "counted"] = mt.predict(mesh, compute_s, LINKS, recv_as_send, sent).step_s
     if pp > 2:
         out[f"the sends use the link of groups of pp = {pp}: a send goes between two ranks, link "
             "(\"send_recv\", 2)"] = mt.predict(mesh, compute_s, {**LINKS, ("send_recv", 2): LINKS["send_recv", pp]},

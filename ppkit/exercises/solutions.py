@@ -183,19 +183,20 @@ def choose_mesh(meshes, budget, memory_of):
 
 
 def predict_step(mesh, compute_s, links, calls, sent, m):
-    """Notebook 13: a mesh's step time from its compute, GPipe's bubble, and each dimension's calls and bytes."""
-    step = compute_s * (m + mesh[1] - 1) / m            # m micro-batches through pp stages: pp - 1 more slots
+    """Notebook 13: a mesh's step time from its compute, each dimension's calls and bytes, and GPipe's bubble."""
+    cost = {}
     for dim, n in zip(("dp", "pp", "tp"), mesh):
-        used = []
+        cost[dim], used = 0.0, []
         for call, count in calls.get(dim, {}).items():
             if n == 1 or call == "recv":                # no group to talk to; a recv is the other side of a send
                 continue
             link = links["send_recv", 2] if call == "send" else links[call, n]  # a send goes between two ranks
-            step += count * link.latency_s
+            cost[dim] += count * link.latency_s
             used.append(link)
         if used:
-            step += sent.get(dim, 0) / min(link.bytes_per_s for link in used)
-    return step
+            cost[dim] += sent.get(dim, 0) / min(link.bytes_per_s for link in used)
+    slots = compute_s + cost["pp"] + cost["tp"]         # what each micro-batch's slot holds: its sends, tp's calls
+    return slots * (m + mesh[1] - 1) / m + cost["dp"]   # m micro-batches through pp stages: pp - 1 more slots
 
 
 def first_bucket(params, bucket_cap_mb):

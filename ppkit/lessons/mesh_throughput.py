@@ -6,8 +6,9 @@
     measure_compute each rank's forward, backward and Adam of its part of the model (its stage, its tp slice of
                     each matrix, its micro-batches) in plain torch, no collectives, all ranks at once
     core_sharing    rank 0's compute alone and with all ranks at once: what sharing the cores costs
-    predict         one mesh's step time: compute x (m + pp - 1) / m (GPipe's bubble), plus per dimension its
-                    calls x latency + bytes sent / bandwidth
+    predict         one mesh's step time: per dimension its calls x latency + bytes sent / bandwidth; the
+                    micro-batches' slots (compute, pp's sends, tp's all_reduces) stretched by GPipe's bubble,
+                    (m + pp - 1) / m; dp's traffic added whole (an upper bound: it can overlap backward)
     rank_meshes     the meshes whose measured memory fits a budget, fastest predicted first (tokens/s)
     measure_steps   the real step of a mesh (TP, GPipe, FSDP2), timed after a warm-up step
     plot            predicted (by part) against measured step time
@@ -47,9 +48,22 @@ class Link:
 
 
 def ring_bytes(kind: str, nbytes: int, n: int) -> float:
-    """Bytes one rank sends for one call over ``n`` ranks of an ``nbytes`` buffer per rank (ring algorithms)."""
+    """Bytes one rank sends for one call over ``n`` ranks whose input is ``nbytes`` per rank (ring algorithms,
+    as ``composition_measure.CommLog`` counts them): an all_gather's input is a rank's shard, a reduce_scatter's
+    the whole tensor it reduces."""
     return {"all_reduce": 2 * (n - 1) / n * nbytes, "all_gather": (n - 1) * nbytes,
             "reduce_scatter": (n - 1) / n * nbytes, "send_recv": nbytes}[kind]
+
+
+def link_buffers(kind: str, nbytes: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, output) of one timed call of ``kind`` over ``n`` ranks with an input of about ``nbytes`` (float32;
+    a reduce_scatter's input rounded down to a multiple of n elements): ``ring_bytes(kind, input.nbytes, n)`` is
+    what the call sends."""
+    numel = nbytes // 4
+    if kind == "reduce_scatter":
+        numel -= numel % n
+        return torch.ones(numel), torch.empty(numel // n)
+    return torch.ones(numel), torch.empty(numel * n if kind == "all_gather" else 0)
 
 
 def _group(world_size: int, n: int):
@@ -58,13 +72,14 @@ def _group(world_size: int, n: int):
     return comp.device_mesh((world_size // n, 1, n))["tp"].get_group()
 
 
-def _call(kind: str, group, x: torch.Tensor, out: torch.Tensor):
+def link_call(kind: str, group, x: torch.Tensor, out: torch.Tensor):
+    """One call of ``kind`` over ``group`` from input ``x`` into ``out`` (as ``link_buffers`` makes them)."""
     if kind == "all_reduce":
         dist.all_reduce(x, group=group)
     elif kind == "all_gather":
         _all_gather(out, x, group=group)
     elif kind == "reduce_scatter":
-        _reduce_scatter(x, out, group=group)
+        _reduce_scatter(out, x, group=group)
     else:  # a send to the neighbour and its answer back: one call each way, timed as two
         me = dist.get_rank(group)
         peer = dist.get_global_rank(group, me ^ 1)
@@ -80,13 +95,12 @@ def _link_times(rank, world_size, groups=(2, 4), sizes=SIZES, reps: int = 5) -> 
         group = _group(world_size, n)
         for kind in KINDS:
             for nbytes in sizes:
-                x = torch.ones(nbytes // 4)
-                out = torch.empty(nbytes // 4 * n)
-                _call(kind, group, x, out)  # warm-up: gloo sets up the pair's buffers on first use
+                x, out = link_buffers(kind, nbytes, n)
+                link_call(kind, group, x, out)  # warm-up: gloo sets up the pair's buffers on first use
                 dist.barrier()
                 start = time.perf_counter()
                 for _ in range(reps):
-                    _call(kind, group, x, out)
+                    link_call(kind, group, x, out)
                 times[kind, n, nbytes] = (time.perf_counter() - start) / reps / (2 if kind == "send_recv" else 1)
     return times
 
@@ -102,7 +116,8 @@ def measure_links(cluster, groups=(2, 4), sizes=SIZES, reps: int = 5) -> dict[tu
     for n in groups:
         for kind in KINDS:
             small, large = (max(r[kind, n, s] for r in per_rank) for s in sizes)
-            extra = ring_bytes(kind, sizes[1], n) - ring_bytes(kind, sizes[0], n)
+            small_in, large_in = (link_buffers(kind, s, n)[0].nbytes for s in sizes)
+            extra = ring_bytes(kind, large_in, n) - ring_bytes(kind, small_in, n)
             links[kind, n] = Link(kind, n, small, extra / (large - small) if large > small else float("inf"))
     return links
 
@@ -199,13 +214,18 @@ def busiest_calls(measurement) -> dict[str, dict[str, int]]:
 
 
 def predict(mesh, compute_s: float, links: dict, calls: dict, sent: dict, size: comp.Size = comp.SIZE) -> Prediction:
-    """Step time of ``mesh`` from the rank's measured compute (``compute_s``), GPipe's bubble: the compute takes
-    (m + pp - 1) / m as long, a fraction (pp - 1) / (m + pp - 1) of it idle, and for each dimension, its
-    ``calls`` ({dim: {call: count}}) times the latency of that call's link, plus the bytes it ``sent`` ({dim:
-    bytes}) over the slowest of its links' bandwidths. Links are looked up by (kind, degree of the dimension)."""
+    """Step time of ``mesh``: the rank's measured compute (``compute_s``) and, for each dimension, its ``calls``
+    ({dim: {call: count}}) times the latency of that call's link plus the bytes it ``sent`` ({dim: bytes}) over
+    the slowest of its links' bandwidths (links looked up by (kind, degree of the dimension)).
+
+    GPipe's bubble stretches each micro-batch's whole slot, not only its compute (Narayanan et al. 2021, the
+    bubble is (pp - 1) / m of the ideal time): tp's all_reduces and the pipeline's sends happen inside the slot,
+    so the bubble is (compute + pp + tp) x (pp - 1) / m. dp's traffic is added whole, after the pipeline: an
+    upper bound, since FSDP2's reduce-scatters and the next blocks' all-gathers can overlap compute (notebook
+    10b) and then only their exposed part adds."""
     m = microbatches(mesh, size)
     pp = mesh[1]
-    parts = {"compute": compute_s, "bubble": compute_s * (pp - 1) / m}
+    parts = {"compute": compute_s, "bubble": 0.0}
     for dim, n in zip(comp.DIMS, mesh):
         dim_calls = {CALL_KIND[c]: k for c, k in calls.get(dim, {}).items() if c in CALL_KIND}
         if n == 1 or not dim_calls:
@@ -218,6 +238,7 @@ def predict(mesh, compute_s: float, links: dict, calls: dict, sent: dict, size: 
         used = [links[kind, _n(kind, n)] for kind in dim_calls]
         parts[dim] = sum(link.latency_s * dim_calls[link.kind] for link in used) + \
             sent.get(dim, 0.0) / min(link.bytes_per_s for link in used)
+    parts["bubble"] = (compute_s + parts["pp"] + parts["tp"]) * (pp - 1) / m
     return Prediction(tuple(mesh), parts, size.batch * size.seq)
 
 
