@@ -83,7 +83,21 @@ def test_a_real_fp16_backward_loses_gradients_that_a_scaled_one_keeps():
     kept = ls.fp16_backward(SIZE, 64, 2, scale=2 ** 8, reference=reference)
     assert lost["lost (0 in fp16, not in fp32)"] > kept["lost (0 in fp16, not in fp32)"]
     assert lost["inf or nan"] == kept["inf or nan"] == 0
-    assert ls.fp16_backward(SIZE, 64, 2, scale=2 ** 16, reference=reference)["inf or nan"] > 0  # the loss overflows
+    whole_half = ls.fp16_backward(SIZE, 64, 2, scale=2 ** 16, reference=reference)
+    assert whole_half["inf or nan"] > 0 and whole_half["loss dtype"] == torch.float16  # the fp16 loss overflows
+
+
+@pytest.mark.slow
+def test_under_autocast_the_loss_is_fp32_and_grad_scalers_default_scale_does_not_overflow():
+    """The overflow at 2^16 comes from .half(): under autocast the weights stay fp32 (the master copy) and the loss
+    comes out fp32, so GradScaler's default init_scale (2^16) is fine for this model."""
+    reference = ls.fp32_gradients(SIZE, 64, 2)
+    default = torch.amp.GradScaler("cpu").get_scale()
+    assert default == 2 ** 16
+    auto = ls.autocast_backward(SIZE, 64, 2, scale=default, reference=reference)
+    assert auto["loss dtype"] == torch.float32 and auto["weights dtype"] == torch.float32
+    assert auto["inf or nan"] == 0 and auto["lost (0 in fp16, not in fp32)"] == 0
+    assert ls.autocast_backward(SIZE, 64, 2, scale=2 ** 24, reference=reference)["inf or nan"] > 0  # fp16 matmuls
 
 
 def test_grad_scaler_grows_its_scale_and_backs_off_after_an_inf():
@@ -223,8 +237,15 @@ def all_parameters(size, seq_len, tokens, recompute, seconds, peak):
     return (6 * size.params() + 12 * size.layers * seq_len * size.d_model) * tokens / seconds / peak
 
 
-def no_head(size, seq_len, tokens, recompute, seconds, peak):
+def kaplan_n(size, seq_len, tokens, recompute, seconds, peak):
+    """Kaplan et al.'s non-embedding N (no head: his definition) with the full attention term."""
     flops = 6 * size.layers * 12 * size.d_model ** 2 + 12 * size.layers * seq_len * size.d_model
+    return flops * tokens / seconds / peak
+
+
+def kaplan_formula(size, seq_len, tokens, recompute, seconds, peak):
+    """Kaplan et al.'s C = 6N + 6 n_layer n_ctx d_attn per token, N without the head."""
+    flops = 6 * size.layers * 12 * size.d_model ** 2 + 6 * size.layers * seq_len * size.d_model
     return flops * tokens / seconds / peak
 
 
@@ -246,13 +267,24 @@ def test_the_solution_passes():
     (no_attention, "[no attention]"), (forward_only, "[2N, no attention]"), (half_attention, "[half the attention]"),
     (forward_only_with_attention, "[2N]"), (recomputation_as_torch_runs_it, "[recomputation counted]"),
     (recomputation_counted, "[recomputation counted (whole forward)]"), (per_layer_n, "[per-layer N]"),
-    (all_parameters, "[all parameters]"), (no_head, "[no head]"),
+    (all_parameters, "[all parameters]"), (kaplan_n, "[Kaplan's N]"), (kaplan_formula, "[Kaplan's formula]"),
     (as_percent, "not a percentage"), (lesson_formula, "the lesson's own formula"),
 ])
 def test_each_plausible_wrong_answer_fails_with_its_name(wrong, named):
     with pytest.raises(ExerciseFailed) as err:
         check_speed.check_predict_mfu(wrong)
     assert named in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("kaplan", [kaplan_n, kaplan_formula])
+def test_kaplans_n_is_named_as_his_definition_not_as_a_mistake(kaplan):
+    """Kaplan et al.'s N leaves out the head by definition: the message says so rather than calling it a slip."""
+    with pytest.raises(ExerciseFailed) as err:
+        check_speed.check_predict_mfu(kaplan)
+    said = str(err.value)
+    assert "Kaplan et al.'s" in said and "by his definition" in said, said
+    assert "you left out the head" not in said, said
+
 
 
 def test_a_stub_and_a_wrong_signature_are_refused():

@@ -1,13 +1,15 @@
-"""The exercise that ppkit checks for notebook 08c: predict a step's MFU, checked by measurement.
+"""The exercise that ppkit checks for notebook 08c: predict a step's MFU, checked against the FLOPs torch counts.
 
     check_predict_mfu(fn)   fn(size, seq_len, tokens_per_step, recompute, step_seconds, peak_flops) -> MFU (0..1)
 
 ``size`` is lesson 08b's ``step_memory.Size`` (vocab, d_model, heads, layers); ``recompute`` is "none",
 "selective" or "full"; ``step_seconds`` is a training step's measured time and ``peak_flops`` this CPU's measured
-fp32 matmul rate (FLOPs per second). For settings the notebook never shows, the checker times real steps, counts
-their model FLOPs with ``FlopCounterMode`` (a step without recomputation: MFU counts the model's work only) and
-accepts an answer within ``TOLERANCE`` of model FLOPs / time / peak. An answer that matches one of the plausible
-mistakes (``MISTAKES``) fails with a message that names it.
+fp32 matmul rate (FLOPs per second). For settings the notebook never shows, the checker times real steps and hands
+the time and the peak to ``fn``: what it checks is the FLOPs, against the model FLOPs ``FlopCounterMode`` counts
+(a step without recomputation: MFU counts the model's work only); it accepts an answer within ``TOLERANCE`` of
+model FLOPs / time / peak. An answer that matches one of the plausible mistakes (``MISTAKES``) fails with a
+message that names it. Kaplan et al.'s N (non-embedding parameters, 12 x layers x d_model^2) is named as his
+definition, which leaves out the head, not as a mistake; this exercise counts every matmul, the head's too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ SETTINGS = ((sm.Size(d_model=96, heads=4, layers=3), 128, 2, "full"),
 
 def _attention(size, s):
     return 12 * size.layers * s * size.d_model
+
+
+def _kaplan_n(size):
+    """Kaplan et al. 2020, table 1: N = 2 d_model n_layer (2 d_attn + d_ff), the non-embedding parameters, with
+    d_attn = d_model and d_ff = 4 d_model: 12 n_layer d_model^2, no head."""
+    return size.layers * 12 * size.d_model ** 2
 
 
 def _per_layer_n(size):
@@ -62,9 +70,16 @@ MISTAKES = {
     "per-layer N and attention": (lambda size, s, p: 6 * _per_layer_n(size) + _attention(size, s) / size.layers,
                                   "you counted one layer (its 12 d_model^2 weights and its attention): multiply by "
                                   "size.layers, and add the head's d_model x vocab"),
-    "no head": (lambda size, s, p: 6 * (sf.matmul_params(size) - size.d_model * size.vocab) + _attention(size, s),
-                "you left out the head: it is a matmul of d_model x vocab weights (the embedding is a lookup and "
-                "does no multiply, but the head does)"),
+    "Kaplan's N": (lambda size, s, p: 6 * _kaplan_n(size) + _attention(size, s),
+                   "you used Kaplan et al.'s N, the non-embedding parameters (12 x layers x d_model^2): by his "
+                   "definition N leaves out the head (the de-embedding), which is right for his scaling laws. MFU "
+                   "here counts every matmul the step runs, as FlopCounterMode does, and the head is one: add its "
+                   "d_model x vocab weights to N"),
+    "Kaplan's formula": (lambda size, s, p: 6 * _kaplan_n(size) + _attention(size, s) / 2,
+                         "you used Kaplan et al.'s C = 6N + 6 x layers x seq_len x d_model: by his definition N "
+                         "leaves out the head, and his attention term counts Q K^T only. MFU here counts every matmul "
+                         "the step runs, as FlopCounterMode does: add the head's d_model x vocab to N, and count "
+                         "attention as 12 x layers x seq_len x d_model (Q K^T and the weights times V)"),
     "all parameters": (lambda size, s, p: 6 * size.params() + _attention(size, s),
                        "you used size.params(): it counts the embedding table (a lookup, no multiply), biases and "
                        "norms (elementwise). N in 6N is the weights that multiply: 12 d_model^2 per layer plus the "

@@ -9,8 +9,9 @@
                     (timed against fp32 on the same shapes), and whether a GPU that has FP8 units is present
 
 e4m3fn: 4 exponent bits, 3 mantissa bits, no infinity ("fn": finite, with a nan); e5m2: 5 and 2, fp16's range
-with less precision. Recipes (NVIDIA Transformer Engine, DeepSeek-V3) keep weights and activations in e4m3 and
-often gradients in e5m2, each tensor (or block of a tensor) with its own scale.
+with less precision. Transformer Engine's default recipe is hybrid (e4m3 in forward, e5m2 for the gradients) with
+delayed scaling (each tensor's scale from the amax history of earlier iterations); DeepSeek-V3 uses e4m3 for every
+tensor, with a scale computed online per 1 x 128 tile of activations and per 128 x 128 block of weights.
 """
 
 from __future__ import annotations

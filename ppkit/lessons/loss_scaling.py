@@ -6,6 +6,9 @@
                      inf (overflow, above 65504)
     fp16_backward    the whole backward run in fp16 (``model.half()``), the loss multiplied by ``scale`` and the
                      gradients divided by it after, in fp32: the gradients fp32 has and fp16 lost, counted
+    autocast_backward  the same under ``torch.autocast("cpu", float16)``: the weights stay fp32 (the master
+                     copy), the matmuls run in fp16, and the loss comes out in fp32, so a scale of 2^16
+                     (GradScaler's default) does not overflow it
     scaler_history   a training loop under fp16 autocast with GradScaler: the scale at every step, growing after
                      ``growth_interval`` clean steps and halved (the step skipped) after an inf or nan, injected
 
@@ -53,13 +56,27 @@ def fp16_backward(size: sm.Size = sm.SIZE, s: int = 128, b: int = 4, scale: floa
                   reference: torch.Tensor | None = None) -> dict[str, float]:
     """Backward of ``scale`` x loss with the model in fp16, gradients divided by ``scale`` in fp32: how many
     gradients that fp32 finds nonzero came out 0, and whether any came out inf or nan."""
+    return _scaled_backward(sm.GPT(size).half(), False, size, s, b, scale, reference)
+
+
+def autocast_backward(size: sm.Size = sm.SIZE, s: int = 128, b: int = 4, scale: float = 1.0,
+                      reference: torch.Tensor | None = None) -> dict[str, float]:
+    """``fp16_backward`` under ``torch.autocast("cpu", float16)`` with the weights in fp32: the loss's dtype (fp32:
+    autocast runs the loss in fp32), the gradients lost and the inf or nan among them."""
+    return _scaled_backward(sm.GPT(size), True, size, s, b, scale, reference)
+
+
+def _scaled_backward(model, autocast: bool, size: sm.Size, s: int, b: int, scale: float,
+                     reference: torch.Tensor | None) -> dict[str, float]:
     reference = fp32_gradients(size, s, b) if reference is None else reference
-    model = sm.GPT(size).half()
     with threads():
-        (model.loss(sm.batch(size, b, s)) * scale).backward()
+        with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+            loss = model.loss(sm.batch(size, b, s))
+        (loss * scale).backward()
     grads = torch.cat([p.grad.flatten().float() / scale for p in model.parameters()])
     finite = torch.isfinite(grads)
-    return {"scale": scale, "lost (0 in fp16, not in fp32)": int(((grads == 0) & (reference != 0)).sum()),
+    return {"scale": scale, "loss dtype": loss.dtype, "weights dtype": next(model.parameters()).dtype,
+            "lost (0 in fp16, not in fp32)": int(((grads == 0) & (reference != 0)).sum()),
             "inf or nan": int((~finite).sum()),
             "largest error vs fp32": float((grads[finite] - reference[finite]).abs().max())}
 
