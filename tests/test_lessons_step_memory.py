@@ -80,6 +80,22 @@ def test_at_a_short_sequences_peak_no_gradient_exists_yet():
     assert measured.peak["temporaries"] == 2 * 4 * 64 * 8 * SIZE.vocab  # cross-entropy's two gradients
 
 
+@pytest.mark.slow
+def test_where_the_peak_is_depends_on_adams_implementation():
+    """Per-tensor Adam (CPU's default): the peak is in backward here, above optimizer.step()'s 16 bytes per
+    parameter and one tensor's temporaries. Foreach Adam (CUDA's default) makes sqrt(exp_avg_sq) of every
+    parameter at once, 4 bytes per parameter more: at s = 32, b = 2 that moves the peak into the step."""
+    p = SIZE.params()
+    per_tensor, foreach = sp.phase_peaks(SIZE, 32, 2), sp.phase_peaks(SIZE, 32, 2, foreach=True)
+    assert per_tensor["forward and backward"] == foreach["forward and backward"]
+    assert 0 <= foreach["optimizer.step()"] - 20 * p < 1024  # weights, gradients, two moments, one sqrt of each;
+    # and Adam's step counters
+    assert 16 * p < per_tensor["optimizer.step()"] < per_tensor["forward and backward"]
+    assert foreach["optimizer.step()"] > foreach["forward and backward"]
+    long = sp.phase_peaks(SIZE, 256, 4, foreach=True)  # activations outweigh 8 bytes per parameter
+    assert long["forward and backward"] > long["optimizer.step()"]
+
+
 def test_accumulation_gives_the_big_steps_gradients_at_a_smaller_peak():
     micro = [sm.batch(SIZE, 2, 128, seed=10 + i) for i in range(4)]
     difference = st.largest_difference(st.gradients(SIZE, [torch.cat(micro)]), st.gradients(SIZE, micro))

@@ -5,6 +5,8 @@
                       policy) + backward's largest transient
     measure_step      one optimizer step of ``accumulation_steps`` micro-batches under MemTracker: its peak,
                       by category (parameters, gradients, optimizer, activations, temporaries)
+    phase_peaks       the same step's peak in forward and backward, and in ``optimizer.step()``, apart: which
+                      is higher depends on Adam's implementation (per tensor, CPU's default, or foreach, CUDA's)
     step_times        the same step's wall time per recompute policy, best of a few, without the tracker
 
 ``torch.distributed._tools.mem_tracker.MemTracker`` is a TorchDispatchMode: it sees every tensor that every
@@ -119,11 +121,13 @@ def train_step(model, optimizer, microbatches, autocast: bool = False, after_bac
     return total
 
 
-def setup(size: sm.Size, s: int, b: int, accumulation_steps: int, policy: str, seed: int = 0):
-    """The model (recomputing as ``policy`` says), Adam with its states made by a first step, the micro-batches."""
+def setup(size: sm.Size, s: int, b: int, accumulation_steps: int, policy: str, seed: int = 0,
+          foreach: bool | None = None):
+    """The model (recomputing as ``policy`` says), Adam with its states made by a first step, the micro-batches.
+    ``foreach``: Adam's choice (None: torch's default, per tensor on CPU, foreach on CUDA)."""
     check_setting(s, b, accumulation_steps)
     model = sm.GPT(size, seed).recompute(policy)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, foreach=foreach)
     microbatches = [sm.batch(size, b, s, seed=10 + i) for i in range(accumulation_steps)]
     train_step(model, optimizer, microbatches[:1])  # Adam's states exist from here on, as in any later step
     return model, optimizer, microbatches
@@ -144,6 +148,29 @@ def measure_step(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, pol
     snapshot = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     peak = {CATEGORIES[getattr(k, "value", k)]: v for k, v in snapshot.items()}
     return StepMemory(s, b, accumulation_steps, policy, peak, loss)
+
+
+def _peak_bytes(tracker) -> int:
+    snapshot = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    return {CATEGORIES[getattr(k, "value", k)]: v for k, v in snapshot.items()}["total"]
+
+
+def phase_peaks(size: sm.Size, s: int, b: int, foreach: bool = False) -> dict[str, int]:
+    """Bytes at the peak of one step (after a first one), in forward and backward and in ``optimizer.step()``,
+    each measured by a MemTracker of its own. Per-tensor Adam (``foreach=False``) makes one parameter's
+    temporaries at a time; foreach Adam (CUDA's default) makes ``sqrt(exp_avg_sq)`` for every parameter at once,
+    4 bytes per parameter more while the step runs."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model, optimizer, microbatches = setup(size, s, b, 1, "none", foreach=foreach)
+    backward, step = MemTracker(), MemTracker()
+    backward.track_external(model, optimizer)
+    with backward:
+        model.loss(microbatches[0]).backward()
+    step.track_external(model, optimizer)
+    with step:
+        optimizer.step()
+    return {"forward and backward": _peak_bytes(backward), "optimizer.step()": _peak_bytes(step)}
 
 
 def step_times(size: sm.Size, s: int, b: int, policies=sm.POLICIES, accumulation_steps: int = 1,
