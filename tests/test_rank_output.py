@@ -239,3 +239,8 @@ def test_no_collapse_keeps_every_ranks_raw_line(capsys):
             printer.write(0, "stdout", "step 1 loss 2.5\n")
             printer.write(1, "stdout", "step 1 loss 2.6\n")
         assert capsys.readouterr().out == "[rank 0] step 1 loss 2.5\n[rank 1] step 1 loss 2.6\n"
+
+
+def test_a_line_with_a_nul_character_never_meets_a_numbered_line_of_that_shape():
+    assert lines_of({0: "a \x00 b", 1: "a 5 b", 2: "a 6 b"}) == [
+        ("stdout", "a \x00 b", [0]), ("stdout", "a 5…6 b", [1, 2])]

@@ -34,7 +34,7 @@ class Collapser:
 
     def add(self, rank: int, stream: str, text: str, now: float, redrawn: bool = False) -> None:
         """``redrawn``: the line was drawn with ``\\r`` (a progress bar): it leaves only with the same line."""
-        shape = text if redrawn else fold.shape(text)
+        shape = fold.exact(text) if redrawn else fold.shape(text)
         self._queues.setdefault(rank, deque()).append((stream, shape, text, now))
         self._waiting.setdefault(rank, Counter())[stream, shape] += 1
         self._count += 1

@@ -32,15 +32,20 @@ _NUMBER = re.compile(r"(?<![\w.])"  # not inside a word, an address or a version
                      r"(?!\w|\.\w)")
 
 
-def shape(text: str) -> str:
-    """``text`` with each number replaced by a hole (its unit kept); ``text`` itself when it folds only
-    with the same line."""
+def shape(text: str) -> tuple[str, str]:
+    """``("#", text with each number replaced by a hole, its unit kept)``; ``exact(text)`` when the line
+    folds only with the same line."""
     if len(text) > MAX_CHARS:
-        return text
+        return exact(text)
     parts, numbers = _split(text)
     if not numbers or len(numbers) > MAX_NUMBERS:
-        return text
-    return "".join(part + HOLE + unit for part, (_, unit, _) in zip(parts, numbers)) + parts[-1]
+        return exact(text)
+    return "#", "".join(part + HOLE + unit for part, (_, unit, _) in zip(parts, numbers)) + parts[-1]
+
+
+def exact(text: str) -> tuple[str, str]:
+    """The shape of a line that folds only with the same line (never with a numbered one, whatever it holds)."""
+    return "=", text
 
 
 def fold(lines: list[tuple[int, str]]) -> str:
