@@ -128,9 +128,11 @@ def test_fsdp_settings(cluster):
     assert "reshard_after_forward=False" in table[-1] and table[2].split()[-8:-5] == ["0", "/", "3"]
 
 
-def _prefetching_unshards(rank, world_size, forward_prefetch, backward_prefetch, layers=4, steps=2):
+def _prefetching_unshards(rank, world_size, forward_prefetch, backward_prefetch, layers=4, steps=2,
+                          root_norm=False):
     """The (pass, layer) of every prefetch that issued an all-gather in ``steps`` steps of
-    ``shard_with_prefetch``, seen by a spy on FSDP2's prefetch (FSDPParamGroup._prefetch_unshard)."""
+    ``shard_with_prefetch``, seen by a spy on FSDP2's prefetch (FSDPParamGroup._prefetch_unshard).
+    ``root_norm``: a LayerNorm after the last Linear, whose parameters are the root module's own."""
     import torch
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
@@ -144,7 +146,10 @@ def _prefetching_unshards(rank, world_size, forward_prefetch, backward_prefetch,
 
     FSDPParamGroup._prefetch_unshard = staticmethod(spy)
     try:
-        model = osh.shard_with_prefetch(ov.make_model(layers, 64), world_size, forward_prefetch, backward_prefetch,
+        model = ov.make_model(layers, 64)
+        if root_norm:
+            model.append(torch.nn.LayerNorm(64))
+        model = osh.shard_with_prefetch(model, world_size, forward_prefetch, backward_prefetch,
                                         reshard_after_forward=True)
         x = torch.randn(8, 64)
         for _ in range(steps):
@@ -165,6 +170,10 @@ def test_no_prefetch_issues_no_prefetching_all_gather(cluster):
             forward = [layer for p, layer in issued if p == "forward"]
             assert backward == (["4", "2", "0"] * 2 if bwd else []), (fwd, bwd)  # layer i-1 from layer i
             assert forward == (["2", "4", "6"] * 2 if fwd else []), (fwd, bwd)
+    # a root with parameters of its own (a final LayerNorm) prefetches the last Linear by default: off too
+    for bwd in (False, True):
+        for issued in cluster.run(_prefetching_unshards, False, bwd, root_norm=True):
+            assert [layer for p, layer in issued if p == "backward"] == (["6", "4", "2", "0"] * 2 if bwd else []), bwd
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ def shard_with_prefetch(model, world_size: int, forward_prefetch: bool, backward
     default", which prefetches the previous layer (torch's ``FSDPState._pre_backward``). Without backward
     prefetch each layer is therefore told to prefetch itself: its weights are gathered before its own
     prefetch runs, so that unshard does nothing (an empty "FSDP::backward_prefetch" span on the timeline).
-    The root ``model`` holds no parameters of its own here (Linears and ReLUs), so it prefetches nothing."""
+    The root ``model`` too: with parameters of its own (a final norm) it would prefetch the last Linear."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -56,6 +56,8 @@ def shard_with_prefetch(model, world_size: int, forward_prefetch: bool, backward
     for i, layer in enumerate(layers):
         layer.set_modules_to_forward_prefetch(layers[i + 1:i + 2] if forward_prefetch else [])
         layer.set_modules_to_backward_prefetch([layers[i - 1] if backward_prefetch and i else layer])
+    if not backward_prefetch:
+        model.set_modules_to_backward_prefetch([model])
     compat.set_fsdp_unshard_async(model, async_all_gather)
     return model
 

@@ -135,8 +135,10 @@ def prefetched_all_gathers(events, rank: int, pass_type: str) -> list[str]:
     mine = [e for e in events if e["rank"] == rank and s0 <= e["start_us"] < s1]
     outer = [(e["tid"], e["start_us"], e["start_us"] + e["dur_us"]) for e in mine
              if e["name"].startswith(f"FSDP::{pass_type}_prefetch for ")]
-    inner = sorted((e for e in mine if e["name"].startswith("FSDP::all_gather (")), key=lambda e: e["start_us"])
-    return [e["name"][len("FSDP::all_gather ("):-1] for e in inner
+    label = "FSDP::all_gather"  # then " (fqn)"; the root module's has no fqn
+    inner = sorted((e for e in mine if e["name"] == label or e["name"].startswith(label + " (")),
+                   key=lambda e: e["start_us"])
+    return [e["name"][len(label) + 2:-1] for e in inner
             if any(tid == e["tid"] and a <= e["start_us"] < b for tid, a, b in outer)]
 
 
