@@ -347,3 +347,128 @@ def test_item_sizes_cover_every_dtype_name_the_profiler_writes(tmp_path):
     assert sizes.op_bytes({"In msg nelems": 1000, "dtype": "BFloat16"}) == 2000
     assert sizes.op_bytes({"In msg nelems": 1000, "dtype": "Long"}) == 8000
     assert sizes.op_bytes({"In msg nelems": 10, "dtype": "SomeFutureType"}) is None  # no guess
+
+
+def test_each_ranks_clock_is_known_within_its_own_bound():
+    # one ping reaches every rank: rank 0 answers at the start of one ping's window and at the end of the next,
+    # rank 1 always in the middle. Rank 0's clock is pinned down closely; rank 1's is not, and each offset is
+    # within its own bound (before: both got the fastest ping's whole half round trip as their bound)
+    import time
+
+    true_offsets_ns = {0: 3_000_000_000, 1: -7_000_000_000}
+    window_s = 0.02
+    pings = []
+
+    def run(fn, timeout):
+        start = time.time_ns()
+        time.sleep(window_s / 2)
+        middle = time.time_ns()
+        time.sleep(window_s / 2)
+        end = time.time_ns()
+        answer = start if len(pings) % 2 == 0 else end
+        pings.append(None)
+        return [answer + true_offsets_ns[0], middle + true_offsets_ns[1]]
+
+    offsets = measure(run, pings=4)
+    for rank, true_ns in true_offsets_ns.items():
+        assert abs(offsets[rank].offset_us - true_ns / 1000) <= offsets[rank].error_us + 1, (rank, offsets)
+    assert offsets[1].error_us >= window_s / 2 * 1e6 * 0.9  # the middle of a 20 ms window: +-10 ms
+    assert offsets[0].error_us < offsets[1].error_us / 4
+
+
+def test_an_offset_within_its_bound_is_not_applied():
+    # rank 1 is on another machine, but its measured offset (300 µs) is smaller than its bound (500 µs): noise,
+    # not a clock difference, so its times stay as recorded. A 2 s offset known to 10 µs is taken off.
+    def results(base_1):
+        return {0: {"trace": _trace([("gloo:all_reduce", 1000.0, 50.0)], base_ns=10**15), "host": "a"},
+                1: {"trace": _trace([("gloo:all_reduce", 1010.0, 40.0)], base_ns=base_1), "host": "b"}}
+
+    noise = Profile(results(10**15), {0: Offset(0.0, 500.0), 1: Offset(300.0, 500.0)}, here="a")
+    assert {e["rank"]: e["start_us"] for e in noise.events()} == {0: 0.0, 1: 10.0}
+    assert noise.applied_offsets == {}
+    real = Profile(results(10**15 + 2 * 10**9), {0: Offset(0.0, 10.0), 1: Offset(2e6, 10.0)}, here="a")
+    assert {e["rank"]: e["start_us"] for e in real.events()} == {0: 0.0, 1: 10.0}
+    assert real.applied_offsets == {1: 2e6}
+
+
+def test_a_clock_that_steps_between_pings_falls_back_to_the_tightest_ping():
+    # rank 0's clock jumps 1 s forward after the first ping: no offset fits both pings, so the ping with the
+    # shortest round trip (the second, with no sleep) gives the offset and half its round trip the bound
+    import time
+
+    pings = []
+
+    def run(fn, timeout):
+        if not pings:
+            time.sleep(0.01)
+        pings.append(None)
+        return [time.time_ns() + (len(pings) - 1) * 1_000_000_000]
+
+    offset = measure(run, pings=2)[0]
+    assert offset.offset_us == pytest.approx(1e6, abs=offset.error_us + 1)
+    assert offset.error_us < 5_000  # the fast ping's half round trip, not the slow one's
+
+
+def _gpu_trace():
+    """A rank's trace with CUDA activity, shaped as torch's kineto writes it: the CPU thread (pid = the process)
+    launches; the kernels run on the GPU (pid = the device, tid = the stream), NCCL's on a stream of its own."""
+    cpu, gpu = 4242, 0
+
+    def op(name, cat, pid, tid, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    return {"baseTimeNanoseconds": 10**15, "traceEvents": [
+        {"ph": "M", "name": "thread_name", "pid": cpu, "tid": cpu, "args": {"name": "thread 4242 (python)"}},
+        {"ph": "M", "name": "process_name", "pid": gpu, "tid": 0, "args": {"name": "GPU 0"}},
+        {"ph": "M", "name": "thread_name", "pid": gpu, "tid": 7, "args": {"name": "stream 7 "}},
+        {"ph": "M", "name": "thread_name", "pid": gpu, "tid": 20, "args": {"name": "stream 20 "}},
+        op("ProfilerStep#1", "user_annotation", cpu, cpu, 0.0, 1000.0),
+        op("aten::mm", "cpu_op", cpu, cpu, 10.0, 20.0), op("cudaLaunchKernel", "cuda_runtime", cpu, cpu, 12.0, 5.0),
+        op("c10d::allreduce_", "cpu_op", cpu, cpu, 40.0, 30.0),
+        op("record_param_comms", "cpu_op", cpu, cpu, 42.0, 25.0, **{"In msg nelems": 1000, "dtype": "BFloat16"}),
+        op("cudaLaunchKernel", "cuda_runtime", cpu, cpu, 50.0, 5.0),
+        op("cudaStreamSynchronize", "cuda_runtime", cpu, cpu, 100.0, 850.0),  # the CPU waits: no compute
+        op("ProfilerStep#1", "gpu_user_annotation", gpu, 7, 20.0, 900.0, device=0, stream=7),
+        op("ampere_sgemm_128x64_tn", "kernel", gpu, 7, 20.0, 400.0, device=0, stream=7),
+        op("Memcpy DtoD (Device -> Device)", "gpu_memcpy", gpu, 7, 430.0, 10.0, device=0, stream=7),
+        op("ampere_sgemm_128x64_tn", "kernel", gpu, 7, 500.0, 100.0, device=0, stream=7),
+        op("nccl:all_reduce", "gpu_user_annotation", gpu, 20, 300.0, 180.0, device=0, stream=20),
+        op("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel", gpu, 20,
+           300.0, 180.0, device=0, stream=20),
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 1, "pid": cpu, "tid": cpu, "ts": 12.0}]}
+
+
+def test_on_a_gpu_the_overlap_is_gpu_time_compute_kernels_against_nccl_kernels():
+    prof = Profile({0: {"trace": _gpu_trace(), "host": "a"}}, here="a")
+    kinds = {e["name"]: e["kind"] for e in prof.events() if e["cat"] == "kernel"}
+    assert kinds == {"ampere_sgemm_128x64_tn": "compute",
+                     "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)":
+                         "communication"}
+    row = prof.summary()[0]
+    assert row["measured_on"] == "GPU"
+    assert row["compute_ms"] == pytest.approx(0.500)  # the sgemm kernels, not the CPU's launches or its wait
+    assert row["communication_ms"] == pytest.approx(0.180)  # NCCL's kernel
+    assert row["overlapped_ms"] == pytest.approx(0.120)  # [300, 420] of it beside the first sgemm
+    assert row["span_ms"] == pytest.approx(0.580) and row["idle_ms"] == pytest.approx(0.020)  # [480, 500]
+    assert row["top_ops"][0] == ("ampere_sgemm_128x64_tn", pytest.approx(0.5))
+    assert "GPU" in repr(prof.summary()) and "GPU" in prof.summary()._repr_html_()
+
+
+def test_the_timeline_shows_each_ranks_gpu_streams_below_its_cpu_threads():
+    prof = Profile({0: {"trace": _gpu_trace(), "host": "a"}, 1: {"trace": _gpu_trace(), "host": "a"}}, here="a")
+    fig = prof.timeline().figure
+    rows = list(reversed(fig.layout.yaxis.categoryarray))  # top to bottom
+    assert rows == ["rank 0 · main", "rank 0 · cuda:0 stream 7", "rank 0 · cuda:0 stream 20",
+                    "rank 1 · main", "rank 1 · cuda:0 stream 7", "rank 1 · cuda:0 stream 20"]
+    nccl = [e for e in prof.events(rank=0, kind="communication") if e["cat"] == "kernel"]
+    assert [prof.thread_name(0, e["tid"]) for e in nccl] == ["cuda:0 stream 20"]
+    assert {e["bytes"] for e in prof.events(rank=0) if e["name"] == "record_param_comms"} == {2000}
+
+
+def test_a_rank_with_cuda_records_cuda_activity(monkeypatch):
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    assert collect.activities() == [ProfilerActivity.CPU] or torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert collect.activities() == [ProfilerActivity.CPU, ProfilerActivity.CUDA]

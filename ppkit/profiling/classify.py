@@ -1,7 +1,10 @@
 """Which ops of a trace are communication: gloo's and nccl's collectives, c10d's ops, point-to-point.
 
 ``aten::`` and ``prims::`` ops are compute even where their name says "broadcast" (``aten::broadcast_tensors``,
-``prims::broadcast_in_dim``, which torch.compile's and pipelining's traces hold)."""
+``prims::broadcast_in_dim``, which torch.compile's and pipelining's traces hold). A GPU kernel is
+communication when it is NCCL's (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``) or a collective's
+(symmetric memory's ``one_shot_all_reduce_kernel``); "broadcast" in a kernel's name is an elementwise
+broadcast (CUTLASS's ``EpilogueWithBroadcast``), compute."""
 
 from __future__ import annotations
 
@@ -13,8 +16,15 @@ _COMMUNICATION = re.compile(
     r"|broadcast|barrier|(^|[:_.\s])i?send\b|(^|[:_.\s])i?recv\b", re.IGNORECASE)
 
 
-def kind(name: str) -> str:
-    """``"communication"`` or ``"compute"`` for an op's name as the profiler records it."""
+_COMMUNICATION_KERNEL = re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
+GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}  # events on a GPU's streams
+
+
+def kind(name: str, category: str = "") -> str:
+    """``"communication"`` or ``"compute"`` for an op's name (and the trace's category) as the profiler
+    records it."""
+    if category == "kernel":
+        return COMMUNICATION if _COMMUNICATION_KERNEL.search(name) else COMPUTE
     if name.startswith(("aten::", "prims::")):
         return COMPUTE
     return COMMUNICATION if _COMMUNICATION.search(name) else COMPUTE

@@ -1,7 +1,8 @@
 """The ranks' side of profiling: run a job under ``torch.profiler`` and send its trace back.
 
-A rank records CPU activities only (gloo's collectives included: they are recorded on its threads);
-input shapes and Python stacks only when asked, since they make the trace larger and the run slower."""
+A rank records CPU activities (gloo's collectives included: they are recorded on its threads) and, where
+CUDA is present, CUDA activity: the kernels on each stream, NCCL's on their own; input shapes and Python
+stacks only when asked, since they make the trace larger and the run slower."""
 
 from __future__ import annotations
 
@@ -43,11 +44,18 @@ def request(profile) -> Request | None:
                       f"{profile!r:.60}: profile=True, or profile=dict(record_shapes=True) for input shapes.")
 
 
-def _profiler(options: Request):
-    from torch.profiler import ProfilerActivity, profile
+def activities() -> list:
+    """What the profiler records here: the CPU's ops, and the GPU's kernels where CUDA is present."""
+    import torch
+    from torch.profiler import ProfilerActivity
 
-    return profile(activities=[ProfilerActivity.CPU], record_shapes=options.record_shapes,
-                   with_stack=options.with_stack)
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+
+
+def _profiler(options: Request):
+    from torch.profiler import profile
+
+    return profile(activities=activities(), record_shapes=options.record_shapes, with_stack=options.with_stack)
 
 
 def profiled(body, options: Request) -> dict:

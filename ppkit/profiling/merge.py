@@ -2,7 +2,11 @@
 
 torch writes a trace's times in microseconds after its ``baseTimeNanoseconds`` (the rank's wall
 clock). Here they become microseconds on the kernel's clock (a rank on another machine has its
-measured offset taken off, clocks.py), then counted from the earliest event of any rank."""
+measured offset taken off, clocks.py), then counted from the earliest event of any rank.
+
+With CUDA activity a trace also holds the GPU's events: their ``pid`` is the device and their ``tid``
+the stream, numbers that could be a CPU thread's too. Each stream becomes a row of its own under the
+rank, ``cuda:D stream S``, with a ``tid`` (``stream_tid``) no thread of a process can have."""
 
 from __future__ import annotations
 
@@ -11,6 +15,16 @@ from dataclasses import dataclass, field
 from ppkit.profiling import classify, sizes
 
 SKIPPED_CATEGORIES = {"Trace"}  # the profiler's own span of the whole recording
+STREAM_TIDS = 1 << 40  # above any thread id of Linux (at most 2**22): a stream's row
+
+
+def stream_tid(device: int, stream: int) -> int:
+    """The merged ``tid`` of a GPU's stream."""
+    return STREAM_TIDS + (device << 24) + stream
+
+
+def is_stream(tid: int) -> bool:
+    return tid >= STREAM_TIDS
 
 
 @dataclass
@@ -34,17 +48,22 @@ def merge(results: dict[int, dict], offsets_us: dict[int, float]) -> Merged:
     threads: dict[tuple[int, int], str] = {}
     for rank, result in sorted(results.items()):
         trace, offset = result["trace"], offsets_us.get(rank, 0.0)
+        devices = {raw.get("pid") for raw in trace.get("traceEvents", []) if raw.get("cat") in classify.GPU_CATEGORIES}
         for raw in trace.get("traceEvents", []):
-            if raw.get("ph") == "M" and raw.get("name") == "thread_name":
+            if raw.get("ph") == "M" and raw.get("name") == "thread_name" and raw.get("pid") not in devices:
                 tid = int(raw.get("tid", 0))
                 main = tid == int(raw.get("pid", -1))  # the process's first thread: where the job runs
                 threads[(rank, tid)] = "main" if main else _thread_label(raw.get("args", {}).get("name", ""))
             if raw.get("ph") != "X" or raw.get("cat") in SKIPPED_CATEGORIES:
                 continue
-            name, args = str(raw.get("name", "")), dict(raw.get("args", {}))
-            events.append({"name": name, "rank": rank, "tid": int(raw.get("tid", 0)),
+            name, args, tid = str(raw.get("name", "")), dict(raw.get("args", {})), int(raw.get("tid", 0))
+            if raw.get("cat") in classify.GPU_CATEGORIES:
+                device, stream = int(args.get("device", raw.get("pid", 0))), int(args.get("stream", tid))
+                tid = stream_tid(device, stream)
+                threads[(rank, tid)] = f"cuda:{device} stream {stream}"
+            events.append({"name": name, "rank": rank, "tid": tid,
                            "start_us": absolute_us(trace, float(raw["ts"])) - offset,
-                           "dur_us": float(raw.get("dur", 0.0)), "kind": classify.kind(name),
+                           "dur_us": float(raw.get("dur", 0.0)), "kind": classify.kind(name, raw.get("cat", "")),
                            "cat": raw.get("cat", ""), "args": args, "bytes": sizes.op_bytes(args),
                            "elements": sizes.elements(args)})
     zero = min((e["start_us"] for e in events), default=0.0)

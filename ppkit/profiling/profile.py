@@ -25,7 +25,9 @@ class Profile:
 
     ``ranks[r]``: rank r's own profiler events (torch's EventList, rebuilt from its trace:
     ``prof.ranks[0].key_averages().table()``).
-    ``offsets[r]``: rank r's clock against the kernel's (clocks.py); applied for ranks on other machines.
+    ``offsets[r]``: rank r's clock against the kernel's and its error bound (clocks.py).
+    ``applied_offsets[r]``: the offsets taken off rank r's times: those of ranks on other machines that
+    exceed their bound (a smaller one is noise, and the rank's times stay as recorded).
     """
 
     def __init__(self, results: dict[int, dict] | None = None, offsets: dict[int, Offset] | None = None,
@@ -37,9 +39,10 @@ class Profile:
         self.offsets = dict(offsets or {})
         results = {rank: _parsed(result) for rank, result in results.items()}
         here = socket.gethostname() if here is None else here
-        applied = {rank: self.offsets[rank].offset_us for rank, result in results.items()
-                   if rank in self.offsets and result.get("host", here) != here}
-        self._merged = merge.merge(results, applied)
+        self.applied_offsets = {rank: self.offsets[rank].offset_us for rank, result in results.items()
+                                if rank in self.offsets and result.get("host", here) != here
+                                and self.offsets[rank].applies()}
+        self._merged = merge.merge(results, self.applied_offsets)
         self.ranks = RankEvents({rank: result["trace"] for rank, result in results.items()})
         self.hosts = dict(self._merged.hosts)
 
@@ -59,6 +62,10 @@ class Profile:
             raise ConfigError(f"this profile has no rank {rank!r}; its ranks are {sorted(self.ranks)}.")
         return [dict(e, args=dict(e["args"])) for e in self._merged.events
                 if (rank is None or e["rank"] == rank) and (kind is None or e["kind"] == kind)]
+
+    def thread_name(self, rank: int, tid: int) -> str:
+        """The timeline's name of an event's row: ``main``, a thread's name, or ``cuda:0 stream 7``."""
+        return self._merged.threads.get((rank, tid), f"thread {tid}")
 
     def summary(self) -> Summary:
         """Per rank: span, compute, communication, communication overlapped with compute, idle (ms),

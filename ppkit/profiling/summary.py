@@ -10,17 +10,23 @@ any thread. Times are unions of intervals, so ops of several threads at once cou
 that overlaps compute is the part of the communication intervals during which some compute ran too: the
 hidden part. Idle is the rank's span (first op's start to last op's end) in which neither ran (Python
 between ops included). Top ops: by self time (an op's own time, its children's taken off), the
-profiler's usual ranking."""
+profiler's usual ranking.
+
+On a GPU the CPU only launches kernels and then waits, so a rank whose trace has CUDA kernels is summed
+up in GPU time: compute is its compute kernels, communication NCCL's kernels (on their own stream),
+overlapped the time both ran, the span from its first GPU event to its last (copies and memsets
+included, counted as neither), and the top ops its kernels (``measured_on``: "GPU" or "CPU")."""
 
 from __future__ import annotations
 
 import html
 from collections import defaultdict
 
-from ppkit.profiling.classify import COMMUNICATION, COMPUTE
+from ppkit.profiling.classify import COMMUNICATION, COMPUTE, GPU_CATEGORIES
 
 TOP = 5
-COLUMNS = ("rank", "span_ms", "compute_ms", "communication_ms", "overlapped_ms", "overlap_pct", "idle_ms", "top_ops")
+COLUMNS = ("rank", "span_ms", "compute_ms", "communication_ms", "overlapped_ms", "overlap_pct", "idle_ms", "top_ops",
+           "measured_on")
 
 
 def union(intervals) -> list[tuple[float, float]]:
@@ -126,8 +132,13 @@ def _intervals(events) -> list[tuple[float, float]]:
 
 
 def rank_row(rank: int, events: list[dict]) -> dict:
-    spans = {COMPUTE: compute_intervals(events),
-             COMMUNICATION: _intervals(e for e in events if e["kind"] == COMMUNICATION)}
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    if kernels:  # GPU time: the CPU's ops are launches and waits
+        events = [e for e in events if e.get("cat") in GPU_CATEGORIES - {"gpu_user_annotation"}]
+        spans = {k: _intervals(e for e in kernels if e["kind"] == k) for k in (COMPUTE, COMMUNICATION)}
+    else:
+        spans = {COMPUTE: compute_intervals(events),
+                 COMMUNICATION: _intervals(e for e in events if e["kind"] == COMMUNICATION)}
     busy = union(spans[COMPUTE] + spans[COMMUNICATION])
     every = _intervals(events)
     span = (every[-1][1] - every[0][0]) if every else 0.0
@@ -137,7 +148,8 @@ def rank_row(rank: int, events: list[dict]) -> dict:
     return {"rank": rank, "span_ms": span / 1000, "compute_ms": length(spans[COMPUTE]) / 1000,
             "communication_ms": communication / 1000, "overlapped_ms": overlapped / 1000,
             "overlap_pct": 100 * overlapped / communication if communication else 0.0,
-            "idle_ms": (span - length(busy)) / 1000, "top_ops": [(name, us / 1000) for name, us in top]}
+            "idle_ms": (span - length(busy)) / 1000, "top_ops": [(name, us / 1000) for name, us in top],
+            "measured_on": "GPU" if kernels else "CPU"}
 
 
 class Summary:
@@ -165,17 +177,18 @@ class Summary:
 
     def _cells(self, row: dict) -> list[str]:
         tops = ", ".join(f"{name} {ms:.2f}" for name, ms in row["top_ops"])
-        return [str(row["rank"]), *(f"{row[c]:.2f}" for c in COLUMNS[1:5]), f"{row['overlap_pct']:.0f}%",
-                f"{row['idle_ms']:.2f}", tops]
+        return [str(row["rank"]), row["measured_on"], *(f"{row[c]:.2f}" for c in COLUMNS[1:5]),
+                f"{row['overlap_pct']:.0f}%", f"{row['idle_ms']:.2f}", tops]
 
     def __repr__(self) -> str:
-        heads = ["rank", "span ms", "compute ms", "comm ms", "overlapped ms", "overlap", "idle ms", "top ops (self ms)"]
+        heads = ["rank", "time of", "span ms", "compute ms", "comm ms", "overlapped ms", "overlap", "idle ms",
+                 "top ops (self ms)"]
         lines = [heads] + [self._cells(row) for row in self.rows]
         widths = [max(len(line[i]) for line in lines) for i in range(len(heads) - 1)]
         return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) + "  " + line[-1] for line in lines)
 
     def _repr_html_(self) -> str:
-        heads = ["rank", "span (ms)", "compute (ms)", "communication (ms)", "overlapped with compute (ms)",
+        heads = ["rank", "time of", "span (ms)", "compute (ms)", "communication (ms)", "overlapped with compute (ms)",
                  "overlap", "idle (ms)", "top ops (self ms)"]
         head = "".join(f"<th>{h}</th>" for h in heads)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(row)) + "</tr>"

@@ -1,5 +1,6 @@
-"""The merged timeline as an interactive plotly figure: a row per rank and thread, compute and
-communication in two colours, hover for the op's name, shapes, duration and size, zoom and pan.
+"""The merged timeline as an interactive plotly figure: a row per rank and thread (and, with CUDA, per
+GPU stream, below the rank's threads), compute and communication in two colours, hover for the op's
+name, shapes, duration and size, zoom and pan.
 
 plotly.js is inlined in the notebook (nothing is loaded from the network): in full the first time
 this kernel shows a timeline, after which later timelines of the page use it (docs/profiling.md)."""
@@ -10,6 +11,7 @@ import json
 import uuid
 
 from ppkit.profiling.classify import COMMUNICATION, COMPUTE
+from ppkit.profiling.merge import is_stream
 
 COLOURS = {COMPUTE: "#4C78A8", COMMUNICATION: "#F58518"}
 MAX_DEPTH = 4  # nested ops drawn below this depth would be thinner than a pixel row
@@ -58,7 +60,8 @@ def figure(merged, title: str = "ppkit profile: every rank on one clock"):
     chosen = [(e, d) for e, d in zip(events, levels) if d < MAX_DEPTH]
     if len(chosen) > MAX_BARS:
         chosen = sorted(chosen, key=lambda item: -item[0]["dur_us"])[:MAX_BARS]
-    rows = sorted({(e["rank"], e["tid"]) for e in events}, key=lambda key: (key[0], merged.threads.get(key) != "main"))
+    rows = sorted({(e["rank"], e["tid"]) for e in events},  # each rank: main, its other threads, its GPU streams
+                  key=lambda key: (key[0], is_stream(key[1]), merged.threads.get(key) != "main", key[1]))
     label = {key: f"rank {key[0]} · {merged.threads.get(key, key[1])}" for key in rows}
     fig = go.Figure()
     for kind in (COMPUTE, COMMUNICATION):
