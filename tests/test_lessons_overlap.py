@@ -48,6 +48,18 @@ def test_breakdown_counts_overlap_only_while_compute_runs():
         ot.breakdown(events, 1)
 
 
+def test_prefetched_all_gathers_are_those_inside_a_prefetch_span():
+    events = [_event(ot.STEP, 0, 10_000),
+              _event("FSDP::pre_backward (4)", 100, 900), _event("FSDP::all_gather (4)", 150, 300),  # its own
+              _event("FSDP::backward_prefetch for 2", 1_000, 500), _event("FSDP::all_gather (2)", 1_050, 300),
+              _event("FSDP::backward_prefetch for 0", 2_000, 20),  # a prefetch that found 0 gathered already
+              _event("FSDP::all_gather (0)", 2_100, 300),  # after that span: 0's own unshard
+              _event("FSDP::forward_prefetch for ", 3_000, 500), _event("FSDP::all_gather", 3_100, 100),  # root
+              _event("FSDP::all_gather (6)", 1_100, 100, tid=2)]  # another thread's: not inside the span
+    assert ot.prefetched_all_gathers(events, 0, "backward") == ["2"]
+    assert ot.prefetched_all_gathers(events, 0, "forward") == [""]
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ConfigError, match="bucket_cap_mb must be a positive number"):
         ov._check_cap(0)
