@@ -4,8 +4,8 @@
 
 Checks, each printed with its result: the backend "auto" picks, an nccl all_reduce on a one-rank
 Cluster (local and spawn launchers), ppkit.spawn with nccl, ppkit.torchrun (nccl, FSDP2), DDP on cuda in a worker,
-ppkit.spawn(profile=True) of DDP steps with nccl (the collectives on the timeline; the trace goes to
-$PPKIT_GPU_OUT when set), and the RPC
+ppkit.spawn(profile=True) of DDP steps with nccl (the GPU's kernels on a row per stream, NCCL's on a stream of
+their own, the overlap in GPU time; the trace goes to $PPKIT_GPU_OUT when set), and the RPC
 ResNet50 pipeline with cuda:0 shards (both on the GPU, and split cpu/cuda), checked against one process
 (--verify), and ppkit bench with nccl on one rank. Exits non-zero on the first failure.
 """
@@ -78,7 +78,7 @@ def torchrun_main():
 
 
 def profiled_ddp_steps(i, world_size):
-    """Three DDP steps on cuda with nccl, as a learner profiles them (spawn(..., profile=True))."""
+    """Three DDP steps on cuda with nccl, as a learner profiles them (spawn(..., profile=True)); a rank per GPU."""
     import os
 
     import torch
@@ -87,29 +87,48 @@ def profiled_ddp_steps(i, world_size):
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29534")
+    torch.cuda.set_device(i)
     dist.init_process_group("nccl", rank=i, world_size=world_size)
-    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(f"cuda:{i}"), device_ids=[i])
+    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).to(f"cuda:{i}"), device_ids=[i],
+                bucket_cap_mb=4)
     for _ in range(3):
-        model(torch.randn(64, 1024, device=f"cuda:{i}")).sum().backward()
+        model(torch.randn(256, 1024, device=f"cuda:{i}")).sum().backward()
     torch.cuda.synchronize()
     dist.destroy_process_group()
 
 
 def profiled_nccl():
-    """ppkit.spawn(profile=True) with nccl: what the timeline holds of the collectives (CPU activities: ppkit
-    records those only; the GPU kernels are not in it). The trace goes to $PPKIT_GPU_OUT when set."""
+    """ppkit.spawn(profile=True) of DDP steps with nccl, a rank per GPU: the profile holds the GPU's kernels, a row
+    per stream, and sums the rank up in GPU time. NCCL's kernels must run on a stream of their own, apart from the
+    compute kernels. One GPU makes a one-rank world, whose in-place all_reduce NCCL may finish without a kernel: then
+    that is said, not failed. The trace goes to $PPKIT_GPU_OUT when set."""
     import os
 
-    prof = ppkit.spawn(profiled_ddp_steps, args=(1,), nprocs=1, profile=True)
-    communication = prof.events(kind="communication")
-    if not communication:
-        ops = sorted({e["name"] for e in prof.events()})[:20]
-        raise AssertionError(f"no communication in the profile; its ops: {ops}")
+    world_size = min(torch.cuda.device_count(), 2)
+    prof = ppkit.spawn(profiled_ddp_steps, args=(world_size,), nprocs=world_size, profile=True)
     if os.environ.get("PPKIT_GPU_OUT"):
         prof.save(os.path.join(os.environ["PPKIT_GPU_OUT"], "nccl_profile.json"))
+    kernels = [e for e in prof.events(rank=0) if e["cat"] == "kernel"]
+    if not kernels:
+        cats = sorted({e["cat"] for e in prof.events(rank=0)})
+        raise AssertionError(f"no CUDA kernel in rank 0's profile (ProfilerActivity.CUDA not recorded?); its event "
+                             f"categories: {cats}")
+    streams = {kind: {prof.thread_name(0, e["tid"]) for e in kernels if e["kind"] == kind}
+               for kind in ("compute", "communication")}
     row = prof.summary()[0]
-    return (f"{len(communication)} communication ops ({', '.join(sorted({e['name'] for e in communication})[:6])}); "
-            f"rank 0: compute {row['compute_ms']:.1f} ms, communication {row['communication_ms']:.1f} ms")
+    if row["measured_on"] != "GPU":
+        raise AssertionError(f"rank 0 has kernels but its summary is in {row['measured_on']} time: {row}")
+    if streams["communication"] & streams["compute"]:
+        raise AssertionError(f"NCCL's kernels share a stream with compute kernels: {streams}")
+    nccl = sorted({e["name"].split("(")[0] for e in kernels if e["kind"] == "communication"})
+    said = (f"NCCL kernels {nccl[:3]} on {sorted(streams['communication'])}" if nccl else
+            f"no NCCL kernel: a {world_size}-rank world (NCCL may finish a one-rank in-place all_reduce without one)")
+    if world_size > 1 and not nccl:
+        raise AssertionError(f"{world_size} ranks and no NCCL kernel in rank 0's profile; its kernels: "
+                             f"{sorted({e['name'][:40] for e in kernels})[:10]}")
+    return (f"{world_size} rank(s); {len(kernels)} kernels; compute kernels on {sorted(streams['compute'])}; {said}; "
+            f"rank 0 in GPU time: compute {row['compute_ms']:.2f} ms, NCCL {row['communication_ms']:.2f} ms, "
+            f"overlapped {row['overlapped_ms']:.2f} ms ({row['overlap_pct']:.0f}%), idle {row['idle_ms']:.2f} ms")
 
 
 def step(name, fn):
@@ -131,7 +150,7 @@ def main() -> int:
             step(f"DDP step on cuda ({launcher})", lambda c=cluster: c.run(ddp_step))
     step("ppkit.spawn with nccl", lambda: ppkit.spawn(spawned, args=(1,), nprocs=1))
     step("ppkit.torchrun with nccl and FSDP2", lambda: ppkit.torchrun(torchrun_main, nproc_per_node=1))
-    step("ppkit.spawn(profile=True) with nccl: the collectives on the timeline", profiled_nccl)
+    step("ppkit.spawn(profile=True) with nccl: GPU streams, NCCL's own, overlap in GPU time", profiled_nccl)
     for placement in ("worker1:cuda:0,worker2:cuda:0", "worker1:cpu,worker2:cuda:0", "master:cuda:0,worker1:cuda:0"):
         cmd = [sys.executable, "-m", "ppkit", "pipeline", "--placement", placement, "--num-microbatches", "1", "4",
                "--batch-size", "32", "--num-batches", "2", "--verify"]
