@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
 import pytest
+from hub_testbed import free_port
 
 from ppkit.room.hub_api import HubClient, HubError, LearnerServer
 from ppkit.room.progress import collect_progress
@@ -63,6 +64,9 @@ class FakeHub(BaseHTTPRequestHandler):
     files: dict[str, dict[str, str | int]] = {}  # user -> {name: text, or an int: only a listed size}
     down: set[str] = set()
     delay = 0.0  # s each learner's server takes to answer
+    asked: list[str] = []  # each request to a learner's server, path and query
+    own_activity: dict[str, float] = {}  # user -> her server's own last_activity (/api/status), default NOW - 5
+    hub_activity: dict[str, float] = {}  # user -> the hub's last_activity of her server (default: none given)
     busy = {"now": 0, "most": 0}  # requests to learners' servers being answered at once
     lock = threading.Lock()
 
@@ -92,11 +96,13 @@ class FakeHub(BaseHTTPRequestHandler):
             return self._send(403, {"message": "Missing or invalid credentials"})
         if path == "/hub/api/users":
             return self._send(200, {"items": [{"name": n, "admin": False, "servers": {"": {
-                "url": f"/user/{n}/", "ready": True}}} for n in [*self.files, *self.down]]})
+                "url": f"/user/{n}/", "ready": True, "last_activity": iso(self.hub_activity[n])
+                if n in self.hub_activity else None}}} for n in [*self.files, *self.down]]})
         parts = path.split("/")  # "", "user", NAME, "api", ...
         if parts[1] != "user":
             return self._send(404, {"message": "Not Found"})
         with self.lock:
+            self.asked.append(self.path)
             self.busy["now"] += 1
             self.busy["most"] = max(self.busy["most"], self.busy["now"])
         try:
@@ -110,13 +116,16 @@ class FakeHub(BaseHTTPRequestHandler):
         if user in self.down:
             return self._send(503, {"message": "server not running"})
         files = self.files[user]
+        if rest == "status":
+            return self._send(200, {"last_activity": iso(self.own_activity.get(user, NOW - 5)), "kernels": 1})
         if rest == "sessions":
             return self._send(200, SESSIONS if files else [])
         if rest == "contents/ppkit-progress":
             if not files:
                 return self._send(404, {"message": "No such directory"})
             return self._send(200, {"type": "directory", "content": [
-                {"name": n, "size": v if isinstance(v, int) else len(v.encode())} for n, v in files.items()]})
+                {"name": n, "size": v if isinstance(v, int) else len(v.encode()),
+                 "last_modified": iso(NOW - len(str(v)))} for n, v in files.items()]})
         name = rest.rsplit("/", 1)[-1]
         if isinstance(files.get(name), int):
             raise AssertionError(f"{name} of {files[name]} bytes was fetched although it is over the cap")
@@ -132,6 +141,7 @@ def hub_url():
     server.shutdown()
     server.server_close()
     FakeHub.files, FakeHub.down, FakeHub.delay, FakeHub.busy = {}, set(), 0.0, {"now": 0, "most": 0}
+    FakeHub.asked, FakeHub.own_activity, FakeHub.hub_activity = [], {}, {}
 
 
 def learner(url: str, name: str) -> LearnerServer:
@@ -324,3 +334,95 @@ def test_a_hang_is_history_once_its_kernel_is_gone():
     assert row.cluster["current"] is True
     # the sessions could not be read: whether the kernel is gone is not known, so the hang stays current
     assert row_of(fetched(*HUNG, sessions=None), stuck_after=60).stuck == row.stuck
+
+
+# -- item 9 of issue 46: the room never keeps a server alive that the idle culler would stop -------------------
+
+def record_gets() -> list[str]:
+    return [a for a in FakeHub.asked if "/contents/ppkit-progress/" in a]
+
+
+def test_no_request_of_the_room_counts_as_the_learners_activity(hub_url):
+    FakeHub.files = {"ana": {"record.jsonl": ANA}}
+    collect_progress(HubClient(hub_url, TOKEN), stuck_after=5)
+    assert FakeHub.asked and all("no_track_activity=1" in a for a in FakeHub.asked), FakeHub.asked
+
+
+def test_the_live_page_fetches_a_record_file_only_when_the_listing_says_it_changed(hub_url):
+    from ppkit.room.serve import Room
+
+    FakeHub.files = {"ana": {"record.jsonl": ANA}}
+    room = Room(HubClient(hub_url, TOKEN), None, "ppkit-progress", 5)
+    room.collect()
+    room.collect()
+    assert len(record_gets()) == 1, FakeHub.asked  # the second look: same size and time in the listing
+    assert json.loads(room.as_json())["learners"][0]["exercises"][NB]["passed"] == ["pipeline_time"]
+    FakeHub.files["ana"]["record.jsonl"] = ANA + line("check", NOW - 1, exercise="best_num_microbatches",
+                                                      status="passed")
+    room.collect()
+    assert len(record_gets()) == 2
+    assert json.loads(room.as_json())["learners"][0]["exercises"][NB]["passed"] == ["pipeline_time",
+                                                                                   "best_num_microbatches"]
+
+
+def test_an_idle_learner_is_not_polled_until_the_hub_sees_her_active_again(hub_url):
+    from ppkit.room.serve import Room
+
+    FakeHub.files = {"ana": {"record.jsonl": ANA}, "bo": {"record.jsonl": ANA}}
+    FakeHub.own_activity = {"ana": NOW - 600}  # ana did nothing for 10 min; bo 5 s ago
+    room = Room(HubClient(hub_url, TOKEN), None, "ppkit-progress", 5, idle_after=5)
+    room.collect()
+    looked = len(FakeHub.asked)
+    room.collect()
+    polled = [a.split("/")[2] for a in FakeHub.asked[looked:]]
+    assert "ana" not in polled and "bo" in polled, polled  # her server is left alone: the culler may stop it
+    ana = next(r for r in json.loads(room.as_json())["learners"] if r["user"] == "ana")
+    assert ana["state"] == "stuck" and "idle 10 min: not polled" in ana["why"], ana["why"]  # her last row stays
+    FakeHub.hub_activity = {"ana": time.time() + 1}  # the hub saw her again, after the room's last look
+    looked = len(FakeHub.asked)
+    room.collect()
+    assert any(a.startswith("/user/ana/") for a in FakeHub.asked[looked:])
+
+
+def test_the_service_collects_nothing_while_nobody_has_the_page_open(hub_url, tmp_path):
+    FakeHub.files = {"ana": {"record.jsonl": ANA}}
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    env.update(PYTHONPATH=os.pathsep.join(sys.path), JUPYTERHUB_SERVICE_PREFIX="/services/ppkit-room/",
+               JUPYTERHUB_SERVICE_URL=f"http://127.0.0.1:{port}", JUPYTERHUB_API_TOKEN=TOKEN,
+               JUPYTERHUB_API_URL=f"{hub_url}/hub/api", JUPYTERHUB_CLIENT_ID="service-ppkit-room")
+    service = subprocess.Popen([sys.executable, "-m", "ppkit", "room", "--serve", "--hub-url", hub_url,
+                                "--every", "0.5"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening on 127.0.0.1:" in service.stderr.readline()
+        time.sleep(4)  # eight collections' time, had it collected regardless
+        assert FakeHub.asked == [], FakeHub.asked
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+
+# -- item 11 of issue 46: where the service listens --------------------------------------------------------
+
+def test_a_service_url_naming_another_machine_says_to_bind_0000_and_bind_does(hub_url):
+    from ppkit.room.serve import listen_address
+
+    assert listen_address("http://127.0.0.1:10101", None) == ("127.0.0.1", 10101)
+    assert listen_address("http://hub:10101", "0.0.0.0") == ("0.0.0.0", 10101)  # Z2JH: the URL is the k8s Service
+    assert listen_address("http://hub:10101", "0.0.0.0:8181") == ("0.0.0.0", 8181)
+    with pytest.raises(ValueError, match="the port after ':' must be a number"):
+        listen_address("http://hub:10101", "0.0.0.0:port")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    env.update(PYTHONPATH=os.pathsep.join(sys.path), JUPYTERHUB_SERVICE_PREFIX="/services/ppkit-room/",
+               JUPYTERHUB_SERVICE_URL=f"http://192.0.2.1:{free_port()}", JUPYTERHUB_API_TOKEN=TOKEN,
+               JUPYTERHUB_API_URL=f"{hub_url}/hub/api", JUPYTERHUB_CLIENT_ID="service-ppkit-room")
+    serve = [sys.executable, "-m", "ppkit", "room", "--serve", "--hub-url", hub_url]
+    done = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=60)  # 192.0.2.1: not this machine
+    assert done.returncode == 2 and "pass --bind 0.0.0.0" in done.stderr and "Traceback" not in done.stderr, (
+        done.stderr[-2000:])
+    service = subprocess.Popen([*serve, "--bind", "127.0.0.1"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening on 127.0.0.1:" in service.stderr.readline()
+    finally:
+        service.terminate()
+        service.wait(timeout=30)

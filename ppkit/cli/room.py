@@ -36,7 +36,12 @@ def add_arguments(parser) -> None:
     progress.add_argument("--serve", action="store_true", help="run the live page as a JupyterHub service "
                           "(see docs/workshop.md: The live view of the room)")
     progress.add_argument("--every", type=float, default=4.0, help="with --serve: seconds between "
-                          "collections (4)")
+                          "collections while the page is open (4)")
+    progress.add_argument("--idle-after", type=float, default=2.0, metavar="MIN", help="with --serve: a learner "
+                          "whose server did nothing for this long is not asked again until the hub sees her "
+                          "active, so the idle culler can stop it (2)")
+    progress.add_argument("--bind", metavar="HOST[:PORT]", help="with --serve: listen there instead of on "
+                          "JUPYTERHUB_SERVICE_URL's address (Z2JH: 0.0.0.0)")
     parser.epilog = ("Exit status 0 when every learner is ready (preflight) or none is stuck (--progress), "
                      "1 otherwise, 2 on a bad call.")
 
@@ -60,7 +65,8 @@ def main(args) -> int:
         if args.serve:
             from ppkit.room.serve import serve
 
-            return serve(hub, args.users, args.record_path, args.stuck_after, args.every)
+            return serve(hub, args.users, args.record_path, args.stuck_after, args.every, args.idle_after,
+                         args.bind)
         if args.progress:
             return _progress(hub, args)
         from ppkit.room.collect import collect

@@ -8,6 +8,7 @@ null) and ``pid``; each kind adds the fields ``KINDS`` lists (``seconds`` only f
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -34,10 +35,52 @@ COMMON = ("v", "t", "kind", "notebook", "pid")
 
 
 def record_dir() -> Path:
-    """The folder of the record: ``PPKIT_RECORD_DIR``, else ``~/ppkit-progress`` (visible on purpose:
-    the learner can open it, and the Jupyter contents API serves no hidden path)."""
+    """The folder of the record: ``PPKIT_RECORD_DIR``; else, in a kernel or terminal of a Jupyter server rooted
+    inside the home (``c.Spawner.notebook_dir = "~/notebooks"``), ``ppkit-progress`` under that root, where the
+    server's contents API (the learner's file browser, the instructor's ``ppkit room``) can reach it; else
+    ``~/ppkit-progress``. Visible on purpose: the learner can open it, and the contents API serves no hidden path."""
     named = os.environ.get(DIR_ENV)
-    return Path(named).expanduser() if named else Path.home() / "ppkit-progress"
+    if named:
+        return Path(named).expanduser()
+    home = Path.home()
+    root = jupyter_root()
+    if root is not None and root.is_relative_to(home.resolve()):
+        return root / "ppkit-progress"
+    return home / "ppkit-progress"
+
+
+@functools.cache
+def jupyter_root() -> Path | None:
+    """The root folder of the Jupyter server this process runs under (a kernel's, or a terminal's in JupyterLab),
+    or None: the first of JPY_PARENT_PID (a kernel's server) and this process's ancestors with a
+    ``jpserver-<pid>.json`` in Jupyter's runtime folder, which jupyter_server writes with its ``root_dir``."""
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        runtime = Path(jupyter_runtime_dir())
+    except Exception:  # noqa: BLE001 - no Jupyter here: no server to be under
+        return None
+    pids = [int(p) for p in [os.environ.get("JPY_PARENT_PID", "")] if p.isdigit()] + _ancestors()
+    for pid in pids:
+        try:
+            info = json.loads((runtime / f"jpserver-{pid}.json").read_text())
+            return Path(info["root_dir"]).expanduser().resolve()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _ancestors(depth: int = 16) -> list[int]:
+    """This process's parent, its parent, ... (from /proc on Linux; elsewhere the parent only)."""
+    found, pid = [], os.getppid()
+    while pid > 1 and len(found) < depth:
+        found.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])  # the fields after the command's name: state, ppid
+        except (OSError, ValueError, IndexError):
+            break
+    return found
 
 
 def switched_off_by_env() -> bool:

@@ -15,8 +15,18 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from datetime import datetime
 
 PAGINATION = "application/jupyterhub-pagination+json"
+
+
+def timestamp(iso) -> float | None:
+    """An ISO 8601 time as JupyterHub and jupyter_server write it ("2026-11-29T04:41:01.123Z") as Unix time;
+    None when there is none or it is not one."""
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+    except (AttributeError, ValueError):
+        return None
 
 
 class HubError(RuntimeError):
@@ -30,6 +40,7 @@ class LearnerServer:
     ready: bool
     pending: str | None  # "spawn" or "stop" while the hub is doing that
     admin: bool
+    last_activity: float | None = None  # the hub's last activity of the server (Unix time), None when not given
 
 
 class HubClient:
@@ -101,7 +112,7 @@ class HubClient:
             return LearnerServer(user["name"], None, False, user.get("pending"), bool(user.get("admin")))
         url = urllib.parse.urljoin(self.base + "/", server["url"].lstrip("/"))
         return LearnerServer(user["name"], url, bool(server.get("ready")), server.get("pending"),
-                             bool(user.get("admin")))
+                             bool(user.get("admin")), timestamp(server.get("last_activity")))
 
     def start_server(self, name: str, timeout: float = 300.0) -> LearnerServer:
         """Start a user's default server (as the admin page's Start button does) and wait until it is ready."""

@@ -11,11 +11,11 @@ with a wrong clock still sees "busy 312 s". ``events`` are the record's valid li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import cache
 from pathlib import PurePosixPath
 
 from ppkit.progress.read import parse
+from ppkit.room.hub_api import timestamp
 from ppkit.room.progress_fetch import Fetched
 
 
@@ -33,6 +33,11 @@ def course_exercises() -> dict[str, tuple[str, ...]]:
 
 ORDER = ("stuck", "unreachable", "bad record", "no server", "no record", "ok")
 TROUBLE = ("hung", "died")  # a run the learner stopped herself ("stopped": Kernel > Interrupt) is not trouble
+# What an empty or missing record folder means, and what to set when it is not the learner's doing
+NO_RECORD = ("nothing recorded yet under her server's root: no check or ppkit run yet, or recording is off; if "
+             "she has run checks, her record lies outside that root (ppkit puts it under the root when the root is "
+             "inside her home, else in ~/ppkit-progress): set PPKIT_RECORD_DIR in c.Spawner.environment to a folder "
+             "under the root and pass it as --record-path")
 SAME_CELL_S = 10.0  # a died run's own error (ppkit records it as the cell ends) follows it within this
 
 
@@ -78,20 +83,13 @@ def _stem(notebook: str | None) -> str | None:
     return PurePosixPath(notebook).stem if notebook else None
 
 
-def _timestamp(iso: str | None) -> float | None:
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
-    except (AttributeError, ValueError):
-        return None
-
-
 def open_notebooks(sessions: list[dict], now: float) -> list[dict]:
     """The sessions' notebooks with their kernel's state; busy_s: seconds since the busy kernel's last message."""
     found = []
     for session in sessions:
         kernel = session.get("kernel") or {}
         state = kernel.get("execution_state") or "unknown"
-        since = _timestamp(kernel.get("last_activity"))
+        since = timestamp(kernel.get("last_activity"))
         busy = _ago(now, since) if state == "busy" and since is not None else None
         found.append({"path": session.get("path") or session.get("name") or "?", "kernel": state, "busy_s": busy})
     return sorted(found, key=lambda n: (n["busy_s"] is None, n["path"]))  # busy kernels first
@@ -222,9 +220,12 @@ def learner_row(fetched: Fetched, events: list[dict], record_problems: list[str]
     elif problems and not events:
         row.state, row.why = "bad record", "; ".join(problems)
     elif not events:
-        row.state, row.why = "no record", "nothing recorded yet (no check run, or recording is off)"
+        row.state, row.why = "no record", NO_RECORD
     else:
         row.why = f"{passed} passed, {failed} failing" + (f"; {problems[0]}" if problems else "")
+    if fetched.idle_s is not None:
+        row.why += (f" (idle {_minutes(fetched.idle_s)}: not polled until the hub sees her active again, so that "
+                    "the idle culler may stop her server)")
     return row
 
 
