@@ -7,9 +7,12 @@
         hub.stop_server(name)                         # DELETE /users/NAME/server, waits until it is gone
         hub.start_server(name)                        # POST /users/NAME/server, waits until it is ready
 
-HubTestbed(..., notebook_dir="~", room_service=True) roots each server in the home, as TLJH and Z2JH do, and runs
-`ppkit room --serve` as the hub's managed service ppkit-room, which the user `hub.instructor` (a hub user with
-the hub's password, given access:services!service=ppkit-room) may open at /services/ppkit-room/.
+HubTestbed(..., notebook_dir="~", room_service=True) roots each server in the home, as TLJH and Z2JH do (the
+default, "~/notebooks", is common on workshop hubs), and runs `ppkit room --serve` as the hub's managed service
+ppkit-room, as an unprivileged Unix user of its own (`hub.service_user`, as docs/workshop.md has TLJH do), which
+the user `hub.instructor` (a hub user with the hub's password, given access:services!service=ppkit-room) may open
+at /services/ppkit-room/. `activity_interval` sets the hub's last_activity_interval (300 s by default): how often
+the hub copies the proxy's activity of each server, which the idle culler reads.
 
 Each learner's server is JupyterLab (jupyterhub-singleuser from the Python running the tests), started by
 LocalProcessSpawner as that learner's Unix user, on the course's notebooks copied into ~/notebooks, with this
@@ -106,7 +109,7 @@ c.JupyterHub.load_roles = [{{"name": "instructor", "services": ["instructor"],
 # The live view of the room (docs/workshop.md), as a managed service; the instructor is a user who may open it.
 ROOM_SERVICE = """c.Authenticator.allowed_users.add({instructor!r})
 c.JupyterHub.services.append({{"name": "ppkit-room", "url": {service_url!r}, "command": {command!r},
-    "environment": {{"PYTHONPATH": {repo!r}}}, "oauth_no_confirm": True}})
+    "environment": {{"PYTHONPATH": {repo!r}}}, "oauth_no_confirm": True, "user": {user!r}, "cwd": "/"}})
 c.JupyterHub.load_roles += [
     {{"name": "ppkit-room", "services": ["ppkit-room"],
       "scopes": ["list:users", "read:users", "read:servers", "access:servers"]}},
@@ -117,7 +120,7 @@ c.JupyterHub.load_roles += [
 
 class HubTestbed:
     def __init__(self, root: Path, learners: int = 2, extra_env: dict[str, str] | None = None,
-                 notebook_dir: str = "~/notebooks", room_service: bool = False):
+                 notebook_dir: str = "~/notebooks", room_service: bool = False, activity_interval: int | None = None):
         """notebook_dir: each server's root ("~": the home, as on TLJH and Z2JH); room_service: also run
         `ppkit room --serve` as the managed service ppkit-room, which the user `instructor` may open."""
         self.root = Path(root)
@@ -125,6 +128,8 @@ class HubTestbed:
         self.names = [f"ppkhub{self.tag}{chr(ord('a') + i)}" for i in range(learners)]
         self.notebook_dir = notebook_dir
         self.room_service = room_service
+        self.activity_interval = activity_interval
+        self.service_user: Learner | None = None  # the Unix user ppkit-room runs as (room_service only)
         self.instructor = f"ppkhub{self.tag}i"  # a hub user only (no Unix account, no server): opens the page
         self.password = secrets.token_urlsafe(12)  # the learners' shared password (16 characters)
         self.token = secrets.token_hex(24)  # the instructor's (a hub service's) API token
@@ -169,6 +174,10 @@ class HubTestbed:
                 self.learners.append(Learner.create(name))
                 self.opened[name] = closed
                 grant_traverse(name, closed)
+            if self.room_service:
+                self.service_user = Learner.create(f"ppkhub{self.tag}s")
+                self.opened[self.service_user.name] = closed
+                grant_traverse(self.service_user.name, closed)
             self.learners[0].check_can_import(sys.executable, self.server_env)
             self._write_config(found)
             self._start_hub(found["jupyterhub"])
@@ -189,9 +198,11 @@ class HubTestbed:
         )
         if self.room_service:
             command = [sys.executable, "-m", "ppkit", "room", "--serve", "--hub-url", self.url, "--every", "2",
-                       "--users", *self.names]
+                       "--idle-after", "0.25", "--users", *self.names]
             config += ROOM_SERVICE.format(instructor=self.instructor, service_url=f"http://127.0.0.1:{free_port()}",
-                                          command=command, repo=str(REPO))
+                                          command=command, repo=str(REPO), user=self.service_user.name)
+        if self.activity_interval is not None:
+            config += f"c.JupyterHub.last_activity_interval = {self.activity_interval}\n"
         (self.root / "jupyterhub_config.py").write_text(config)
 
     def _start_hub(self, jupyterhub: str) -> None:
@@ -246,9 +257,9 @@ class HubTestbed:
         for name, folders in self.opened.items():  # while the name still resolves
             revoke_traverse(name, folders)
         self.opened = {}
-        for learner in self.learners:
+        for learner in [*self.learners, *([self.service_user] if self.service_user else [])]:
             left += [f"{entry} (user {learner.name})" for entry in learner.remove()]
-        self.learners = []
+        self.learners, self.service_user = [], None
         return left
 
     def log_tail(self, lines: int = 40) -> str:

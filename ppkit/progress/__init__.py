@@ -1,7 +1,10 @@
 """The learner's progress record: what ppkit writes about the learner's own work, in their home.
 
-    ~/ppkit-progress/record.jsonl       exercise checks, ppkit errors raised in cells, each ppkit.spawn /
-    ~/ppkit-progress/record.old.jsonl   %%torchrun job's state, preflight verdicts: one JSON line each
+    ppkit-progress/record.jsonl       exercise checks, ppkit errors raised in cells, each ppkit.spawn /
+    ppkit-progress/record.old.jsonl   %%torchrun job's state, preflight verdicts: one JSON line each
+
+in the root of the learner's Jupyter server when it lies inside the home, else in the home (format.record_dir).
+It is the one store of the learner's checks (workbook.progress and ``ppkit exercises`` read it too).
 
 ``ppkit progress`` prints it; ``ppkit progress --off`` (or ``PPKIT_RECORD=off``) stops it. The kernel
 never sends it anywhere: an instructor's ``ppkit room --progress`` reads the files through the learner's

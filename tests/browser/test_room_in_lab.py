@@ -1,4 +1,5 @@
-"""The instructor's live view of a room (issue 41), on a real JupyterHub with two learners.
+"""The instructor's live view of a room (issues 41 and 46), on a real JupyterHub with two learners whose servers are
+rooted in ~/notebooks (c.Spawner.notebook_dir, common on workshop hubs: the record must still be found there).
 
 Learner A works in her own server's kernels as she would in a notebook (a session of notebooks/06_pipeline.ipynb,
 started through her server's REST API): she passes one exercise with `workbook.check` and fails another, and leaves
@@ -6,7 +7,9 @@ a second notebook's kernel busy. The instructor's `ppkit room --progress --json`
 outcomes, her busy kernel with its seconds and nothing passed for learner B, in seconds; learner B cannot open A's
 record; a garbage or huge record, a wrong hub address and a wrong token each give a row or a message that says so.
 Then the instructor opens the live page (`ppkit room --serve`, the hub's managed service ppkit-room) through the
-hub's login, sees both rows, and sees A's next pass appear without a reload; learner B is refused (403).
+hub's login, sees both rows, and sees A's next pass appear without a reload; learner B is refused (403). The page
+runs as an unprivileged user. Last, with jupyterhub-idle-culler running (30 s timeout), idle learner B's server is
+culled while the instructor keeps the page open: the room's polling never keeps a server alive.
 """
 
 from __future__ import annotations
@@ -24,13 +27,15 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 from hub_testbed import HubMissing, HubTestbed, find_components
 from live_kernel import run_in_kernel
 
 REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = "notebooks/06_pipeline.ipynb"
-BUSY_NOTEBOOK = "notebooks/01_point_to_point.ipynb"
+NOTEBOOK = "06_pipeline.ipynb"  # the servers' root is ~/notebooks: paths are relative to it
+BUSY_NOTEBOOK = "01_point_to_point.ipynb"
+CULL_TIMEOUT_S = 30
 PAGE_TIMEOUT = 120_000  # ms
 ARTIFACTS = REPO / "artifacts" / "browser"  # as tests/browser/conftest.py keeps them (git-ignored)
 SCREENSHOT = ARTIFACTS / "room-live.png"
@@ -59,7 +64,8 @@ def hub(tmp_path_factory):
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"{exc} CI=true, so the JupyterHub test must run: `make hub` installs the proxy.")
         pytest.skip(f"{exc} Until then the JupyterHub test is skipped.")
-    with HubTestbed(tmp_path_factory.mktemp("hub"), learners=2, notebook_dir="~", room_service=True) as testbed:
+    # the hub copies the proxy's activity every 5 s (300 s by default), so the culler sees what the room's polling does
+    with HubTestbed(tmp_path_factory.mktemp("hub"), learners=2, room_service=True, activity_interval=5) as testbed:
         for name in testbed.names:
             testbed.start_server(name)
         yield testbed
@@ -116,7 +122,10 @@ def learner_a(hub):
     busy = open_session(hub, a, BUSY_NOTEBOOK)
     run_in(hub, a, busy, "import time\ntime.sleep(600)", timeout=None)
     yield {"name": a, "kernel": kernel, "busy": busy}
-    server_api(hub, a, "POST", f"/kernels/{busy}/interrupt")
+    try:
+        server_api(hub, a, "POST", f"/kernels/{busy}/interrupt")
+    except (urllib.error.HTTPError, urllib.error.URLError):
+        pass  # the idle culler stopped her server (the last test): nothing runs on
 
 
 def test_the_room_shows_what_a_learner_passed_failed_and_left_busy(hub, learner_a):
@@ -143,7 +152,7 @@ def test_the_room_shows_what_a_learner_passed_failed_and_left_busy(hub, learner_
 
 def test_another_learner_cannot_read_her_record(hub, learner_a):
     a, b = hub.names
-    record = Path(pwd.getpwnam(a).pw_dir) / "ppkit-progress" / "record.jsonl"
+    record = Path(pwd.getpwnam(a).pw_dir) / "notebooks" / "ppkit-progress" / "record.jsonl"  # under the root
     assert record.stat().st_uid == pwd.getpwnam(a).pw_uid and "pipeline_time" in record.read_text()
     code = f"open({str(record)!r}).read()"
     done = subprocess.run(["runuser", "-u", b, "--", sys.executable, "-c", code], capture_output=True, text=True,
@@ -153,7 +162,7 @@ def test_another_learner_cannot_read_her_record(hub, learner_a):
 
 def test_garbage_a_huge_record_a_wrong_address_and_a_wrong_token_say_so(hub, learner_a):
     a = hub.names[0]
-    record = Path(pwd.getpwnam(a).pw_dir) / "ppkit-progress" / "record.jsonl"
+    record = Path(pwd.getpwnam(a).pw_dir) / "notebooks" / "ppkit-progress" / "record.jsonl"
     kept = record.read_bytes()
     try:
         record.write_bytes(b"\x7fELF not a record\n{]\n" * 3)
@@ -225,4 +234,45 @@ def test_the_live_page_shows_the_room_and_a_pass_without_a_reload(hub, learner_a
         print(f"learner B at the live page: {refused.value.status} at {refused.value.url}")
         assert "<h1>The room</h1>" not in page.content()
     finally:
+        ctx.close()
+
+
+def log_in_to_the_page(browser, hub: HubTestbed, user: str):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 700})
+    ctx.route(re.compile(r"^(https?|wss?)://(?!(127\.0\.0\.1|localhost)[:/])"), lambda route: route.abort())
+    page = ctx.new_page()
+    page.goto(f"{hub.url}/services/ppkit-room/", timeout=PAGE_TIMEOUT)  # -> the hub's login -> back
+    page.fill("#username_input", user)
+    page.fill("#password_input", hub.password)
+    page.click("#login_submit")
+    return ctx, page
+
+
+def test_the_page_runs_unprivileged_and_an_idle_learners_server_is_culled_while_it_stays_open(hub, browser):
+    b = hub.names[1]
+    service = [p for p in psutil.process_iter(["cmdline", "uids"])
+               if "--serve" in (p.info["cmdline"] or []) and hub.url in (p.info["cmdline"] or [])]
+    assert service and all(p.info["uids"].real == pwd.getpwnam(hub.service_user.name).pw_uid for p in service), (
+        [(p.pid, p.info["uids"]) for p in service])
+    ctx, page = log_in_to_the_page(browser, hub, hub.instructor)
+    env = dict(os.environ, JUPYTERHUB_API_TOKEN=hub.token)
+    culler = subprocess.Popen([sys.executable, "-m", "jupyterhub_idle_culler", f"--url={hub.url}/hub/api",
+                               f"--timeout={CULL_TIMEOUT_S}", "--cull-every=5"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        page.locator(f"tr.learner[data-user='{b}']").wait_for(timeout=60_000)
+        started = time.monotonic()
+        while hub.server_running(b):
+            waited = time.monotonic() - started
+            assert waited < 8 * CULL_TIMEOUT_S, (
+                f"{b}'s server, idle, was not culled within {waited:.0f} s of a {CULL_TIMEOUT_S} s culler while the "
+                f"room's page stayed open; page: {page.locator('#status').inner_text()}")
+            time.sleep(2)
+        status = page.locator("#status").inner_text()
+        print(f"idle learner B culled {time.monotonic() - started:.0f} s after the page showed her row; "
+              f"the page meanwhile: {status}")
+        assert "cannot refresh" not in status, status  # the page itself kept refreshing all along
+    finally:
+        culler.terminate()
+        culler.wait(timeout=30)
         ctx.close()
