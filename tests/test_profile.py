@@ -255,10 +255,11 @@ def _events(rows):
              "args": {}} for n, t, s, d, c in rows]
 
 
-@pytest.mark.parametrize("span", ["my_step", "DistributedDataParallel.forward", "ProfilerStep#3",
-                                  "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"])
-def test_a_span_around_a_blocking_collective_is_not_compute(span):
-    cat = "cpu_op" if span.startswith("autograd") else "user_annotation"
+@pytest.mark.parametrize("span, cat", [
+    ("my_step", "user_annotation"), ("DistributedDataParallel.forward", "user_annotation"),
+    ("ProfilerStep#3", "user_annotation"), ("train.py(12): step", "python_function"),  # with_stack's frames
+    ("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", "cpu_op")])
+def test_a_span_around_a_blocking_collective_is_not_compute(span, cat):
     events = _events([(span, 1, 0.0, 300.0, cat), ("aten::mm", 1, 10.0, 90.0, "cpu_op"),
                       ("c10d::allreduce_", 1, 100.0, 5.0, "cpu_op"),  # launches it, then the thread waits
                       ("gloo:all_reduce", 2, 104.0, 190.0, "user_annotation")])
