@@ -5,6 +5,7 @@ ppkit process outlives it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -42,7 +43,7 @@ def test_a_75_s_torchrun_cell_without_timeout_runs_to_its_end(kernel):
         """)
     assert cell.error is None, cell.text
     assert time.monotonic() - started >= 75
-    assert "rank 0 at 75 s" in cell.text and "rank 1 at 75 s" in cell.text
+    assert re.search(r"rank 0(…1)? at 75 s", cell.text) and re.search(r"rank (0…)?1 at 75 s", cell.text), cell.text
 
 
 def test_sys_exit_0_early_and_os_exit_0_at_the_end_are_successes(kernel):

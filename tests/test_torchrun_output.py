@@ -175,8 +175,9 @@ def test_local_ranks_filter_shows_rank_0_only_and_log_dir_keeps_every_rank(kc):
 
 def test_redirects_keep_a_stream_in_its_file_only(kc):
     logs = kc.folder / "redirected"
+    options = f'--redirects 1 --log-dir {logs} --log-line-prefix-template "<${{rank}}> " --no-collapse'  # lines apart
     cell = run_cell(kc, f'''
-        %%torchrun --nproc-per-node 2 --redirects 1 --log-dir {logs} --log-line-prefix-template "<${{rank}}> "
+        %%torchrun --nproc-per-node 2 {options}
         import os, sys
         print("to the file", os.environ["RANK"])
         print("to the cell", os.environ["RANK"], file=sys.stderr)
@@ -189,7 +190,7 @@ def test_redirects_keep_a_stream_in_its_file_only(kc):
 
 
 def test_a_module_runs_as_python_m_runs_it(kc):
-    cell = run_cell(kc, "%torchrun --nproc-per-node 2 -m pkg.train --lr 3")
+    cell = run_cell(kc, "%torchrun --nproc-per-node 2 --no-collapse -m pkg.train --lr 3")  # each rank's line
     assert cell.error is None, cell.shown()
     for rank in (0, 1):
         assert f"module __main__ train.py ['--lr', '3'] {rank}" in cell.text, cell.text
