@@ -113,3 +113,12 @@ def test_the_course_is_plain_data_that_the_catalog_and_the_room_both_read():
     listed = per_notebook([], ["notebooks/06_pipeline.ipynb"])["notebooks/06_pipeline.ipynb"]["not_tried"]
     assert listed == [e["name"] for e in course.EXERCISES if e["notebook"] == "06_pipeline"]
     assert len(listed) == 2
+
+
+def test_a_course_entry_without_code_is_named(monkeypatch):
+    from ppkit.errors import ConfigError
+
+    extra = {"name": "ring_gather", "notebook": "02_collectives", "signature": "ring_gather(rank)", "hints": ()}
+    monkeypatch.setattr(course, "EXERCISES", (*course.EXERCISES, extra))
+    with pytest.raises(ConfigError, match=r"do not name the same exercises: \['ring_gather'\]"):
+        catalog._exercises()  # what importing the catalog runs
