@@ -1,0 +1,57 @@
+"""The hang watch's "for N s no rank printed or finished" holds: output that arrives while the
+notebook waits for the ranks moves the watch's next look, as a result does."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_spawn import assert_none_left
+
+import ppkit
+from ppkit.lessons.data_parallel import free_port
+
+pytestmark = pytest.mark.timeout(240)
+PARTS = 16  # one every 0.5 s: an 8 s run
+
+
+def recv_while_a_thread_prints_and_sends(i, port):
+    """The main thread waits in dist.recv (inside torch.distributed, as a hung rank's would) while a
+    producer thread prints, then sends the other rank a part, every 0.5 s."""
+    print(f"rank {i} starts", flush=True)  # silence at the start is not what this test is about
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=2)
+    print(f"rank {i} joined", flush=True)
+    other = 1 - i
+
+    def produce():
+        for part in range(PARTS):
+            time.sleep(0.5)
+            print(f"rank {i} sends part {part}", flush=True)
+            dist.send(torch.full((1,), float(part)), dst=other)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    got = torch.zeros(1)
+    for part in range(PARTS):
+        dist.recv(got, src=other)
+        if got.item() != part:
+            raise AssertionError(f"rank {i} got part {got.item()} where part {part} was due")
+    producer.join()
+    dist.destroy_process_group()
+
+
+def test_ranks_that_print_every_half_second_are_not_called_hung(monkeypatch, capsys):
+    monkeypatch.setenv("PPKIT_HANG_S", "3")
+    started = time.monotonic()
+    ppkit.spawn(recv_while_a_thread_prints_and_sends, args=(free_port(),), nprocs=2, timeout=120)
+    took = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert f"[rank 1] rank 1 sends part {PARTS - 1}" in out, out
+    assert took >= PARTS * 0.5, took  # the run lasted the 8 s the watch had to stay quiet through
+    assert "possibly hung" not in out, out
+    assert_none_left()
