@@ -7,6 +7,9 @@ dur_us, kind`` (``"compute"`` or ``"communication"``) and ``args``.
 
     breakdown(events, rank)   the step's time on that rank: compute, communication, how much of the
                               communication overlapped compute, and idle time
+
+The lesson's ranks are CPU ranks (gloo), where the step thread's ops are the compute. On a GPU they would
+only be launches: there ``Profile.summary()`` sums a rank up in GPU time, kernels against NCCL's.
 """
 
 from __future__ import annotations
