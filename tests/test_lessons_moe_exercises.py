@@ -130,3 +130,97 @@ def test_cases_leave_ranks_with_nothing_to_send():
     for k in (2, 3, 4):
         (_, spread), (_, single) = ex.split_cases(k)
         assert ex.expected(spread, 1)[0][0] == 0 and ex.expected(single, 0)[0] == [0] * k
+
+
+# -- a case's process group, whatever the case before it did (issue 46, item 21) ----------------------------------
+# A wrong answer that calls no collective (no_exchange, only_input) let rank 0 end its job and close its gloo
+# connections while rank 1 was still making its own: rank 1's init_process_group then failed ("Gloo connectFullMesh
+# failed ... Connection closed by peer"), and torch's count of process groups on rank 1 stayed one ahead, so every
+# later group it joined waited for keys the others never wrote. The checker reported that, not the mistake.
+
+def _slow_to_join(seconds):
+    """On rank 1: init_process_group returns ``seconds`` late (as on a loaded machine), and notes when."""
+    import time
+
+    real = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        real(*args, **kwargs)
+        time.sleep(seconds)
+        dist.ppkit_test_joined_at = time.monotonic()
+
+    init_process_group.ppkit_test_real = real
+    return init_process_group
+
+
+def _patch_rank_1(rank, world_size, seconds):
+    if rank == 1:
+        dist.init_process_group = _slow_to_join(seconds)
+
+
+def _unpatch(rank, world_size):
+    dist.init_process_group = getattr(dist.init_process_group, "ppkit_test_real", dist.init_process_group)
+    dist.__dict__.pop("ppkit_test_joined_at", None)
+
+
+def _starts(rank, k):
+    import time
+
+    return time.monotonic(), getattr(dist, "ppkit_test_joined_at", None)
+
+
+def test_no_rank_starts_a_case_before_every_rank_has_joined_its_group(bare):
+    from ppkit.exercises.subworld import SubworldRunner
+
+    bare.run(_patch_rank_1, 1.0)
+    runner = SubworldRunner((2,), 30, bare)
+    try:
+        results, problem = runner.run(2, _starts)
+    finally:
+        runner.close()
+        bare.run(_unpatch)
+    assert problem is None, problem
+    (rank0_started, _), (_, rank1_joined) = results
+    assert rank1_joined is not None
+    assert rank0_started >= rank1_joined, f"rank 0 began {rank1_joined - rank0_started:.2f} s before rank 1 had joined"
+
+
+def _fail_a_rendezvous(rank, world_size, path):
+    """What a failed init_process_group leaves behind on rank 1: torch counted a group that never was."""
+    from datetime import timedelta
+
+    if rank != 1:
+        return None
+    try:
+        dist.init_process_group("gloo", store=dist.FileStore(path, 2), rank=1, world_size=2,
+                                timeout=timedelta(seconds=1))
+    except Exception as exc:  # no rank 0 ever comes: gloo's connectFullMesh times out
+        return type(exc).__name__
+    dist.destroy_process_group()
+    return "joined"
+
+
+def test_a_rank_left_behind_by_a_failed_rendezvous_still_gets_the_named_mistake(bare, tmp_path):
+    assert bare.run(_fail_a_rendezvous, str(tmp_path / "store"))[1] != "joined"
+    with pytest.raises(ExerciseFailed) as info:
+        ex.check_dispatch_splits(no_exchange, cluster=bare, world_sizes=(2, 4), timeout=10)
+    assert "rank 0: output_splits equals input_splits ([13, 17])" in str(info.value), str(info.value)
+    assert bare.state == "ready"
+
+
+@pytest.mark.slow
+def test_the_wrong_answers_are_named_twenty_times_in_a_row(bare):
+    answers = {per_expert: "input_splits has 12 values, one per expert", round_robin: "deals the experts out",
+               no_exchange: "output_splits equals input_splits", reversed_sources: "adds up to the right total",
+               as_floats: "input_splits is a torch.float32 tensor", only_input: "expected a pair"}
+    unnamed = []
+    for round_ in range(20):
+        for fn, says in answers.items():
+            try:
+                ex.check_dispatch_splits(fn, cluster=bare, world_sizes=(2, 4))
+            except ExerciseFailed as exc:
+                if says not in str(exc):
+                    unnamed.append(f"round {round_}, {fn.__name__}: {exc}")
+            else:
+                unnamed.append(f"round {round_}, {fn.__name__}: passed")
+    assert unnamed == [], "\n".join(unnamed)

@@ -3,6 +3,12 @@
 One cluster (no process group of its own) serves every world size a checker tries. When the
 function hangs or raises, the answer is one sentence about the cause: where each rank waits, or
 the first rank's own exception rather than the connection errors it caused on the others.
+
+A case's group is made whatever the case before it did: no rank starts the learner's function before
+every rank has joined (a rank done early would close its gloo connections while another still makes its
+own: "connectFullMesh failed ... Connection closed by peer"), and a group that could not be made is made
+again on restarted ranks (a rank whose ``init_process_group`` failed keeps torch's count of groups one
+ahead, so it would wait for ever in the next group it joins).
 """
 
 from __future__ import annotations
@@ -22,6 +28,11 @@ from ppkit.lessons.p2p import blocked_call
 
 _store_ids = itertools.count()
 NOT_WRITTEN = {"not_written": True}  # what a rank's job returns while the learner's function is the stub
+JOIN_TRIES = 3  # a case's group is tried this often, on restarted ranks, before the check says it could not
+
+
+class GroupNotMade(RuntimeError):
+    """A rank could not join a case's process group: nothing to do with the learner's function."""
 
 
 def check_on_ranks(report: CheckReport, fn, world_sizes, timeout: float, cluster: Cluster | None,
@@ -57,14 +68,26 @@ def _in_subworld(rank, size, k, store_path, job, args, detail=False):
     if detail:  # read when the group is made: it then checks each collective's fingerprint on every rank
         dist.set_debug_level(dist.DebugLevel.DETAIL)
     try:
-        store = dist.FileStore(store_path, k)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=k, timeout=timedelta(seconds=600))
+        _join_case_group(rank, k, store_path)
         try:
             return job(rank, k, *args)
         finally:
             dist.destroy_process_group()
     finally:
         dist.set_debug_level(level)
+
+
+def _join_case_group(rank: int, k: int, store_path: str) -> None:
+    """Join the case's fresh k-rank group, and wait until every rank of it has (a barrier): only then may
+    one rank's job end and close its connections. ``GroupNotMade`` if this rank could not."""
+    try:
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, k), rank=rank, world_size=k,
+                                timeout=timedelta(seconds=600))
+        dist.barrier()
+    except Exception as exc:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise GroupNotMade(f"rank {rank} could not join the case's {k}-rank process group: {exc}") from exc
 
 
 class SubworldRunner:
@@ -91,17 +114,33 @@ class SubworldRunner:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def run(self, k: int, job, *args):
-        """``(results of ranks 0..k-1, None)``, or ``(None, what went wrong)``."""
-        store = str(self._tmp / f"store-{next(_store_ids)}")
-        if self.cluster.state == "broken":
-            self.cluster.restart()
-        try:
-            results = self.cluster.run(_in_subworld, k, store, job, args, self.detail, timeout=self.timeout)
-        except JobTimeoutError as err:
-            return None, _explain_hang(err, k, self.timeout)
-        except RemoteError as err:
-            return None, _explain_raise(err)
-        return results[:k], None
+        """``(results of ranks 0..k-1, None)``, or ``(None, what went wrong)``. A group that could not be
+        made (a rank failed or stalled joining it) is made again on restarted ranks, ``JOIN_TRIES`` times."""
+        for _ in range(JOIN_TRIES):
+            store = str(self._tmp / f"store-{next(_store_ids)}")
+            if self.cluster.state == "broken":
+                self.cluster.restart()
+            try:
+                results = self.cluster.run(_in_subworld, k, store, job, args, self.detail, timeout=self.timeout)
+            except JobTimeoutError as err:
+                if not _stalled_joining(err, k):
+                    return None, _explain_hang(err, k, self.timeout)
+                why = f"it did not finish joining within {self.timeout:g} s"
+            except RemoteError as err:
+                failed = [r for r in err.ranks if err.exc_types.get(r) == GroupNotMade.__name__]
+                if not failed:
+                    return None, _explain_raise(err)
+                why = err.messages.get(failed[0], "")
+            else:
+                return results[:k], None
+            self.cluster.restart()  # fresh processes: no torch state left from the group that failed
+        return None, (f"the case's {k}-rank process group could not be made in {JOIN_TRIES} tries (last: {why}). "
+                      "This is not about your function: run the check again, or restart the kernel")
+
+
+def _stalled_joining(err: JobTimeoutError, k: int) -> bool:
+    """Whether a rank of the case was still joining its group when the job timed out."""
+    return any(_join_case_group.__name__ in text for r, text in err.stacks.items() if r < k)
 
 
 def _explain_hang(err: JobTimeoutError, k: int, timeout: float) -> str:
