@@ -224,3 +224,19 @@ def test_the_wrong_answers_are_named_twenty_times_in_a_row(bare):
             else:
                 unnamed.append(f"round {round_}, {fn.__name__}: passed")
     assert unnamed == [], "\n".join(unnamed)
+
+
+def test_a_group_that_cannot_be_made_says_so_and_not_that_the_answer_is_wrong(bare, monkeypatch, tmp_path):
+    from ppkit.exercises import subworld
+
+    nowhere = tmp_path / "a-file"
+    nowhere.write_text("")  # the stores' folder is a file: no rank can make its FileStore there
+    monkeypatch.setattr(subworld.tempfile, "mkdtemp", lambda prefix: str(nowhere))
+    generation = bare.generation
+    with pytest.raises(ExerciseFailed) as info:
+        ex.check_dispatch_splits(solutions.dispatch_splits, cluster=bare, world_sizes=(2,))
+    text = str(info.value)
+    assert (f"world_size 2: the case's 2-rank process group could not be made in {subworld.JOIN_TRIES} tries "
+            "(last: rank 0 could not join the case's 2-rank process group:") in text, text
+    assert "This is not about your function: run the check again, or restart the kernel" in text, text
+    assert bare.generation == generation + subworld.JOIN_TRIES and bare.state == "ready"  # restarted after each try
