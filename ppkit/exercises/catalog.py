@@ -30,6 +30,7 @@ from ppkit.errors import ConfigError, ExerciseFailed
 from ppkit.exercises import (
     check_attention,
     check_basics,
+    check_collective_bug,
     check_composition,
     check_debugging,
     check_launch,
@@ -88,6 +89,7 @@ _CODE = {
     "ring_shift": (check_basics.check_ring_shift, solutions.ring_shift),
     "ring_all_reduce": (check_basics.check_ring_all_reduce, solutions.ring_all_reduce),
     "mean_loss": (check_debugging.check_mean_loss, solutions.mean_loss),
+    "logged_train_loop": (check_collective_bug.check_logged_train_loop, solutions.logged_train_loop),
     "bucketed_average": (check_basics.check_bucketed_average, solutions.bucketed_average),
     "remote_sum": (_check_remote_sum, solutions.remote_sum, _rpc_world),
     "activation_shape": (check_pipeline.check_activation_shape, solutions.activation_shape),

@@ -61,6 +61,19 @@ EXERCISES = (
         ),
     },
     {
+        "name": "logged_train_loop",
+        "notebook": "02_collectives",
+        "signature": "logged_train_loop(rank, world_size, steps)",
+        "hints": (
+            "Run ppkit.lessons.collective_bug.planted_loop on 4 ranks and read the collective doctor's lines: "
+            "which collective does rank 0 call that the others do not?",
+            "Logging the mean loss is a collective: every rank must call it, at the same steps. Only the print "
+            "may stay on rank 0.",
+            "Keep the gradient all_reduce and its average as they are; take `rank == 0 and` out of the logging "
+            "condition, and print inside `if rank == 0:`.",
+        ),
+    },
+    {
         "name": "bucketed_average",
         "notebook": "03_data_parallel",
         "signature": "bucketed_average(model)",

@@ -60,6 +60,23 @@ def mean_loss(rank, world_size, losses):
     return (total[0] / total[1]).item()
 
 
+def logged_train_loop(rank, world_size, steps):
+    """Notebook 02's planted bug fixed: every rank calls the loss's all_reduce at the logged steps."""
+    from ppkit.lessons.collective_bug import LOG_EVERY, LR, batch, loss_and_grad
+
+    weights, logged = torch.zeros(3), []
+    for step in range(steps):
+        loss, grad = loss_and_grad(weights, *batch(rank, step))
+        dist.all_reduce(grad)
+        weights -= LR * grad / world_size
+        if step % LOG_EVERY == 0:                      # every rank, at the same steps: the same collectives
+            dist.all_reduce(loss)
+            logged.append(loss.item() / world_size)
+            if rank == 0:                              # only the printing is rank 0's
+                print(f"step {step}: mean loss {logged[-1]:.4f}")
+    return logged, weights.tolist()
+
+
 def bucketed_average(model):
     grads = [p.grad for p in model.parameters()]
     flat = torch.cat([g.flatten() for g in grads])     # one bucket holding every gradient
