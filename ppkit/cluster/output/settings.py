@@ -8,8 +8,7 @@ and ``%%ranks`` use ``PLAIN``: every line of every rank, ``[rank N] ...``, as pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, replace
 from string import Template
 
 STREAMS = ("stdout", "stderr")
@@ -20,6 +19,7 @@ class OutputSettings:
     """``hidden``: ``(rank, stream)`` pairs kept out of the cell; ``logged``: those written to
     ``log_dir``'s files, in torchrun's layout (logfiles.py); ``prefix``: a torchrun template
     (``${rank}``, ``${local_rank}``, ``${role_name}``, ``${hostname}``), "" for ``[rank N] ``;
+    ``hosts``: each rank's node, by rank, as the rank itself named it (``on_hosts``), for ``${hostname}``;
     ``collapse``: lines of several ranks that are the same, or differ only in their numbers, shown once
     (collapse.py, fold.py); ``live``: a line
     redrawn with ``\\r`` (tqdm) updated in place (live.py)."""
@@ -33,17 +33,25 @@ class OutputSettings:
     nproc_per_node: int = 0  # for ${local_rank}; 0: the rank itself
     collapse: bool = False
     live: bool = False
+    hosts: tuple[str, ...] = ()
 
     def shown(self, rank: int, stream: str) -> bool:
         return (rank, stream) not in self.hidden
 
+    def on_hosts(self, hosts: dict[int, str]) -> OutputSettings:
+        """These settings for ranks on ``hosts`` (rank -> the name of its node, as the rank gave it).
+
+        ``${hostname}`` is the rank's node, as torchrun's agent on each node puts its own hostname in
+        its ranks' prefixes; not the notebook's machine, where the ranks run elsewhere (SLURM)."""
+        return replace(self, hosts=tuple(hosts[rank] for rank in sorted(hosts)))
+
     def label(self, ranks: list[int], labels: list[str] | None = None) -> str:
-        """The prefix of a line that ``ranks`` printed (several: a collapsed line)."""
+        """The prefix of a line that ``ranks`` printed (several: a collapsed line, its nodes joined by commas)."""
         if self.prefix:
             local = [r % self.nproc_per_node for r in ranks] if self.nproc_per_node else ranks
+            named = {"hostname": ",".join(dict.fromkeys(self.hosts[r] for r in ranks))} if self.hosts else {}
             return Template(self.prefix).safe_substitute(
-                rank=rank_ranges(ranks), local_rank=rank_ranges(sorted(set(local))), role_name=self.role,
-                hostname=_hostname())
+                rank=rank_ranges(ranks), local_rank=rank_ranges(sorted(set(local))), role_name=self.role, **named)
         if len(ranks) == 1:
             return f"[{labels[ranks[0]] if labels else f'rank {ranks[0]}'}] "
         return f"[ranks {rank_ranges(ranks)}] "
@@ -62,10 +70,3 @@ def rank_ranges(ranks: list[int]) -> str:
             parts.append(str(start) if start == rank else f"{start}-{rank}")
             start = None
     return ",".join(parts)
-
-
-@cache
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()

@@ -144,6 +144,8 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: expla
             "needs. Call its join() first (context.join()).")
     call = Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller)
     call.shown, call.profile = shown or call.shown, profile
+    if output is not None:  # ${hostname}: each rank's, as it said when it started
+        output = output.on_hosts({rank: worker["host"] for rank, worker in call.cluster.workers.items()})
     with call.cluster.printing(output):
         return call.run()
 

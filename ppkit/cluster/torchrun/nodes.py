@@ -33,8 +33,9 @@ def run(launch, args: tuple, caller: explain.Caller, shown: tuple | None):
     try:
         placed = place(cluster, launch, caller)
         env, own = environment(launch, placed)
+        output = launch.output.on_hosts({r: name for r, (_, _, name, _) in enumerate(placed)})  # ${hostname}
         return spawn_call.run_on(cluster, rank.run_as_rank, (env, *args, own), launch.timeout, caller, shown,
-                                 output=launch.output, profile=launch.profile)
+                                 output=output, profile=launch.profile)
     finally:
         cluster.close()  # the job (or step) ends with it
 

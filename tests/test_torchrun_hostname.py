@@ -1,0 +1,64 @@
+"""``--log-line-prefix-template``'s ``${hostname}`` is each rank's node, as torchrun's agent on each
+node writes its own hostname into its ranks' prefixes, not the notebook's machine.
+
+The real test gives the ranks a hostname the notebook does not have: a notebook process in a UTS
+namespace of its own (a user namespace made for the test) starts the fork server there, as
+``rank-node``, then moves itself into a second UTS namespace named ``kernel-host``; the ranks of
+the next ``%%torchrun``, forks of that fork server, still run on ``rank-node``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ppkit.cluster.output import OutputSettings
+
+DRIVER = r'''
+import ctypes, socket
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+shell.run_cell("%load_ext ppkit", store_history=False)
+# the first run starts the fork server that ppkit keeps, here on rank-node: the next run's ranks are its forks
+first = shell.run_cell("%%torchrun --nproc-per-node 2\nimport socket\nprint('on', socket.gethostname())",
+                       store_history=False)
+assert first.success, first.error_in_exec
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x04000000) != 0:  # CLONE_NEWUTS: this process alone moves to a host of its own
+    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUTS)")
+name = b"kernel-host"
+libc.sethostname(name, len(name))
+print("KERNEL ON", socket.gethostname(), flush=True)
+cell = "%%torchrun --nproc-per-node 2 --no-collapse --log-line-prefix-template '${hostname}:${rank}: '\n" \
+       "import os\nprint('hello from rank', os.environ['RANK'])"
+result = shell.run_cell(cell, store_history=False)
+assert result.success, result.error_in_exec
+from ppkit.cluster.spawn import call
+call.close()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux namespaces")
+def test_hostname_in_the_prefix_is_the_ranks_node_not_the_notebooks():
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--uts", "sh", "-c",
+                           f'hostname rank-node && exec {sys.executable} -c "$0"', DRIVER],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "KERNEL ON kernel-host" in lines, done.stdout
+    assert "rank-node:0: hello from rank 0" in lines, done.stdout
+    assert "rank-node:1: hello from rank 1" in lines, done.stdout
+
+
+def test_a_line_of_ranks_on_two_nodes_names_both():
+    settings = OutputSettings(prefix="${hostname}:${rank}: ", collapse=True).on_hosts({2: "n2", 0: "n1", 1: "n1"})
+    assert settings.label([1]) == "n1:1: "
+    assert settings.label([2]) == "n2:2: "
+    assert settings.label([0, 1, 2]) == "n1,n2:0-2: "  # a collapsed line
