@@ -13,6 +13,7 @@ import torch.distributed as dist
 from test_spawn import assert_none_left
 
 import ppkit
+from ppkit.cluster.hang_watch import waits_on_peers
 from ppkit.lessons.data_parallel import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -54,4 +55,29 @@ def test_ranks_that_print_every_half_second_are_not_called_hung(monkeypatch, cap
     assert f"[rank 1] rank 1 sends part {PARTS - 1}" in out, out
     assert took >= PARTS * 0.5, took  # the run lasted the 8 s the watch had to stay quiet through
     assert "possibly hung" not in out, out
+    assert_none_left()
+
+
+def ddp_backward_against_a_recv(i, port):
+    """Rank 0 waits for its gradients' all_reduce inside autograd (DDP's reducer); rank 1 never
+    reaches backward: it waits in a recv that never comes."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=2)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    if i == 0:
+        model(torch.ones(2, 4)).sum().backward()
+    else:
+        dist.recv(torch.zeros(1), src=0)
+
+
+def test_ddps_reducer_waiting_inside_autograd_is_found_by_the_record_not_the_stack(monkeypatch, capsys):
+    """What docs/debugging.md says of the hang rule: the stack alone misses DDP's reducer."""
+    monkeypatch.setenv("PPKIT_HANG_S", "3")
+    with pytest.raises(ppkit.JobTimeoutError) as info:  # the test's own limit: the run would go on
+        ppkit.spawn(ddp_backward_against_a_recv, args=(free_port(),), nprocs=2, timeout=30)
+    stack = info.value.stacks[0]
+    assert "torch/autograd/graph.py" in stack and not waits_on_peers(stack), stack  # the stack rule misses it
+    out = capsys.readouterr().out
+    assert out.count("[ppkit] possibly hung") == 1, out  # the flight record's all_reduce, started, found it
+    assert "rank 0: all_reduce #" in out, out
     assert_none_left()
