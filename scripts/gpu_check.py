@@ -7,11 +7,16 @@ Cluster (local and spawn launchers), ppkit.spawn with nccl, ppkit.torchrun (nccl
 ppkit.spawn(profile=True) of DDP steps with nccl (the GPU's kernels on a row per stream, NCCL's on a stream of
 their own, the overlap in GPU time; the trace goes to $PPKIT_GPU_OUT when set), and the RPC
 ResNet50 pipeline with cuda:0 shards (both on the GPU, and split cpu/cuda), checked against one process
-(--verify), and ppkit bench with nccl on one rank. Exits non-zero on the first failure.
+(--verify), and ppkit bench with nccl on one rank; with two GPUs or more, the collective doctor on nccl (an op
+mismatch and a size mismatch named from the flight record, and a rank that waits at .item() after an asynchronous
+all_reduce its peer never made, reported by the hang watch). Exits non-zero on the first failure.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import subprocess
 import sys
 import time
@@ -131,6 +136,47 @@ def profiled_nccl():
             f"overlapped {row['overlapped_ms']:.2f} ms ({row['overlap_pct']:.0f}%), idle {row['idle_ms']:.2f} ms")
 
 
+def nccl_disagree(i, world_size, case):
+    """Two ranks on two GPUs: one all_reduce that matches, then ``case``: "op" (all_reduce against broadcast),
+    "sizes" (4 against 8 numbers) or "item" (rank 1 skips it). NCCL's calls return at once: each rank then waits
+    at .item(), in its own code, which only the flight record shows as a collective not completed."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["GPU_CHECK_PORT"])
+    torch.cuda.set_device(i)
+    dist.init_process_group("nccl", rank=i, world_size=world_size)
+    t = torch.ones(4, device="cuda")
+    dist.all_reduce(t)
+    if case == "op":
+        dist.all_reduce(t) if i == 0 else dist.broadcast(t, src=0)
+    elif case == "sizes":
+        t = torch.ones(4 if i == 0 else 8, device="cuda")
+        dist.all_reduce(t)
+    elif i == 0:  # "item": rank 1 never makes this all_reduce
+        dist.all_reduce(t)
+    print("sum", t.sum().item(), flush=True)  # where NCCL's wait is, not in the collective
+
+
+def doctor_on_nccl(case: str, says: tuple[str, ...]) -> str:
+    """Run ``case`` under ppkit.spawn with the hang watch at 5 s and a 60 s timeout; the cell's text (here: stdout)
+    must hold each of ``says``."""
+    from ppkit.cluster.worker_setup import free_port
+
+    os.environ.update(GPU_CHECK_PORT=str(free_port()), PPKIT_HANG_S="5")
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        try:
+            ppkit.spawn(nccl_disagree, args=(2, case), nprocs=2, timeout=60)
+        except ppkit.WorkerError as exc:
+            print(type(exc).__name__, exc)
+    text = shown.getvalue()
+    print(text[-4000:], flush=True)
+    missing = [s for s in says if s not in text]
+    if missing:
+        raise AssertionError(f"the doctor did not say {missing} for the nccl {case!r} case")
+    return f"said {list(says)}"
+
+
 def step(name, fn):
     t0 = time.perf_counter()
     result = fn()
@@ -151,6 +197,14 @@ def main() -> int:
     step("ppkit.spawn with nccl", lambda: ppkit.spawn(spawned, args=(1,), nprocs=1))
     step("ppkit.torchrun with nccl and FSDP2", lambda: ppkit.torchrun(torchrun_main, nproc_per_node=1))
     step("ppkit.spawn(profile=True) with nccl: GPU streams, NCCL's own, overlap in GPU time", profiled_nccl)
+    if torch.cuda.device_count() < 2:
+        print("SKIP the collective doctor on nccl: it needs two GPUs (NCCL refuses two ranks on one GPU)", flush=True)
+    else:
+        step("doctor: nccl op mismatch", lambda: doctor_on_nccl("op", ("the op differs", "all_reduce #2",
+                                                                      "broadcast #2")))
+        step("doctor: nccl size mismatch", lambda: doctor_on_nccl("sizes", ("the sizes differ", "of [4]", "of [8]")))
+        step("doctor: a wait at .item() after an asynchronous all_reduce", lambda: doctor_on_nccl(
+            "item", ("possibly hung", "rank 1 has not reached it", "all_reduce #2")))
     for placement in ("worker1:cuda:0,worker2:cuda:0", "worker1:cpu,worker2:cuda:0", "master:cuda:0,worker1:cuda:0"):
         cmd = [sys.executable, "-m", "ppkit", "pipeline", "--placement", placement, "--num-microbatches", "1", "4",
                "--batch-size", "32", "--num-batches", "2", "--verify"]

@@ -140,3 +140,18 @@ def test_a_record_that_matches_on_every_rank_is_no_problem():
     assert "collective #1 is called by every rank and has not completed yet" in str(diagnosis)
     other = {**record, "calls": [{**call, "op": "broadcast", "profiling_name": "gloo:broadcast"}]}
     assert diagnose({0: record, 1: other}, 2).mismatched[0].mismatch == "the op differs"
+
+
+def test_a_mismatch_that_completed_on_every_rank_is_still_named():
+    """NCCL (and gloo, for some pairs) may pair unlike calls and finish them: the record still shows the mismatch."""
+    call = {"group": "0", "desc": "default_pg", "seq": 1, "p2p_seq": 0, "is_p2p": False, "op": "all_reduce",
+            "profiling_name": "gloo:all_reduce", "input_sizes": [[]], "output_sizes": [[]],
+            "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled", "done": True,
+            "time_created_ns": 1, "at": {}}
+    groups = {"0": {"desc": "default_pg", "ranks": [0, 1]}}
+    rank0 = {"calls": [call, {**call, "seq": 2}], "groups": groups, "p2p": None}
+    rank1 = {"calls": [{**call, "input_sizes": [[3]], "output_sizes": [[3]]}], "groups": groups, "p2p": None}
+    diagnosis = diagnose({0: rank0, 1: rank1}, 2)
+    assert diagnosis.problem and diagnosis.mismatched[0].seq == 1
+    assert "collective #1 does not match: the sizes differ" in str(diagnosis)
+    assert "it completed on every rank anyway" in str(diagnosis)

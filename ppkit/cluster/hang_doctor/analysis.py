@@ -102,24 +102,37 @@ def _memberships(records: dict[int, dict], world_size: int) -> dict[str, tuple[s
 
 
 def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict) -> GroupFinding | None:
-    calls = {r: [c for c in records[r].get("calls", []) if c["group"] == name and not c["is_p2p"]]
+    calls = {r: {c["seq"]: c for c in records[r].get("calls", []) if c["group"] == name and not c["is_p2p"]}
              for r in ranks if r in records}
     if not any(calls.values()):
         return None
-    done = {r: max((c["seq"] for c in cs if c["done"]), default=0) for r, cs in calls.items()}
+    done = {r: max((s for s, c in cs.items() if c["done"]), default=0) for r, cs in calls.items()}
     last = min(done.values())
-    seq = last + 1
-    here = {r: c for r, cs in calls.items() for c in cs if c["seq"] == seq}
+    completed = _first_mismatch(name, ranks, calls, range(1, last + 1))  # gloo and NCCL may pair unlike calls
+    seq = completed.seq if completed else last + 1
+    here = {r: cs[seq] for r, cs in calls.items() if seq in cs}
     if not here:
         return None  # every rank that answered completed every call of this group it made
-    last_op = next((c["op"] for cs in calls.values() for c in cs if c["seq"] == last), "")
-    finding = GroupFinding(name, desc, ranks, (last, last_op) if last else None, seq, here)
-    first = min(here)
-    for rank in sorted(here):
-        if rank != first and not finding.mismatch:
-            finding.mismatch, finding.torch_says = _compare(here[first], here[rank], name, ranks)
-    finding.missing = {r: _instead(r, name, records, ended) for r in ranks if r not in here}
+    last_op = next((cs[seq - 1]["op"] for cs in calls.values() if seq - 1 in cs), "")
+    finding = completed or _first_mismatch(name, ranks, calls, [seq]) or GroupFinding(name, desc, ranks, None, seq,
+                                                                                         here)
+    finding.desc, finding.calls = desc, here
+    finding.last_done = (seq - 1, last_op) if seq > 1 else None
+    finding.missing = {} if completed else {r: _instead(r, name, records, ended) for r in ranks if r not in here}
     return finding
+
+
+def _first_mismatch(name: str, ranks: list[int], calls: dict, seqs) -> GroupFinding | None:
+    """The first of ``seqs`` at which two ranks' calls differ (ranks without that call left out)."""
+    for seq in seqs:
+        here = {r: cs[seq] for r, cs in calls.items() if seq in cs}
+        first = min(here, default=None)
+        for rank in sorted(here):
+            if rank != first:
+                mismatch, torch_says = _compare(here[first], here[rank], name, ranks)
+                if mismatch:
+                    return GroupFinding(name, "", ranks, None, seq, here, mismatch, torch_says)
+    return None
 
 
 def _compare(a: dict, b: dict, group: str, ranks: list[int]) -> tuple[str, str]:

@@ -46,6 +46,8 @@ def explain(diagnosis) -> str:
         lines.append(f"    {verdict}:")
         for rank, call in sorted(finding.calls.items()):
             lines.append(f"      rank {rank}: {call_words(call)}")
+        if finding.mismatch and all(call["done"] for call in finding.calls.values()):
+            lines.append("      (it completed on every rank anyway: the data it moved is wrong)")
         for rank, where in sorted(finding.missing.items()):
             lines.append(f"      rank {rank} has not reached it: {where}")
         if finding.mismatch and _skipped(finding):
