@@ -9,11 +9,13 @@ the next ``%%torchrun``, forks of that fork server, still run on ``rank-node``."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_torchrun_slurm import clean, shell  # noqa: F401 - fixtures: the SLURM testbed, one IPython shell
 
 from ppkit.cluster.output import OutputSettings
 
@@ -55,6 +57,20 @@ def test_hostname_in_the_prefix_is_the_ranks_node_not_the_notebooks():
     assert "KERNEL ON kernel-host" in lines, done.stdout
     assert "rank-node:0: hello from rank 0" in lines, done.stdout
     assert "rank-node:1: hello from rank 1" in lines, done.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_on_two_slurm_nodes_each_ranks_prefix_names_its_node(shell, clean, capsys):  # noqa: F811 - fixtures
+    result = shell.run_cell("%%torchrun --nnodes 2 --nproc-per-node 1 --no-collapse "
+                            "--log-line-prefix-template '${hostname}:${rank}: '\n"
+                            "import os\nprint('SLURM put me on', os.environ['SLURMD_NODENAME'])", store_history=False)
+    assert result.success, result.error_in_exec
+    out = capsys.readouterr().out
+    found = re.findall(r"^(\S+):([01]): SLURM put me on (\S+)$", out, re.M)  # prefix, rank, the rank's node
+    assert sorted(rank for _, rank, _ in found) == ["0", "1"], out
+    assert all(prefix == node for prefix, _, node in found), out  # the prefix names the rank's own node
+    assert sorted(node for _, _, node in found) == ["n1", "n2"], out
 
 
 def test_a_line_of_ranks_on_two_nodes_names_both():
