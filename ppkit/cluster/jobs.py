@@ -227,7 +227,10 @@ class Job:
                     f"it raised {m.value.type}" for r, m in self.results.items() if isinstance(m, Result)}
         failed = {r for r, m in self.results.items() if isinstance(m, Result) and not m.ok
                   and "torch/distributed/" in m.value.traceback.replace("\\", "/")}
-        records = hang_doctor.ask_records(self._send, self._inbox, range(self.world_size), self.records)
+        gone = set(ended or {}) | ({r for r, m in self.results.items() if isinstance(m, Result) and m.ok}
+                                   if self.last else set())  # their processes ended: none would answer
+        records = hang_doctor.ask_records(self._send, self._inbox,
+                                          [r for r in range(self.world_size) if r not in gone], self.records)
         return hang_doctor.diagnose(records, self.world_size, {**finished, **(ended or {})}, failed)
 
     def _print_diagnosis(self, ended: dict | None = None) -> None:
