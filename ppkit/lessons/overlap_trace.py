@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ppkit.profiling.summary import intersection, length, union
+from ppkit.profiling.summary import async_records, intersection, length, union
 
 STEP = "overlap: measured step"
 REPEATS = 3  # measured steps per profile: the analysis reads the median one
@@ -107,11 +107,14 @@ def _window(events, rank):
 
 def spans(events, rank: int) -> dict:
     """The measured step's ``window`` on ``rank`` and, as unions of (start, end) in microseconds, its
-    ``compute`` (the step thread's aten ops outside communication calls) and ``comm`` (any thread's)."""
+    ``compute`` (the step thread's aten ops outside communication calls) and ``comm`` (any thread's). A
+    ``gloo:send`` running from isend to wait() is no call: the ops beside it count (``async_records``)."""
     step = step_span(events, rank)
     window = _window(events, rank)
     main = step["tid"]
-    main_comm = _spans(events, rank, window, lambda e: e["kind"] == "communication" and e["tid"] == main)
+    unframed = {id(e) for e in async_records([e for e in events if e["rank"] == rank and e["tid"] == main])}
+    main_comm = _spans(events, rank, window, lambda e: e["kind"] == "communication" and e["tid"] == main
+                       and id(e) not in unframed)
     aten = _spans(events, rank, window, lambda e: e["tid"] == main and e["kind"] == "compute"
                   and e["name"].startswith("aten::"))
     return {"window": window, "compute": subtract(aten, main_comm), "comm": union(comm_spans(events, rank, window))}

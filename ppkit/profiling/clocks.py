@@ -9,8 +9,11 @@ latest of the rank's early answers and the earliest of its late ones allow. The 
 the error bound half its width: the rank's own uncertainty. Where the intervals do not meet (a clock
 stepped during the pings) the ping with the shortest round trip is kept, with half that as its bound.
 
-Ranks on the kernel's machine share its clock, and an offset within its bound is noise: neither is
-applied (``Offset.applies``, profile.py); ``Profile.offsets`` keeps every measurement."""
+Ranks that read one clock (one machine: one boot id, collect.clock_id) get one offset: the intersection
+of their intervals (``shared``), applied to all of them or to none, so that two ranks of one machine are
+never pulled apart by their measurements' noise. The kernel's own clock gets none, and an offset within its
+bound is noise: not applied either (``Offset.applies``, profile.py); ``Profile.offsets`` keeps every
+rank's own measurement."""
 
 from __future__ import annotations
 
@@ -46,6 +49,12 @@ def measure(run, pings: int = PINGS) -> dict[int, Offset]:
         for rank, stamp in enumerate(stamps):
             windows.setdefault(rank, []).append(((stamp - t1) / 1000, (stamp - t0) / 1000))
     return {rank: _bounded(intervals) for rank, intervals in windows.items()}
+
+
+def shared(offsets: list[Offset]) -> Offset:
+    """One offset for ranks that read the same clock: their intervals' intersection, as ``measure`` does
+    with one rank's pings."""
+    return _bounded([(o.offset_us - o.error_us, o.offset_us + o.error_us) for o in offsets])
 
 
 def _bounded(intervals: list[tuple[float, float]]) -> Offset:

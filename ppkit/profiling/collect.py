@@ -2,7 +2,8 @@
 
 A rank records CPU activities (gloo's collectives included: they are recorded on its threads) and, where
 CUDA is present, CUDA activity: the kernels on each stream, NCCL's on their own; input shapes and Python
-stacks only when asked, since they make the trace larger and the run slower."""
+stacks only when asked, since they make the trace larger and the run slower. While it records, another
+torch profiler on the rank is refused by name (one_profiler.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ppkit.errors import ClusterStateError, ConfigError
+from ppkit.profiling import one_profiler
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,11 @@ def profiled(body, options: Request) -> dict:
     exception passes through, and then nothing is sent: the run's error matters more."""
     prof = _profiler(options)
     _quietly(prof.__enter__)
+    one_profiler.hold()
     try:
         body()
     finally:
+        one_profiler.release()
         _quietly(lambda: prof.__exit__(None, None, None))
     return trace_of(prof)
 
@@ -97,7 +101,21 @@ def trace_of(prof) -> dict:
             text = file.read()  # parsed in the kernel: a str pickles and sends faster than its JSON's dicts
     finally:
         os.unlink(path)
-    return {"trace_json": text, "host": socket.gethostname(), "pid": os.getpid()}
+    return {"trace_json": text, "host": socket.gethostname(), "clock": clock_id(), "pid": os.getpid()}
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def clock_id() -> str:
+    """Which clock this process reads: the kernel's boot id, the same for every container and network
+    namespace of one machine and different on every other one (a hostname is neither: a UTS namespace
+    renames it, and two machines can share one). The hostname where /proc has no boot id."""
+    try:
+        with open(BOOT_ID, encoding="ascii") as file:
+            return file.read().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 # -- cluster.profile(): the profiler runs across several jobs of a persistent worker ---------------
@@ -111,6 +129,7 @@ def start(rank: int, world_size: int, options: Request) -> None:
                                 "cannot hold another. End the first block, then start the next.")
     prof = _profiler(options)
     _quietly(prof.__enter__)
+    one_profiler.hold()
     _running.append(prof)
 
 
@@ -119,6 +138,7 @@ def stop(rank: int, world_size: int) -> dict | None:
     if not _running:
         return None
     prof = _running.pop()
+    one_profiler.release()
     _quietly(lambda: prof.__exit__(None, None, None))
     return trace_of(prof)
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 from ppkit.errors import ConfigError
-from ppkit.profiling import merge
+from ppkit.profiling import clocks, collect, merge
 from ppkit.profiling.classify import COMMUNICATION, COMPUTE
 from ppkit.profiling.clocks import Offset
 from ppkit.profiling.events import RankEvents
@@ -26,8 +25,10 @@ class Profile:
     ``ranks[r]``: rank r's own profiler events (torch's EventList, rebuilt from its trace:
     ``prof.ranks[0].key_averages().table()``).
     ``offsets[r]``: rank r's clock against the kernel's and its error bound (clocks.py).
-    ``applied_offsets[r]``: the offsets taken off rank r's times: those of ranks on other machines that
-    exceed their bound (a smaller one is noise, and the rank's times stay as recorded).
+    ``applied_offsets[r]``: the offsets taken off rank r's times: one per machine other than the kernel's
+    (its ranks' intervals intersected, clocks.shared), where it exceeds its bound (a smaller one is noise,
+    and the ranks' times stay as recorded). ``here``: the kernel's clock (collect.clock_id; a rank's
+    result names its own as ``clock``, or else ``host``).
     """
 
     def __init__(self, results: dict[int, dict] | None = None, offsets: dict[int, Offset] | None = None,
@@ -38,10 +39,8 @@ class Profile:
         """Take the ranks' recordings (``cluster.profile()`` fills its Profile when its block ends)."""
         self.offsets = dict(offsets or {})
         results = {rank: _parsed(result) for rank, result in results.items()}
-        here = socket.gethostname() if here is None else here
-        self.applied_offsets = {rank: self.offsets[rank].offset_us for rank, result in results.items()
-                                if rank in self.offsets and result.get("host", here) != here
-                                and self.offsets[rank].applies()}
+        here = collect.clock_id() if here is None else here
+        self.applied_offsets = _applied(results, self.offsets, here)
         self._merged = merge.merge(results, self.applied_offsets)
         self.ranks = RankEvents({rank: result["trace"] for rank, result in results.items()})
         self.hosts = dict(self._merged.hosts)
@@ -94,6 +93,21 @@ class Profile:
         span = max((e["start_us"] + e["dur_us"] for e in events), default=0.0) / 1000
         return (f"<ppkit.Profile: {len(self.ranks)} ranks, {len(events)} ops over {span:.1f} ms; "
                 ".summary(), .save(path), .timeline()>")
+
+
+def _applied(results: dict[int, dict], offsets: dict[int, Offset], here: str) -> dict[int, float]:
+    """By rank, the offset to take off: one per clock other than ``here``'s, for all its ranks or none."""
+    by_clock: dict[str, list[int]] = {}
+    for rank, result in results.items():
+        clock = result.get("clock", result.get("host", here))
+        if clock != here and rank in offsets:
+            by_clock.setdefault(clock, []).append(rank)
+    applied = {}
+    for ranks in by_clock.values():
+        offset = clocks.shared([offsets[rank] for rank in ranks])
+        if offset.applies():
+            applied.update(dict.fromkeys(ranks, offset.offset_us))
+    return applied
 
 
 def _parsed(result: dict) -> dict:

@@ -12,17 +12,19 @@ hidden part. Idle is the rank's span (first op's start to last op's end) in whic
 between ops included). Top ops: by self time (an op's own time, its children's taken off), the
 profiler's usual ranking.
 
-On a GPU the CPU only launches kernels and then waits, so a rank whose trace has CUDA kernels is summed
-up in GPU time: compute is its compute kernels, communication NCCL's kernels (on their own stream),
-overlapped the time both ran, the span from its first GPU event to its last (copies and memsets
-included, counted as neither), and the top ops its kernels (``measured_on``: "GPU" or "CPU")."""
+On a GPU the CPU only launches kernels and then waits, so a rank whose collectives ran as kernels on
+its GPU (NCCL's) is summed up in GPU time: compute is its compute kernels, communication NCCL's kernels
+(on their own stream), overlapped the time both ran, the span from its first GPU event to its last (copies and memsets
+included, counted as neither), and the top ops its kernels (``measured_on``: "GPU" or "CPU"). A rank
+with kernels but no communication kernel (a stray kernel, or CUDA tensors sent through gloo) keeps its CPU
+time, where its collectives are."""
 
 from __future__ import annotations
 
 import html
 from collections import defaultdict
 
-from ppkit.profiling.classify import COMMUNICATION, COMPUTE, GPU_CATEGORIES
+from ppkit.profiling.classify import BACKEND_SPANS, COMMUNICATION, COMPUTE, GPU_CATEGORIES, LABELS
 
 TOP = 5
 COLUMNS = ("rank", "span_ms", "compute_ms", "communication_ms", "overlapped_ms", "overlap_pct", "idle_ms", "top_ops",
@@ -87,14 +89,41 @@ OPERATOR_CATEGORIES = {"cpu_op"}  # torch's operators; a user_annotation is a la
 NOT_NESTING = {"python_function"}  # Python frames (with_stack) around and inside ops: no work of their own
 
 
-def compute_intervals(events: list[dict]) -> list[tuple[float, float]]:
-    """When the rank computed: each operator's own time (its span less its children's), for the operators
-    that are neither inside a collective (gloo's own copies are communication's work) nor around one (an
-    ``evaluate_function`` whose hook launched or waited for an all_reduce). Labels count through their ops."""
-    chosen: list[tuple[float, float]] = []
+def async_records(events: list[dict]) -> list[dict]:
+    """The backend's spans that are no call frame: a ``gloo:send`` or ``nccl:all_reduce`` that the op
+    launching it (``c10d::send``) starts on the calling thread and ``wait()`` ends, later. Such a span
+    outlives the op it starts in, and whatever the thread ran meanwhile (the matmuls beside an isend) is
+    not inside it. On gloo's own thread a ``gloo:all_reduce`` starts inside nothing: a call frame, whose
+    copies are the collective's work."""
+    found: list[dict] = []
     by_thread: dict[tuple, list[dict]] = defaultdict(list)
     for event in events:
         if event.get("cat") not in NOT_NESTING:
+            by_thread[(event["rank"], event["tid"])].append(event)
+    for thread in by_thread.values():
+        ends: list[float] = []  # the open call frames' ends, innermost last
+        for event in sorted(thread, key=lambda e: (e["start_us"], -e["dur_us"])):
+            end = event["start_us"] + event["dur_us"]
+            while ends and ends[-1] <= event["start_us"]:
+                ends.pop()
+            if (event.get("cat") == LABELS and event["name"].startswith(BACKEND_SPANS) and ends
+                    and ends[-1] < end):
+                found.append(event)
+            else:
+                ends.append(end)
+    return found
+
+
+def compute_intervals(events: list[dict]) -> list[tuple[float, float]]:
+    """When the rank computed: each operator's own time (its span less its children's), for the operators
+    that are neither inside a collective (gloo's own copies are communication's work) nor around one (an
+    ``evaluate_function`` whose hook launched or waited for an all_reduce). Labels count through their ops,
+    and a backend's span that is no call frame (``async_records``) holds none."""
+    chosen: list[tuple[float, float]] = []
+    by_thread: dict[tuple, list[dict]] = defaultdict(list)
+    unframed = {id(event) for event in async_records(events)}
+    for event in events:
+        if event.get("cat") not in NOT_NESTING and id(event) not in unframed:
             by_thread[(event["rank"], event["tid"])].append(event)
     for thread in by_thread.values():
         stack: list[list] = []  # [event, end, children's (start, end), holds a collective]
@@ -133,7 +162,8 @@ def _intervals(events) -> list[tuple[float, float]]:
 
 def rank_row(rank: int, events: list[dict]) -> dict:
     kernels = [e for e in events if e.get("cat") == "kernel"]
-    if kernels:  # GPU time: the CPU's ops are launches and waits
+    on_gpu = any(e["kind"] == COMMUNICATION for e in kernels)  # NCCL's kernels: the collectives ran there
+    if on_gpu:  # GPU time: the CPU's ops are launches and waits
         events = [e for e in events if e.get("cat") in GPU_CATEGORIES - {"gpu_user_annotation"}]
         spans = {k: _intervals(e for e in kernels if e["kind"] == k) for k in (COMPUTE, COMMUNICATION)}
     else:
@@ -149,7 +179,7 @@ def rank_row(rank: int, events: list[dict]) -> dict:
             "communication_ms": communication / 1000, "overlapped_ms": overlapped / 1000,
             "overlap_pct": 100 * overlapped / communication if communication else 0.0,
             "idle_ms": (span - length(busy)) / 1000, "top_ops": [(name, us / 1000) for name, us in top],
-            "measured_on": "GPU" if kernels else "CPU"}
+            "measured_on": "GPU" if on_gpu else "CPU"}
 
 
 class Summary:
