@@ -3,15 +3,15 @@
 The kernel is the *controller*: it listens on an authenticated control channel, a launcher (launchers/, chosen by
 name) starts one worker per rank, and every worker connects back. What they say arrives in one inbox (inbox.py), read
 in the thread that called ``start``/``run``, so output lands in the right cell. Here: the state machine (starting,
-ready, broken, closed) and the public methods; jobs in job_running.py, errors worded in diagnostics.py.
+ready, broken, closed) and the public methods. The Cluster owns two parts, each handed the ranks' ``RankLinks``
+(links.py) and only what else it needs: its job runner (job_running.py) and its post-mortems
+(debug/post_mortem.py). Errors are worded in diagnostics.py.
 """
 
 from __future__ import annotations
 
 import atexit
-import itertools
 import os
-import threading
 import time
 import weakref
 from dataclasses import asdict
@@ -22,8 +22,9 @@ from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.budget import read_budget
 from ppkit.cluster.debug import post_mortem
 from ppkit.cluster.inbox import Closed, Inbox, Item
-from ppkit.cluster.job_running import JobRunning
+from ppkit.cluster.job_running import JobRunner, profiled
 from ppkit.cluster.launchers import Process
+from ppkit.cluster.links import RankLinks
 from ppkit.cluster.output import RankPrinter
 from ppkit.cluster.spec import DEFAULT_START_TIMEOUT_S, DEFAULT_TIMEOUT_S, ClusterSpec, cluster_spec
 from ppkit.errors import ClusterStateError, LaunchError
@@ -34,7 +35,7 @@ CONTROL_SEND_S = 2.0  # a control message (cancel, shutdown, ...) to a rank that
 _live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
-class Cluster(post_mortem.PostMortemDebugging, JobRunning):
+class Cluster:
     """A world of ``world_size`` ranks, each a background worker process.
 
     >>> with Cluster(2) as cluster:
@@ -65,23 +66,33 @@ class Cluster(post_mortem.PostMortemDebugging, JobRunning):
     @classmethod
     def from_spec(cls, spec: ClusterSpec) -> Cluster:
         """A cluster started from options already checked (``spec.cluster_spec``)."""
-        (cluster := cls.__new__(cls))._begin(spec)
+        cluster = cls.__new__(cls)
+        cluster._begin(spec)
         return cluster
 
     def _begin(self, spec: ClusterSpec) -> None:
-        self.spec, self.world_size = spec, spec.world_size
+        self.spec = spec
+        self.world_size = spec.world_size
         # 'auto' counts GPUs, which imports torch (seconds): done below, while the fork server imports it too
         self.backend = spec.backend  # "gloo" or "nccl" already checked (nccl's GPUs counted) by the spec
-        self.timeout, self.start_timeout, self.process_group = spec.timeout, spec.start_timeout, spec.process_group
-        self.state, self._broken_reason, self._generation, self.isolation = "starting", "", 0, None
+        self.timeout = spec.timeout
+        self.start_timeout = spec.start_timeout
+        self.process_group = spec.process_group
+        self.state = "starting"
+        self._broken_reason = ""
+        self._generation = 0  # how many times the workers were started anew
+        self.isolation = None
         self._pid = os.getpid()  # the process that owns the workers (see _close_all)
         self.workers: dict[int, dict] = {}
         self._key = spec.key or channel.new_key()
         self._printer = RankPrinter(list(spec.labels) if spec.labels else None, spec.world_size)  # "rank N"
         self._inbox = Inbox(self._routine, output=self._printer)
         self._conns: dict[int, object] = {}  # rank -> this generation's connection
-        self._job_ids, self._sources_sent, self._one_job = itertools.count(1), set(), threading.Lock()
         self._launcher = launchers.create(spec, self._inbox, self._key)
+        links = RankLinks(spec.world_size, self._inbox, self._send, self._conns, self._launcher, self._printer)
+        self._jobs = JobRunner(links, check_usable=self._check_usable, on_break=self._break, restart=self.restart,
+                               workers=lambda: self.workers)
+        self._post_mortems = post_mortem.PostMortems(links)
         host, port = self._launcher.server_address()
         try:
             self._server = channel.ChannelServer(host, port, self._key, self._greet)
@@ -120,6 +131,28 @@ class Cluster(post_mortem.PostMortemDebugging, JobRunning):
         self._kill_workers(quiet=True)
         self._break(reason)
 
+    @property
+    def generation(self) -> int:
+        """How many times its workers were started anew (``restart()``): a kept rank belongs to one."""
+        return self._generation
+
+    def stop_workers_but(self, keep: tuple[int, ...], reason: str) -> None:
+        """Stop every worker but ``keep``'s, SIGTERM then SIGKILL, as torchrun's agent stops the other
+        ranks after a failure; ``keep``'s stay connected, for a post-mortem, until ``stop_kept``."""
+        others = {rank: worker for rank, worker in self.workers.items() if rank not in keep}
+        self._launcher.stop(others)
+        for rank in others:
+            conn = self._conns.pop(rank, None)
+            if conn is not None:
+                conn.close()
+        self._break(reason)
+
+    def stop_kept(self, generation: int) -> None:
+        """Stop the workers ``stop_workers_but`` kept, if they are still this cluster's (``generation``)."""
+        with self._jobs.exclusive():  # not during a post-mortem on them
+            if self.state != "closed" and self._generation == generation:
+                self.stop_workers("the rank kept for %debug was released.")
+
     # -- connections (each in its own thread) ---------------------------------------------------
     def _greet(self, conn) -> None:
         try:
@@ -128,13 +161,14 @@ class Cluster(post_mortem.PostMortemDebugging, JobRunning):
             conn.close()
             return
         if isinstance(first, Hello):
-            generation, rank = self._generation, first.info.rank
+            generation = self._generation  # the workers this connection belongs to
+            rank = first.info.rank
             if not isinstance(rank, int) or not 0 <= rank < self.world_size:
                 conn.send(Reject(f"this cluster has ranks 0..{self.world_size - 1}, not {rank!r}"))
                 conn.close()
                 return
             config = worker_setup.worker_config(rank, self.world_size, self.backend, self.process_group, self._env,
-                                          self.start_timeout, self._threads)
+                                                self.start_timeout, self._threads)
             conn.send(Init(self._launcher.init_config(rank, config, generation)))
             self._conns[rank] = conn
             self._inbox.read(conn, rank, generation)
@@ -186,7 +220,7 @@ class Cluster(post_mortem.PostMortemDebugging, JobRunning):
     def _start_workers(self) -> None:
         self.state = "starting"
         self.workers = {}
-        self._sources_sent = set()
+        self._jobs.new_ranks()
         deadline = time.monotonic() + self.start_timeout
         ready: set[int] = set()
         self._launcher.begin()
@@ -237,7 +271,8 @@ class Cluster(post_mortem.PostMortemDebugging, JobRunning):
         self._drain()
 
     def _break(self, reason: str) -> None:
-        self.state, self._broken_reason = "broken", reason
+        self.state = "broken"
+        self._broken_reason = reason
 
     def close(self) -> None:
         """Stop every worker and the fork server. Safe to call twice."""
@@ -263,7 +298,42 @@ class Cluster(post_mortem.PostMortemDebugging, JobRunning):
         ``JobTimeoutError`` (with where each rank waits) after ``timeout`` seconds. One job at a time:
         a widget's callback may call this from another thread of the kernel (JupyterLab's subshells).
         """
-        return self._job(fn, args, kwargs, self.timeout if timeout is None else positive(timeout, "timeout"))
+        return self._jobs.run(fn, args, kwargs, self.timeout if timeout is None else positive(timeout, "timeout"))
+
+    def run_to_exit(self, fn, args: tuple, timeout: float | None, watch=None) -> list:
+        """``fn(rank, world_size, *args)`` as each rank's last job: its process then ends as a script
+        does (non-daemon threads joined, atexit handlers run), and an exit with status 0 is a success.
+        ``timeout`` None: no limit; ``watch`` (a ``HangWatch``) then says once where ranks hang.
+        What ppkit.spawn and %%torchrun run on; the cluster needs ``restart()`` afterwards."""
+        try:
+            return self._jobs.run(fn, args, {}, timeout, last=True, watch=watch)
+        finally:
+            self._break("its processes ran their last job.")
+
+    def profile(self, profile=True):
+        """Every ``run`` in the block runs under torch.profiler on every rank; the ``Profile`` it gives
+        is filled when the block ends (docs/profiling.md). ``profile=dict(record_shapes=True)`` adds shapes.
+
+        >>> with cluster.profile() as prof:
+        ...     cluster.run(train_step)
+        >>> prof.summary()
+        """
+        return profiled(self.run, profile)
+
+    def debug(self, rank: int | None = None) -> None:
+        """Open pdb on ``rank`` at the frame that raised in the last job, with its locals.
+
+        ``rank`` defaults to the first rank of the last error IPython saw (``sys.last_value``).
+        ``c`` or ``q`` ends the session; the rank keeps its traceback until its next job.
+
+        >>> cluster.run(train)      # RemoteError: rank 1 raised RuntimeError ...
+        >>> cluster.debug()         # (Pdb rank 1) p x.shape
+        """
+        rank = post_mortem.rank_to_debug(rank, self.world_size)
+        with self._jobs.exclusive():
+            if self.state == "closed":
+                raise ClusterStateError("this cluster is closed: its ranks and their tracebacks are gone.")
+            self._post_mortems.open(rank, self._generation)
 
     def _check_usable(self) -> None:
         if self.state == "closed":

@@ -1,81 +1,76 @@
-"""Running a job on a cluster's ranks: ``cluster.run``'s jobs, and the last job of a process.
+"""Running jobs on a cluster's ranks: the job runner a ``Cluster`` owns, and runs under the profiler.
 
-``run_to_exit`` is what ppkit.spawn and %%torchrun run on: each rank's process runs one job and then
-ends as a script ends (transport/interpreter_exit.py), as mp.spawn's and torchrun's processes do.
+A ``JobRunner`` runs one job at a time (jobs.py: one ``Job`` per ``run``). The cluster hands it its
+``RankLinks`` (links.py) and four callables: ``check_usable()`` before each job, ``on_break(reason)``
+when a job leaves ranks that need a restart, ``restart()`` after a pdb quit left ranks blocked, and
+``workers()``, the current workers' info. It reads nothing else of the cluster. A job with ``last=True``
+is what ppkit.spawn and %%torchrun run on: each rank's process runs it and then ends as a script ends
+(transport/interpreter_exit.py), as mp.spawn's and torchrun's processes do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import threading
+from collections.abc import Callable
 
 from ppkit.cluster.jobs import Job, check_job_function, new_cell_sources, pack_job
+from ppkit.cluster.links import RankLinks
 
 
-class JobRunning:
-    """The cluster's methods that run jobs (mixed into ``Cluster``)."""
+class JobRunner:
+    """Runs a cluster's jobs, one at a time (a widget's callback may call ``run`` from another thread)."""
 
-    def run_to_exit(self, fn, args: tuple, timeout: float | None, watch=None) -> list:
-        """``fn(rank, world_size, *args)`` as each rank's last job: its process then ends as a script
-        does (non-daemon threads joined, atexit handlers run), and an exit with status 0 is a success.
-        ``timeout`` None: no limit; ``watch`` (a ``HangWatch``) then says once where ranks hang.
-        What ppkit.spawn and %%torchrun run on; the cluster needs ``restart()`` afterwards."""
-        try:
-            return self._job(fn, args, {}, timeout, last=True, watch=watch)
-        finally:
-            self._break("its processes ran their last job.")
+    def __init__(self, links: RankLinks, *, check_usable: Callable[[], None], on_break: Callable[[str], None],
+                 restart: Callable[[], object], workers: Callable[[], dict]):
+        self._links = links
+        self._check_usable = check_usable
+        self._on_break = on_break
+        self._restart = restart
+        self._workers = workers
+        self._job_ids = itertools.count(1)
+        self._sources_sent: set[str] = set()  # the notebook cells whose source the ranks have
+        self._one_job = threading.Lock()
 
-    @contextlib.contextmanager
-    def profile(self, profile=True):
-        """Every ``run`` in the block runs under torch.profiler on every rank; the ``Profile`` it gives
-        is filled when the block ends (docs/profiling.md). ``profile=dict(record_shapes=True)`` adds shapes.
+    def exclusive(self) -> threading.Lock:
+        """``with runner.exclusive():`` no job runs meanwhile (a post-mortem, stopping a kept rank)."""
+        return self._one_job
 
-        >>> with cluster.profile() as prof:
-        ...     cluster.run(train_step)
-        >>> prof.summary()
-        """
-        from ppkit.profiling import clocks, collect
-        from ppkit.profiling.profile import Profile
+    def new_ranks(self) -> None:
+        """The ranks were started anew: they have no notebook cell's source yet."""
+        self._sources_sent = set()
 
-        options = collect.request(profile) or collect.Request()
-        offsets = clocks.measure(self.run)
-        prof = Profile()
-        self.run(collect.start, options)
-        try:
-            yield prof
-        except BaseException:  # a job of the block failed: the recording ends, and its error goes on
-            with contextlib.suppress(Exception):
-                self.run(collect.stop)
-            raise
-        values = self.run(collect.stop)
-        prof._load({rank: v for rank, v in enumerate(values) if isinstance(v, dict)}, offsets)
-
-    @property
-    def generation(self) -> int:
-        """How many times its workers were started anew (``restart()``): a kept rank belongs to one."""
-        return self._generation
-
-    def stop_workers_but(self, keep: tuple[int, ...], reason: str) -> None:
-        """Stop every worker but ``keep``'s, SIGTERM then SIGKILL, as torchrun's agent stops the other
-        ranks after a failure; ``keep``'s stay connected, for a post-mortem, until ``stop_kept``."""
-        others = {rank: worker for rank, worker in self.workers.items() if rank not in keep}
-        self._launcher.stop(others)
-        for rank in others:
-            conn = self._conns.pop(rank, None)
-            if conn is not None:
-                conn.close()
-        self._break(reason)
-
-    def stop_kept(self, generation: int) -> None:
-        """Stop the workers ``stop_workers_but`` kept, if they are still this cluster's (``generation``)."""
-        with self._one_job:  # not during a post-mortem on them
-            if self.state != "closed" and self._generation == generation:
-                self.stop_workers("the rank kept for %debug was released.")
-
-    def _job(self, fn, args: tuple, kwargs: dict, timeout: float | None, **how) -> list:
+    def run(self, fn, args: tuple, kwargs: dict, timeout: float | None, *, last: bool = False, watch=None) -> list:
+        """``fn(rank, world_size, *args, **kwargs)`` on every rank; its values by rank, or the job's error.
+        ``last``: each rank's process then ends as a script does; ``watch`` (a ``HangWatch``) says once
+        where ranks hang when ``timeout`` is None."""
         check_job_function(fn)
+        links = self._links
         with self._one_job:
             self._check_usable()
-            job = Job(next(self._job_ids), self.world_size, self._inbox, self._send, self._launcher,
-                      self._printer, self._break, self._conns, self.restart)
-            return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout, self.workers,
-                           **how)
+            job = Job(next(self._job_ids), links.world_size, links.inbox, links.send, links.launcher,
+                      links.printer, self._on_break, links.conns, self._restart)
+            return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout,
+                           self._workers(), last=last, watch=watch)
+
+
+@contextlib.contextmanager
+def profiled(run, profile=True):
+    """``Cluster.profile``: every ``run`` in the block runs under torch.profiler on every rank; the
+    ``Profile`` it gives is filled when the block ends (docs/profiling.md)."""
+    from ppkit.profiling import clocks, collect
+    from ppkit.profiling.profile import Profile
+
+    options = collect.request(profile) or collect.Request()
+    offsets = clocks.measure(run)
+    prof = Profile()
+    run(collect.start, options)
+    try:
+        yield prof
+    except BaseException:  # a job of the block failed: the recording ends, and its error goes on
+        with contextlib.suppress(Exception):
+            run(collect.stop)
+        raise
+    values = run(collect.stop)
+    prof._load({rank: v for rank, v in enumerate(values) if isinstance(v, dict)}, offsets)

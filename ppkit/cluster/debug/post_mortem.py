@@ -15,49 +15,41 @@ import time
 from ppkit.cluster.debug import parked
 from ppkit.cluster.debug.sessions import Sessions
 from ppkit.cluster.inbox import Closed
+from ppkit.cluster.links import RankLinks
 from ppkit.errors import ClusterStateError, ConfigError, DebuggerQuit, ProcessRaisedError, RemoteError
 from ppkit.transport.debug.messages import DebugLeft, DebugLine, DebugPrompt, PostMortem
 
 POLL_S = 0.5
 
 
-class PostMortemDebugging:
-    """``Cluster.debug``: the cluster's methods for a post-mortem (mixed into ``Cluster``)."""
+class PostMortems:
+    """A cluster's post-mortems (``Cluster.debug``): handed the cluster's ``RankLinks`` and nothing else."""
 
-    def debug(self, rank: int | None = None) -> None:
-        """Open pdb on ``rank`` at the frame that raised in the last job, with its locals.
+    def __init__(self, links: RankLinks):
+        self._links = links
 
-        ``rank`` defaults to the first rank of the last error IPython saw (``sys.last_value``).
-        ``c`` or ``q`` ends the session; the rank keeps its traceback until its next job.
-
-        >>> cluster.run(train)      # RemoteError: rank 1 raised RuntimeError ...
-        >>> cluster.debug()         # (Pdb rank 1) p x.shape
-        """
-        rank = _rank_to_debug(rank, self.world_size)
-        with self._one_job:
-            if self.state == "closed":
-                raise ClusterStateError("this cluster is closed: its ranks and their tracebacks are gone.")
-            if not self._send(rank, PostMortem()):
-                raise ClusterStateError(f"rank {rank} is gone (its process ended): there is no traceback to look "
-                                        "at. cluster.restart(), run the job again, then cluster.debug().")
-            self._post_mortem_session(rank)
-
-    def _post_mortem_session(self, rank: int) -> None:
-        sessions = Sessions(self._send, self._printer.flush)  # world_size 0: no other ranks to mention
+    def open(self, rank: int, generation: int) -> None:
+        """pdb on ``rank`` (of the cluster's worker ``generation``) at the frame that raised in its last job,
+        until the learner's ``c`` or ``q``. The caller holds the job runner's lock: no job runs meanwhile."""
+        links = self._links
+        if not links.send(rank, PostMortem()):
+            raise ClusterStateError(f"rank {rank} is gone (its process ended): there is no traceback to look "
+                                    "at. cluster.restart(), run the job again, then cluster.debug().")
+        sessions = Sessions(links.send, links.printer.flush)  # world_size 0: no other ranks to mention
         others = []
         try:
             while True:
-                item = self._inbox.next(time.monotonic() + POLL_S)
+                item = links.inbox.next(time.monotonic() + POLL_S)
                 if item is None:
                     continue
-                if item.source != rank or item.generation != self._generation:
+                if item.source != rank or item.generation != generation:
                     others.append(item)
                 elif isinstance(item.msg, Closed):
                     raise ClusterStateError(f"rank {rank} died during its post-mortem: cluster.restart().")
                 elif isinstance(item.msg, DebugPrompt) and sessions.ended is None:
                     sessions.take(rank, item.msg)
                     if sessions.ended is not None:  # interrupted, or no stdin: pdb on the rank must end too
-                        self._send(rank, DebugLine("q"))
+                        links.send(rank, DebugLine("q"))
                 elif isinstance(item.msg, DebugLeft):
                     sessions.take(rank, item.msg)
                     _check_ended(item.msg, sessions, rank)
@@ -65,8 +57,8 @@ class PostMortemDebugging:
                 else:
                     others.append(item)
         finally:
-            self._printer.flush()
-            self._inbox.put_back(others)
+            links.printer.flush()
+            links.inbox.put_back(others)
 
 
 def _check_ended(left: DebugLeft, sessions: Sessions, rank: int) -> None:
@@ -82,7 +74,7 @@ def _check_ended(left: DebugLeft, sessions: Sessions, rank: int) -> None:
         print(f"[ppkit] interrupted: the post-mortem on rank {rank} ended.")
 
 
-def _rank_to_debug(rank: int | None, world_size: int) -> int:
+def rank_to_debug(rank: int | None, world_size: int) -> int:
     if rank is None:
         error = getattr(sys, "last_value", None)
         if not isinstance(error, RemoteError) or not error.ranks:
