@@ -200,6 +200,7 @@ def _fail_a_rendezvous(rank, world_size, path):
     return "joined"
 
 
+@pytest.mark.slow
 def test_a_rank_left_behind_by_a_failed_rendezvous_still_gets_the_named_mistake(bare, tmp_path):
     assert bare.run(_fail_a_rendezvous, str(tmp_path / "store"))[1] != "joined"
     with pytest.raises(ExerciseFailed) as info:
@@ -226,6 +227,7 @@ def test_the_wrong_answers_are_named_twenty_times_in_a_row(bare):
     assert unnamed == [], "\n".join(unnamed)
 
 
+@pytest.mark.slow
 def test_a_group_that_cannot_be_made_says_so_and_not_that_the_answer_is_wrong(bare, monkeypatch, tmp_path):
     from ppkit.exercises import subworld
 
