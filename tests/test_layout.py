@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
+import inspect
 import re
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -260,3 +263,69 @@ def test_every_message_and_payload_is_a_typed_frozen_dataclass():
     assert len(classes) > 20 and all(dataclasses.is_dataclass(c) for c in classes), \
         [c.__name__ for c in classes if not dataclasses.is_dataclass(c)]
     assert [p for c in classes for p in payload_problems(c, messages)] == []
+
+
+# -- a part of a class is an object of its own, not a mixin that reaches into the class's state ----------------
+OWNED_STATE_PACKAGES = ("ppkit.cluster", "ppkit.transport")
+
+
+def _class_node(cls) -> ast.ClassDef | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    except (OSError, TypeError, IndentationError):
+        return None
+
+
+def _names_set_by(cls) -> set[str]:
+    """What ``cls`` defines itself: its methods and class attributes, and every ``self.X = ...``."""
+    node = _class_node(cls)
+    names = set(vars(cls))
+    if node is None:
+        return names
+    for sub in ast.walk(node):
+        targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
+            sub, (ast.AnnAssign, ast.AugAssign)) else []
+        names.update(e.attr for t in targets for e in ast.walk(t)
+                     if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self")
+    return names
+
+
+def private_state_read_but_not_owned(cls) -> list[str]:
+    """The ``self._x`` that methods of ``cls`` read but neither ``cls`` nor a class it inherits from sets or
+    defines: state some other class owns, as in a mixin that another class must be mixed with."""
+    node = _class_node(cls)
+    if node is None:
+        return []
+    owned = set().union(*(_names_set_by(base) for base in cls.__mro__ if base is not object))
+    read = {sub.attr for sub in ast.walk(node) if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name)
+            and sub.value.id == "self" and sub.attr.startswith("_") and not sub.attr.startswith("__")}
+    return sorted(read - owned)
+
+
+def test_the_owned_state_check_catches_a_mixin(tmp_path, monkeypatch):
+    # a guard for the test below, with the shape the cluster's job running had (issue 46)
+    (tmp_path / "mixed.py").write_text(textwrap.dedent('''
+        class Runs:
+            def run(self):
+                with self._one_job:
+                    return self._launcher.go(self._conns)
+
+        class Owner(Runs):
+            def __init__(self):
+                self._one_job, self._launcher, self._conns = None, None, {}
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mixed = importlib.import_module("mixed")
+    assert private_state_read_but_not_owned(mixed.Runs) == ["_conns", "_launcher", "_one_job"]
+    assert private_state_read_but_not_owned(mixed.Owner) == []
+
+
+def test_no_class_reads_private_state_that_another_class_owns():
+    found = []
+    for name in sorted(n for n in MODULES if n.startswith(OWNED_STATE_PACKAGES)):
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if inspect.isclass(cls) and cls.__module__ == name and (missing := private_state_read_but_not_owned(cls)):
+                found.append(f"{name}.{cls.__qualname__} reads {missing}, which it does not set: give the part its own "
+                             "object, handed what it needs (shared/STYLE.md)")
+    assert found == []
