@@ -301,7 +301,7 @@ def _hovers(prof, name):
 
 @pytest.mark.slow
 def test_every_collectives_hover_names_its_size_in_bytes_for_its_dtype(cluster2):
-    with cluster2.profile(dict(record_shapes=True)) as prof:
+    with cluster2.profile() as prof:  # by default: before, only profile=dict(record_shapes=True) had sizes
         cluster2.run(collectives_of_every_size)
     for rank in (0, 1):
         gloo = sorted((e for e in prof.events(rank=rank) if e["name"] == "gloo:all_reduce"),
@@ -312,11 +312,13 @@ def test_every_collectives_hover_names_its_size_in_bytes_for_its_dtype(cluster2)
     assert sorted(row[3] for row in _hovers(prof, "gloo:all_reduce")) == sorted(
         ["2,000 bytes"] * 4 + ["8,000 bytes"] * 4)
     assert {row[3] for row in _hovers(prof, "c10d::allreduce_")} == {"1,000 elements"}
-    with cluster2.profile() as plain:  # no shapes recorded: the hover says how to get the size
+    with cluster2.profile(dict(record_shapes=False)) as plain:  # shapes turned off: the hover says so
         cluster2.run(collectives_of_every_size)
     assert {e["bytes"] for e in plain.events(kind="communication")} == {None}
     assert {row[3] for row in _hovers(plain, "gloo:all_reduce")} == {
-        "size not recorded: profile=dict(record_shapes=True) records it"}
+        "size not in the trace (recorded unless profile=dict(record_shapes=False))"}
+    barrier = {"name": "gloo:barrier", "kind": "communication", "args": {}, "bytes": None, "elements": None}
+    assert timeline.size_text(barrier) == "no data: a barrier"  # gloo's barrier takes no tensor
 
 
 def test_item_sizes_cover_every_dtype_name_the_profiler_writes(tmp_path):

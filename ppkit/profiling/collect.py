@@ -1,9 +1,9 @@
 """The ranks' side of profiling: run a job under ``torch.profiler`` and send its trace back.
 
 A rank records CPU activities (gloo's collectives included: they are recorded on its threads) and, where
-CUDA is present, CUDA activity: the kernels on each stream, NCCL's on their own; input shapes and Python
-stacks only when asked, since they make the trace larger and the run slower. While it records, another
-torch profiler on the rank is refused by name (one_profiler.py)."""
+CUDA is present, CUDA activity: the kernels on each stream, NCCL's on their own; input shapes, which give
+each collective its size in bytes (on by default, docs/profiling.md says what they cost); Python stacks only
+when asked. While it records, another torch profiler on the rank is refused by name (one_profiler.py)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from ppkit.profiling import one_profiler
 
 @dataclass(frozen=True)
 class Request:
-    """What a profiled run records: ``record_shapes`` (each op's input shapes, shown on hover) and
-    ``with_stack`` (the Python stack of each op). Both off by default: they cost time and trace size."""
+    """What a profiled run records: ``record_shapes`` (each op's input shapes: a collective's size in
+    bytes on its hover; on by default, ``profile=dict(record_shapes=False)`` for a smaller trace) and
+    ``with_stack`` (the Python stack of each op; off unless asked: it costs time and trace size)."""
 
-    record_shapes: bool = False
+    record_shapes: bool = True
     with_stack: bool = False
 
 
@@ -43,7 +44,7 @@ def request(profile) -> Request | None:
         raise ConfigError(f"profile={profile!r} names {', '.join(map(repr, unknown))}, which the profiler does not "
                           "take. Give profile=True, or profile=dict(record_shapes=True, with_stack=True).")
     raise ConfigError(f"profile must be True, False or a dict of options, got {type(profile).__name__} "
-                      f"{profile!r:.60}: profile=True, or profile=dict(record_shapes=True) for input shapes.")
+                      f"{profile!r:.60}: profile=True, or profile=dict(with_stack=True) for Python stacks.")
 
 
 def activities() -> list:

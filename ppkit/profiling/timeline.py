@@ -32,17 +32,20 @@ def depths(events: list[dict]) -> list[int]:
     return out
 
 
-NOT_RECORDED = "size not recorded: profile=dict(record_shapes=True) records it"
+NOT_RECORDED = "size not in the trace (recorded unless profile=dict(record_shapes=False))"
+NO_DATA = "no data: a barrier"  # gloo:barrier takes no tensor
 
 
 def size_text(event: dict) -> str:
     """The hover's size line: bytes where the trace says (sizes.py), else elements (a c10d op's tensor
-    list has no dtype), else, for a collective, how to record it."""
+    list has no dtype), else, for a collective, why it is missing."""
     if event.get("bytes"):
         return f"{event['bytes']:,} bytes"
     if event.get("elements"):
         return f"{event['elements']:,} elements"
-    return NOT_RECORDED if event["kind"] == COMMUNICATION else ""
+    if event["kind"] != COMMUNICATION:
+        return ""
+    return NO_DATA if event["name"].endswith("barrier") else NOT_RECORDED
 
 
 def _hover(event: dict) -> list[str]:
