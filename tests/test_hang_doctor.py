@@ -155,3 +155,12 @@ def test_a_mismatch_that_completed_on_every_rank_is_still_named():
     assert diagnosis.problem and diagnosis.mismatched[0].seq == 1
     assert "collective #1 does not match: the sizes differ" in str(diagnosis)
     assert "it completed on every rank anyway" in str(diagnosis)
+
+
+def test_a_torchrun_cell_names_the_mismatch(kc):
+    cell = run_cell(kc, "%%torchrun --nproc-per-node 2 --timeout 9\nimport torch, torch.distributed as dist\n"
+                        "dist.init_process_group('gloo')\nt = torch.ones(4)\n"
+                        "dist.all_reduce(t) if dist.get_rank() == 0 else dist.broadcast(t, src=0)\n")
+    text = cell.text + str(cell.error)
+    assert "collective #1 does not match: the op differs" in text, text
+    assert "rank 0: all_reduce #1 of [4] Float" in text and "rank 1: broadcast #1 of [4] Float" in text, text
