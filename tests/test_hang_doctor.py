@@ -164,3 +164,41 @@ def test_a_torchrun_cell_names_the_mismatch(kc):
     text = cell.text + str(cell.error)
     assert "collective #1 does not match: the op differs" in text, text
     assert "rank 0: all_reduce #1 of [4] Float" in text and "rank 1: broadcast #1 of [4] Float" in text, text
+
+
+def test_the_doctor_on_demand_says_what_to_do_without_a_cluster():
+    import ppkit
+    from ppkit.cluster import session
+
+    if session.active() is None:
+        with pytest.raises(ppkit.ClusterStateError, match=r"no %%ranks cell has started one"):
+            ppkit.collective_doctor()
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=30) as cluster:
+        assert not ppkit.collective_doctor(cluster).problem  # no process group: nothing recorded, nothing wrong
+    with pytest.raises(ppkit.ClusterStateError, match="it is closed"):
+        ppkit.collective_doctor(cluster)
+
+
+def test_a_recorder_turned_off_and_an_unreadable_record_are_said():
+    from ppkit.cluster.hang_doctor import parse
+
+    assert parse("not json")["error"].startswith("unreadable record")
+    diagnosis = diagnose({0: {"buffer": 0, "calls": [], "groups": {}, "p2p": None}}, 2)
+    text = str(diagnosis)
+    assert "rank(s) [0] record nothing: TORCH_FR_BUFFER_SIZE=0" in text and "rank(s) [1] sent no record" in text
+
+
+def read_buffer(rank, world_size):
+    import os
+
+    return os.environ.get("TORCH_FR_BUFFER_SIZE")
+
+
+def test_every_rank_records_unless_the_learner_chose_a_size():
+    import ppkit
+
+    with ppkit.Cluster(2, "gloo", timeout=30) as cluster:
+        assert cluster.run(read_buffer) == ["1000", "1000"]
+    with ppkit.Cluster(2, "gloo", timeout=30, env={"TORCH_FR_BUFFER_SIZE": "0"}) as cluster:
+        assert cluster.run(read_buffer) == ["0", "0"]
+        assert "record nothing: TORCH_FR_BUFFER_SIZE=0" in str(ppkit.collective_doctor(cluster))
