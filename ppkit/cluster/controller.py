@@ -312,7 +312,7 @@ class Cluster:
 
     def profile(self, profile=True):
         """Every ``run`` in the block runs under torch.profiler on every rank; the ``Profile`` it gives
-        is filled when the block ends (docs/profiling.md). ``profile=dict(record_shapes=True)`` adds shapes.
+        is filled when the block ends (docs/profiling.md). ``profile=dict(record_shapes=False)`` leaves out shapes.
 
         >>> with cluster.profile() as prof:
         ...     cluster.run(train_step)

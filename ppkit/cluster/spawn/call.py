@@ -56,7 +56,7 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
     ``SpawnContext`` at once. ``daemon`` is accepted and ignored: the processes never outlive the
     kernel. Returns None, as mp.spawn does (return values are dropped; use ``cluster.run`` for them).
     ``profile=True`` runs every process under torch.profiler and returns a ``ppkit.Profile``: one
-    timeline of all of them (docs/profiling.md); ``profile=dict(record_shapes=True)`` adds input shapes.
+    timeline of all of them (docs/profiling.md); ``profile=dict(record_shapes=False)`` leaves out input shapes.
     """
     args = _check(fn, args, nprocs, start_method)
     timeout = time_limit(timeout)

@@ -38,7 +38,7 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int =
     several ranks that are the same or differ only in their numbers shown once, ``[ranks 0-3] loss 2.31…2.35
     (rank 2: 2.91)`` (docs/torchrun.md); False shows every line of every rank. Returns None;
     with ``profile=True`` every rank runs under torch.profiler and a ``ppkit.Profile`` is returned
-    (``profile=dict(record_shapes=True)`` adds input shapes; docs/profiling.md).
+    (``profile=dict(record_shapes=False)`` leaves out input shapes; docs/profiling.md).
     """
     from ppkit.profiling import collect
 

@@ -94,7 +94,7 @@ def parser():
                         help="ppkit's own: run every rank under torch.profiler; the cell's value is a ppkit.Profile, "
                              "one timeline of every rank (docs/profiling.md)")
     parsed.add_argument("--profile-shapes", action="store_true",
-                        help="ppkit's own: --profile, and record each op's input shapes (a larger trace)")
+                        help="ppkit's own: the same as --profile, which records each op's input shapes")
     output_options.add_arguments(parsed)
     return parsed
 
