@@ -126,11 +126,17 @@ def _p2p_wait(frame) -> dict | None:
 
 
 def _in_distributed(frame) -> bool:
+    inside = os.path.join(_torch_dir(), "distributed")
     while frame is not None:
-        if "distributed" in frame.f_code.co_filename and "/torch/" in frame.f_code.co_filename.replace("\\", "/"):
+        if frame.f_code.co_filename.startswith(inside):
             return True
         frame = frame.f_back
     return False
+
+
+def _torch_dir() -> str:
+    torch = sys.modules.get("torch")
+    return os.path.dirname(torch.__file__) if torch is not None and torch.__file__ else os.sep + "torch" + os.sep
 
 
 def _frames_of(frame) -> list[tuple[str, int, str]]:
@@ -155,8 +161,8 @@ def _is_learners(filename: str) -> bool:
     if filename.startswith("<") and not filename.startswith("<%%ranks"):
         return filename.startswith("<ipython-input")
     norm = filename.replace("\\", "/")
-    return not (any(filename.startswith(own) for own in _OWN) or "/site-packages/" in norm
-                or "/lib/python3" in norm or "/torch/" in norm)
+    return not (any(filename.startswith(own) for own in _OWN) or filename.startswith(_torch_dir())
+                or "/site-packages/" in norm or "/lib/python3" in norm)
 
 
 _on_abort = None  # the handler (kept alive: ctypes calls it from C)
