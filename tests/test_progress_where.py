@@ -1,9 +1,13 @@
-"""Where the progress record lies (issue 46, item 10): in a kernel or terminal of a Jupyter server whose root is
-inside the learner's home (``c.Spawner.notebook_dir = "~/notebooks"``, common on workshop hubs), under that root,
-where the server's contents API, and so the instructor's room, can read it; in the home otherwise.
+"""Where the progress record lies (issue 46, items 10 and its review): one folder, ~/ppkit-progress, for every process
+of a learner (a kernel, a terminal outside Jupyter, ``ppkit progress --off``); under a Jupyter server rooted inside
+the home (``c.Spawner.notebook_dir = "~/notebooks"``, common on workshop hubs) ``<root>/ppkit-progress`` links to
+it, so the server's contents API (and so the instructor's room) reads it. An earlier layout's folder under the root,
+its OFF, and older ppkit's ~/.ppkit/progress.json move into the record once.
 
-Each case runs ``record_dir()`` in a child of this process, whose parent (this process) plays the Jupyter server:
-its ``jpserver-<pid>.json`` in the runtime folder names the root, as jupyter_server writes it."""
+A fake Jupyter server is a ``sleep`` child of this test with a ``jpserver-<pid>.json`` in the runtime folder (what
+jupyter_server writes at its start); a "kernel" is a process told its server by JPY_PARENT_PID, as jupyter_client
+tells a kernel; a "CLI" process has no server above it (ssh, a terminal outside JupyterLab, VS Code).
+"""
 
 from __future__ import annotations
 
@@ -15,15 +19,26 @@ import sys
 import pytest
 
 from ppkit.progress import format as fmt
+from ppkit.progress import read
 
 WHERE = "from ppkit.progress.format import record_dir; print(record_dir())"
+WRITE = "import sys; from ppkit.progress import note; note('check', exercise=sys.argv[1], status='passed')"
+
+
+def run(home, runtime, code, *args, **env) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items()
+            if k not in (fmt.DIR_ENV, "JPY_PARENT_PID", "JUPYTER_RUNTIME_DIR", "PPKIT_PROGRESS", fmt.SWITCH_ENV)}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          check=True, env={**base, "HOME": str(home), "JUPYTER_RUNTIME_DIR": str(runtime), **env})
 
 
 def where(home, runtime, **env) -> str:
-    base = {k: v for k, v in os.environ.items() if k not in (fmt.DIR_ENV, "JPY_PARENT_PID", "JUPYTER_RUNTIME_DIR")}
-    done = subprocess.run([sys.executable, "-c", WHERE], capture_output=True, text=True, timeout=60, check=True,
-                          env={**base, "HOME": str(home), "JUPYTER_RUNTIME_DIR": str(runtime), **env})
-    return done.stdout.strip()
+    return run(home, runtime, WHERE, **env).stdout.strip()
+
+
+def cli(home, runtime, *args) -> str:
+    return run(home, runtime, "import sys; from ppkit.cli import main; sys.exit(main(sys.argv[1:]))",
+               "progress", *args).stdout
 
 
 @pytest.fixture
@@ -33,25 +48,102 @@ def home(tmp_path):
     return tmp_path / "home"
 
 
-def as_server(runtime, root) -> None:
-    """This process is a Jupyter server rooted at `root` (what jupyter_server writes at its start)."""
-    info = {"pid": os.getpid(), "root_dir": str(root), "url": "http://127.0.0.1:8888/", "port": 8888}
-    (runtime / f"jpserver-{os.getpid()}.json").write_text(json.dumps(info))
+@pytest.fixture
+def server(home):
+    """A running fake Jupyter server rooted at ~/notebooks: its pid, as a kernel's JPY_PARENT_PID."""
+    proc = subprocess.Popen(["sleep", "600"])
+    info = {"pid": proc.pid, "root_dir": str(home / "notebooks"), "url": "http://127.0.0.1:8888/", "port": 8888}
+    (home.parent / "runtime" / f"jpserver-{proc.pid}.json").write_text(json.dumps(info))
+    yield str(proc.pid)
+    proc.kill()
+    proc.wait()
 
 
-def test_under_a_server_rooted_in_notebooks_the_record_lies_under_that_root(home):
+def passed(folder) -> list[str]:
+    return [e.fields["exercise"] for e in read.read_folder(folder).events if e.kind == "check"]
+
+
+def test_a_kernel_a_terminal_outside_and_the_off_switch_agree_on_one_record(home, server):
     runtime = home.parent / "runtime"
-    as_server(runtime, home / "notebooks")
-    assert where(home, runtime) == str(home / "notebooks" / "ppkit-progress")
-    # a kernel is told its server by JPY_PARENT_PID (jupyter_client sets it); found the same way
-    assert where(home, runtime, JPY_PARENT_PID=str(os.getpid())) == str(home / "notebooks" / "ppkit-progress")
+    kernel = {"JPY_PARENT_PID": server}
+    assert where(home, runtime, **kernel) == where(home, runtime) == str(home / "ppkit-progress")
+    run(home, runtime, WRITE, "from_the_kernel", **kernel)
+    run(home, runtime, WRITE, "from_ssh")  # no Jupyter server above it
+    shown = json.loads(cli(home, runtime, "--json"))  # `ppkit progress` from outside sees both
+    assert sorted(e["exercise"] for b in shown["notebooks"] for e in b["exercises"]) == ["from_ssh",
+                                                                                        "from_the_kernel"]
+    # what the server's contents API serves: the link under its root, the same two lines
+    link = home / "notebooks" / "ppkit-progress"
+    assert link.is_symlink() and link.resolve() == (home / "ppkit-progress").resolve()
+    assert passed(link) == ["from_the_kernel", "from_ssh"]
+    cli(home, runtime, "--off")  # from outside: stops the kernel's writes too
+    run(home, runtime, WRITE, "after_off", **kernel)
+    assert passed(home / "ppkit-progress") == ["from_the_kernel", "from_ssh"]
 
 
-def test_rooted_in_the_home_outside_it_or_with_no_server_the_record_lies_in_the_home(home):
+def test_a_stale_server_file_whose_pid_is_now_another_process_names_no_root(home):
     runtime = home.parent / "runtime"
-    assert where(home, runtime) == str(home / "ppkit-progress")  # no Jupyter server above this process
-    as_server(runtime, home)
-    assert where(home, runtime) == str(home / "ppkit-progress")  # TLJH and Z2JH: the root is the home
-    as_server(runtime, "/")
-    assert where(home, runtime) == str(home / "ppkit-progress")  # a root above the home: the home, as before
+    info = {"pid": os.getpid(), "root_dir": str(home / "notebooks"), "url": "http://127.0.0.1:8888/"}
+    stale = runtime / f"jpserver-{os.getpid()}.json"
+    stale.write_text(json.dumps(info))
+    os.utime(stale, (1.0e9, 1.0e9))  # written in 2001, long before this process (its pid's owner now) started
+    run(home, runtime, WRITE, "x")
+    assert not (home / "notebooks" / "ppkit-progress").exists()
+    os.utime(stale)  # written now: this process is that server
+    run(home, runtime, WRITE, "y")
+    assert (home / "notebooks" / "ppkit-progress").is_symlink()
+
+
+def test_an_earlier_opt_out_and_history_move_into_the_one_record(home, server):
+    runtime = home.parent / "runtime"
+    kernel = {"JPY_PARENT_PID": server}
+    line = {"v": 1, "kind": "check", "notebook": None, "pid": 1, "status": "passed"}
+    under_root = home / "notebooks" / "ppkit-progress"  # the layout of the commit before: real folder in the root
+    under_root.mkdir()
+    (under_root / fmt.CURRENT).write_text(json.dumps({**line, "t": 200.0, "exercise": "in_root"}) + "\n")
+    (home / "ppkit-progress").mkdir()
+    (home / "ppkit-progress" / fmt.CURRENT).write_text(json.dumps({**line, "t": 100.0, "exercise": "in_home"}) + "\n")
+    (home / ".ppkit").mkdir()
+    (home / ".ppkit" / "progress.json").write_text(json.dumps(
+        {"ring_shift": {"status": "passed", "when": "2026-01-02 03:04 UTC"},
+         "best_num_microbatches": {"status": "failed", "when": "2026-01-02 03:05 UTC"}}))
+    run(home, runtime, WRITE, "now", **kernel)
+    events = read.read_folder(home / "ppkit-progress").events
+    assert [(e.fields["exercise"], e.fields["status"]) for e in events] == [
+        ("in_home", "passed"), ("in_root", "passed"), ("ring_shift", "passed"), ("best_num_microbatches", "failed"),
+        ("now", "passed")]
+    assert not (home / ".ppkit" / "progress.json").exists()  # migrated once, kept renamed
+    assert (home / ".ppkit" / "progress.json.migrated").exists()
+    assert under_root.is_symlink()
+    # an OFF set in the root's folder, before: off everywhere, in the kernel and outside
+    (home / "ppkit-progress").rename(home / "before")
+    under_root.unlink()
+    under_root.mkdir()
+    (under_root / fmt.OFF).touch()
+    run(home, runtime, WRITE, "ignored_opt_out", **kernel)
+    run(home, runtime, WRITE, "ignored_opt_out_outside")
+    assert passed(home / "ppkit-progress") == []
+    assert (home / "ppkit-progress" / fmt.OFF).exists()
+
+
+def test_an_opt_out_in_the_home_holds_in_a_kernel_under_a_root(home, server):
+    runtime = home.parent / "runtime"
+    cli(home, runtime, "--off")  # from a terminal outside: ~/ppkit-progress/OFF
+    run(home, runtime, WRITE, "x", JPY_PARENT_PID=server)
+    assert passed(home / "ppkit-progress") == [] and passed(home / "notebooks" / "ppkit-progress") == []
+
+
+def test_rooted_in_the_home_outside_it_or_with_no_server_nothing_is_linked(home):
+    runtime = home.parent / "runtime"
+    assert where(home, runtime) == str(home / "ppkit-progress")
     assert where(home, runtime, PPKIT_RECORD_DIR=str(home / "elsewhere")) == str(home / "elsewhere")
+    assert where(home, runtime, PPKIT_RECORD_DIR="~/elsewhere") == str(home / "elsewhere")
+    assert not (home / "notebooks" / "ppkit-progress").exists()
+
+
+def test_a_relative_record_dir_is_refused_with_what_to_set(home):
+    runtime = home.parent / "runtime"
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        where(home, runtime, PPKIT_RECORD_DIR="notebooks/ppkit-progress")
+    assert "ConfigError" in failed.value.stderr and "relative" in failed.value.stderr
+    assert "~/notebooks/ppkit-progress" in failed.value.stderr

@@ -12,11 +12,11 @@ def add_arguments(parser) -> None:
     which.add_argument("--off", action="store_true",
                        help="stop recording (makes the file OFF in the record's folder; what is recorded stays)")
     which.add_argument("--on", action="store_true", help="record again (removes that file)")
-    parser.epilog = ("The record is ppkit-progress/record.jsonl and record.old.jsonl in your Jupyter server's "
-                     "root when that is inside your home, else in your home (PPKIT_RECORD_DIR names another "
-                     "folder), readable by you only. Nothing is sent anywhere; an instructor's "
-                     "`ppkit room --progress` reads it through your own Jupyter server. PPKIT_RECORD=off in the "
-                     "environment also stops it.")
+    parser.epilog = ("The record is ~/ppkit-progress/record.jsonl and record.old.jsonl (PPKIT_RECORD_DIR names another "
+                     "absolute folder), readable by you only, the same folder for a notebook's kernel, a terminal, "
+                     "ssh or VS Code; under a Jupyter server rooted inside your home, ppkit-progress in that root is "
+                     "a link to it. Nothing is sent anywhere; an instructor's `ppkit room --progress` reads it "
+                     "through your own Jupyter server. PPKIT_RECORD=off in the environment also stops it.")
 
 
 def main(args) -> int:

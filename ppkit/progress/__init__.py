@@ -3,7 +3,8 @@
     ppkit-progress/record.jsonl       exercise checks, ppkit errors raised in cells, each ppkit.spawn /
     ppkit-progress/record.old.jsonl   %%torchrun job's state, preflight verdicts: one JSON line each
 
-in the root of the learner's Jupyter server when it lies inside the home, else in the home (format.record_dir).
+in the home, for every process of the learner; under a Jupyter server rooted inside the home, ``<root>/ppkit-progress``
+links to it, so that the server's contents API reaches it (format.record_dir, place.py).
 It is the one store of the learner's checks (workbook.progress and ``ppkit exercises`` read it too).
 
 ``ppkit progress`` prints it; ``ppkit progress --off`` (or ``PPKIT_RECORD=off``) stops it. The kernel

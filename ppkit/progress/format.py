@@ -35,25 +35,31 @@ COMMON = ("v", "t", "kind", "notebook", "pid")
 
 
 def record_dir() -> Path:
-    """The folder of the record: ``PPKIT_RECORD_DIR``; else, in a kernel or terminal of a Jupyter server rooted
-    inside the home (``c.Spawner.notebook_dir = "~/notebooks"``), ``ppkit-progress`` under that root, where the
-    server's contents API (the learner's file browser, the instructor's ``ppkit room``) can reach it; else
-    ``~/ppkit-progress``. Visible on purpose: the learner can open it, and the contents API serves no hidden path."""
+    """The folder of the record, the same for every process of the learner: ``PPKIT_RECORD_DIR`` (absolute, or
+    ``~/...``), else ``~/ppkit-progress``. Visible on purpose: the learner can open it. Under a Jupyter server
+    rooted inside the home, ``<root>/ppkit-progress`` is made a link to it, where the server's contents API (the
+    file browser, the instructor's ``ppkit room``) reaches it (place.py). Raises ConfigError for a relative
+    ``PPKIT_RECORD_DIR``."""
     named = os.environ.get(DIR_ENV)
-    if named:
-        return Path(named).expanduser()
-    home = Path.home()
-    root = jupyter_root()
-    if root is not None and root.is_relative_to(home.resolve()):
-        return root / "ppkit-progress"
-    return home / "ppkit-progress"
+    if not named:
+        return Path.home() / "ppkit-progress"
+    folder = Path(named).expanduser()
+    if not folder.is_absolute():
+        from ppkit.errors import ConfigError
+
+        raise ConfigError(f"{DIR_ENV}={named!r} is a relative path, which would name another folder in each "
+                          "process's working directory (a kernel's notebook folder, a terminal's current one); "
+                          f"give an absolute path or one starting with ~/, e.g. {DIR_ENV}=~/notebooks/ppkit-progress")
+    return folder
 
 
 @functools.cache
 def jupyter_root() -> Path | None:
     """The root folder of the Jupyter server this process runs under (a kernel's, or a terminal's in JupyterLab),
     or None: the first of JPY_PARENT_PID (a kernel's server) and this process's ancestors with a
-    ``jpserver-<pid>.json`` in Jupyter's runtime folder, which jupyter_server writes with its ``root_dir``."""
+    ``jpserver-<pid>.json`` in Jupyter's runtime folder (jupyter_server writes it with its ``root_dir``) written
+    after that process started: a file left by a dead server whose pid is now another process's is not taken
+    (jupyter_server's own list_running_servers only asks whether the pid is alive, which a reused pid is)."""
     try:
         from jupyter_core.paths import jupyter_runtime_dir
 
@@ -62,12 +68,26 @@ def jupyter_root() -> Path | None:
         return None
     pids = [int(p) for p in [os.environ.get("JPY_PARENT_PID", "")] if p.isdigit()] + _ancestors()
     for pid in pids:
+        info_file = runtime / f"jpserver-{pid}.json"
         try:
-            info = json.loads((runtime / f"jpserver-{pid}.json").read_text())
+            info = json.loads(info_file.read_text())
+            if int(info["pid"]) != pid or info_file.stat().st_mtime < _started(pid) - 1.0:
+                continue
             return Path(info["root_dir"]).expanduser().resolve()
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def _started(pid: int) -> float:
+    """When process ``pid`` started (Unix time, from /proc; 0.0 where that cannot be read: no check)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
 
 
 def _ancestors(depth: int = 16) -> list[int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ppkit.progress import format as fmt
+from ppkit.progress import place
 from ppkit.progress.summary import Event, NotebookSummary, PreflightSeen, summarise
 
 FAR_LARGER = 2 * fmt.MAX_FILE_BYTES  # a file past this was not written by ppkit alone: only its end is read
@@ -72,7 +73,7 @@ def parse(old_text: str | bytes | None, current_text: str | bytes | None) -> Rec
 
 def read_folder(folder: Path | None = None) -> Record:
     """``parse`` of the two files in ``folder`` (default: the learner's record folder)."""
-    folder = folder or fmt.record_dir()
+    folder = place.settle(folder or fmt.record_dir())
     return parse(*(_tail(folder / name) for name in (fmt.OLD, fmt.CURRENT)))
 
 
