@@ -202,3 +202,15 @@ def test_every_rank_records_unless_the_learner_chose_a_size():
     with ppkit.Cluster(2, "gloo", timeout=30, env={"TORCH_FR_BUFFER_SIZE": "0"}) as cluster:
         assert cluster.run(read_buffer) == ["0", "0"]
         assert "record nothing: TORCH_FR_BUFFER_SIZE=0" in str(ppkit.collective_doctor(cluster))
+
+
+def test_the_hang_rule_counts_a_collective_started_and_not_completed():
+    """NCCL's wait is at .item() or synchronize, in the learner's own code: only the record shows the wait."""
+    from ppkit.cluster.hang_watch import HangWatch
+
+    at_item = '  File "/tmp/ipykernel_1/2.py", line 7, in train\n    print(t.sum().item())\n'
+    started = {"calls": [{"group": "0", "seq": 2, "done": False, "is_p2p": False}], "p2p": None}
+    finished = {"calls": [{"group": "0", "seq": 2, "done": True, "is_p2p": False}], "p2p": None}
+    assert HangWatch(60).look({0: at_item}, {0: finished}) is None  # computing: no alarm
+    assert HangWatch(60).look({0: at_item}) is None
+    assert HangWatch(60).look({0: at_item}, {0: started}).startswith("[ppkit] possibly hung")
