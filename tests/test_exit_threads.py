@@ -113,3 +113,91 @@ def test_torchrun_ends_with_a_held_pool_as_a_script_does(shell, folder, monkeypa
     assert result.success, result.error_in_exec
     script = as_a_script(folder)
     assert order(folder, "rank-0") == order(folder, "rank-1") == script
+
+
+INHERITED = '''\
+"""Exit handlers that the standard library registered at its import, before the job ran: in a rank, the
+fork server imported logging and multiprocessing (torch does), so their atexit handlers are the fork server's."""
+import logging
+import logging.handlers
+import multiprocessing
+import os
+import time
+
+
+def _child(folder, name):
+    time.sleep(1.0)
+    open(os.path.join(folder, f"child-done-{name}"), "w").close()
+
+
+def main(folder, name):
+    log = logging.getLogger(f"lib-{name}")
+    log.setLevel(logging.INFO)
+    target = logging.FileHandler(os.path.join(folder, f"log-{name}"))
+    log.addHandler(logging.handlers.MemoryHandler(100, target=target))  # flushed by logging.shutdown at exit
+    log.info("a record buffered until logging.shutdown")
+    child = multiprocessing.get_context("fork").Process(target=_child, args=(folder, name))  # not a daemon
+    child.start()  # multiprocessing's own atexit handler joins it
+'''
+
+
+def _inherited_main(i, folder):
+    sys.path.insert(0, str(folder))
+    import inherited
+
+    inherited.main(str(folder), f"rank-{i}")
+
+
+def _left(folder, name: str) -> tuple[str, bool]:
+    log = folder / f"log-{name}"
+    return (log.read_text() if log.exists() else "", (folder / f"child-done-{name}").exists())
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_spawn_runs_the_atexit_handlers_libraries_registered_before_the_job(tmp_path, method):
+    (tmp_path / "inherited.py").write_text(INHERITED)
+    (tmp_path / "script.py").write_text("import sys, inherited\ninherited.main(sys.argv[1], 'script')\n")
+    subprocess.run([sys.executable, str(tmp_path / "script.py"), str(tmp_path)], cwd=tmp_path, check=True,
+                   timeout=60)
+    script = _left(tmp_path, "script")
+    assert script == ("a record buffered until logging.shutdown\n", True)  # the interpreter's exit
+    ppkit.spawn(_inherited_main, args=(tmp_path,), nprocs=2, start_method=method, timeout=90)
+    assert _left(tmp_path, "rank-0") == _left(tmp_path, "rank-1") == script
+    assert_none_left()
+
+
+def _failing_exit_callback(i, folder):
+    import atexit
+    import threading
+
+    threading._register_atexit(lambda: 1 / 0)
+    atexit.register(lambda: (folder / f"atexit-rank-{i}").write_text("ran"))
+
+
+def test_an_error_in_an_exit_callback_is_printed_and_ignored_as_a_script_does(tmp_path, capfd):
+    script = tmp_path / "script.py"
+    script.write_text("import atexit, pathlib, sys, threading\nthreading._register_atexit(lambda: 1 / 0)\n"
+                      "atexit.register(lambda: pathlib.Path(sys.argv[1], 'atexit-script').write_text('ran'))\n")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Exception ignored in: <module 'threading'" in done.stderr
+    assert "ZeroDivisionError" in done.stderr and (tmp_path / "atexit-script").exists()
+    capfd.readouterr()
+    ppkit.spawn(_failing_exit_callback, args=(tmp_path,), nprocs=2, timeout=90)  # a success, as the script's
+    printed = capfd.readouterr()
+    text = printed.out + printed.err
+    for rank in (0, 1):
+        assert f"[rank {rank}] Exception ignored in: <module 'threading'" in text
+        assert (tmp_path / f"atexit-rank-{rank}").read_text() == "ran"
+    assert "ZeroDivisionError" in text
+    assert_none_left()
+
+
+def test_the_exit_is_refused_outside_the_main_thread():
+    """threading._shutdown() joins every non-daemon thread: called from one, it would wait for itself for ever."""
+    code = ("import threading\nfrom ppkit.transport.interpreter_exit import run_exit_functions\n"
+            "said = []\n"
+            "def call():\n    try:\n        run_exit_functions()\n    except RuntimeError as exc:\n        said.append(str(exc))\n"
+            "t = threading.Thread(target=call, name='helper')\nt.start()\nt.join(10)\n"
+            "print('alive' if t.is_alive() else said[0], flush=True)\nimport os\nos._exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "called from thread 'helper'" in done.stdout and "Call it from the main thread" in done.stdout

@@ -117,7 +117,7 @@ def _wait_to_be_handed_on(seconds: float) -> dict:
 
 
 def _child(conn, address, key, rank: int, zygote_pid: int) -> None:
-    from ppkit.transport import interpreter_exit, procs, worker
+    from ppkit.transport import procs, worker
 
     code = 0
     try:
@@ -125,8 +125,7 @@ def _child(conn, address, key, rank: int, zygote_pid: int) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)  # stdin: the fork server's is the kernel's pipe for handing it on (spare.py)
         os.close(devnull)
-        procs.die_with_parent(zygote_pid)
-        interpreter_exit.forget_inherited()
+        procs.die_with_parent(zygote_pid)  # the fork server's atexit handlers stay: see interpreter_exit.py
         worker.run(address, key, rank=rank)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
