@@ -196,7 +196,8 @@ def test_the_exit_is_refused_outside_the_main_thread():
     """threading._shutdown() joins every non-daemon thread: called from one, it would wait for itself for ever."""
     code = ("import threading\nfrom ppkit.transport.interpreter_exit import run_exit_functions\n"
             "said = []\n"
-            "def call():\n    try:\n        run_exit_functions()\n    except RuntimeError as exc:\n        said.append(str(exc))\n"
+            "def call():\n    try:\n        run_exit_functions()\n"
+            "    except RuntimeError as exc:\n        said.append(str(exc))\n"
             "t = threading.Thread(target=call, name='helper')\nt.start()\nt.join(10)\n"
             "print('alive' if t.is_alive() else said[0], flush=True)\nimport os\nos._exit(0)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
