@@ -5,7 +5,8 @@ none: a training run takes as long as it takes. A hang is told apart from a long
 together: for ``PPKIT_HANG_S`` seconds (default 60; 0 turns the watch off) no rank printed anything
 or finished, and every rank that is still running waits on its peers: its stack ends inside
 torch.distributed (a collective, a send/recv, a barrier, a store), or its flight record shows a
-collective started and not completed (NCCL's waits at ``.item()`` or ``synchronize``). Then the cell
+collective started and not completed (DDP's reducer inside autograd, measured on gloo; by torch's design
+NCCL's waits at ``.item()`` or ``synchronize``, not measured here: no GPU). Then the cell
 shows the collective doctor's reading of the ranks' records (hang_doctor/) and each rank's stack once,
 and the run goes on:
 the learner decides (Kernel > Interrupt stops every rank). A rank that computes for a minute
@@ -84,4 +85,4 @@ def _record(quiet: float, stacks: dict[int, str]) -> None:
     waits = ", ".join(f"rank {r} in {(_FRAME.findall(text) or [('', '?')])[-1][1]}"
                       for r, text in sorted(stacks.items()))
     note("cluster", state="hung", seconds=round(quiet, 1),
-         detail=f"every rank waits inside torch.distributed: {waits}")
+         detail=f"every rank waits on its peers (stack or flight record): {waits}")

@@ -42,7 +42,8 @@ def parse(text: str) -> dict:
 
 
 def waits_on_peers(record: dict | None) -> bool:
-    """The record shows a collective started and not completed (NCCL's too, whose wait may be at
-    ``.item()`` or ``synchronize``), or a send/recv the rank is blocked in."""
+    """The record shows a collective started and not completed (DDP's reducer waiting inside autograd, measured
+    on gloo; by torch's design NCCL's, whose wait is at ``.item()`` or ``synchronize``: not measured here, no GPU),
+    or a send/recv the rank is blocked in."""
     return bool(record) and (any(not call["done"] for call in record.get("calls", []))
                              or record.get("p2p") is not None)
