@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -292,14 +293,19 @@ def test_the_timeout_is_per_learner_not_per_request(hub_url):
 
 # -- item 8 of issue 46: a hung or died run is history once she moved on -------------------------------------
 
+def kernel_of_06(state: str, last_activity: float) -> list[dict]:
+    return [{"path": NB, "kernel": {"execution_state": state, "last_activity": iso(last_activity)}}]
+
+
 def fetched(*lines: str, sessions: list[dict] | None = None) -> Fetched:
-    open_06 = [{"path": NB, "kernel": {"execution_state": "idle", "last_activity": iso(NOW - 5)}}]
+    open_06 = kernel_of_06("idle", NOW - 5)
     return Fetched("ana", "running", texts={"record.old.jsonl": None, "record.jsonl": "".join(lines)},
                    sessions=open_06 if sessions is None else sessions, now=NOW)
 
 
 HUNG = [line("cluster", NOW - 300, state="running", detail="%%torchrun: 2 rank(s) started"),
         line("cluster", NOW - 290, state="hung", seconds=60.0, detail="every rank waits inside torch.distributed")]
+STILL_HUNG = kernel_of_06("busy", NOW - 290)  # the hung cell's kernel: busy since its last output
 
 
 def test_a_run_she_stopped_herself_with_kernel_interrupt_is_not_stuck():
@@ -311,29 +317,57 @@ def test_a_run_she_stopped_herself_with_kernel_interrupt_is_not_stuck():
 
 def test_a_run_that_died_is_history_once_she_does_something_else_in_that_kernel():
     died = line("cluster", NOW - 200, state="died", detail="%%torchrun: rank 1 exited with code 7")
-    assert row_of(fetched(*HUNG[:1], died), stuck_after=1).state == "stuck"  # nothing since: current
+    ended = kernel_of_06("idle", NOW - 199.5)  # the kernel's last message: the died cell's end
+    assert row_of(fetched(*HUNG[:1], died, sessions=ended), stuck_after=1).state == "stuck"  # nothing since
     own_error = line("error", NOW - 199.6, error="ProcessExitedError", message="rank 1 exited with code 7")
-    assert row_of(fetched(*HUNG[:1], died, own_error), stuck_after=1).state == "stuck"  # the same cell's end
-    row = row_of(fetched(*HUNG[:1], died, line("check", NOW - 100, exercise="pipeline_time", status="passed")),
-                 stuck_after=1)
+    assert row_of(fetched(*HUNG[:1], died, own_error, sessions=ended), stuck_after=1).state == "stuck"  # same cell
+    row = row_of(fetched(*HUNG[:1], died, line("check", NOW - 100, exercise="pipeline_time", status="passed"),
+                         sessions=ended), stuck_after=1)
     assert row.state == "ok" and row.stuck == [], row.stuck
     assert row.cluster["state"] == "died" and row.cluster["current"] is False  # still shown, as history
+
+
+def test_a_died_run_is_history_once_its_kernel_ran_other_cells():
+    """Cells that record nothing (plain Python, a plot) still move the kernel's last_activity: past the died run's
+    cell (SAME_CELL_S), she has moved on."""
+    died = line("cluster", NOW - 3600, state="died", detail="%%torchrun: rank 1 exited with code 7")
+    row = row_of(fetched(*HUNG[:1], died, sessions=kernel_of_06("idle", NOW - 60)), stuck_after=5)
+    assert row.stuck == [] and row.cluster["current"] is False, row.stuck
+
+
+def test_a_hang_is_current_only_while_its_kernel_is_busy():
+    assert row_of(fetched(*HUNG, sessions=STILL_HUNG), stuck_after=1).cluster["current"] is True
+    # Kernel > Restart (the same session, idle now) or an interrupt that recorded nothing: not stuck any more
+    row = row_of(fetched(*HUNG, sessions=kernel_of_06("idle", NOW - 250)), stuck_after=1)
+    assert row.stuck == [] and row.cluster["current"] is False, row.stuck
+
+
+def test_a_script_that_died_or_hung_is_history_after_stuck_after():
+    for state in ("died", "hung"):
+        trouble = line("cluster", NOW - 3600, notebook=None, pid=555, state=state, detail="spawn: rank 0 raised",
+                       seconds=60.0)
+        row = row_of(fetched(trouble), stuck_after=5)
+        assert row.stuck == [] and row.cluster["current"] is False, (state, row.stuck)
+        recent = line("cluster", NOW - 120, notebook=None, pid=555, state=state, detail="spawn: rank 0 raised",
+                      seconds=60.0)
+        assert row_of(fetched(recent), stuck_after=5).cluster["current"] is True, state
 
 
 def test_a_hang_is_history_once_its_kernel_is_gone():
     # restarted: the same notebook's next event comes from another kernel (pid 43)
     row = row_of(fetched(*HUNG, line("check", NOW - 100, pid=43, exercise="pipeline_time", status="failed",
-                                     reason="case 1")), stuck_after=60)
+                                     reason="case 1"), sessions=STILL_HUNG), stuck_after=60)
     assert row.stuck == [] and row.cluster["current"] is False, row.stuck
     # closed: no session holds that notebook any more
     row = row_of(fetched(*HUNG, sessions=[]), stuck_after=60)
     assert row.stuck == [] and row.cluster["current"] is False, row.stuck
-    # still open, nothing since: the hang is current, and she is stuck
-    row = row_of(fetched(*HUNG), stuck_after=60)
-    assert row.stuck == ["cluster hung 5 min ago: every rank waits inside torch.distributed"]
+    # still open, its kernel busy, nothing since: the hang is current, and she is stuck
+    row = row_of(fetched(*HUNG, sessions=STILL_HUNG), stuck_after=1)
+    assert row.stuck[-1] == "cluster hung 5 min ago: every rank waits inside torch.distributed", row.stuck
     assert row.cluster["current"] is True
     # the sessions could not be read: whether the kernel is gone is not known, so the hang stays current
-    assert row_of(fetched(*HUNG, sessions=None), stuck_after=60).stuck == row.stuck
+    unread = replace(fetched(*HUNG), sessions=None)
+    assert row_of(unread, stuck_after=1).stuck == row.stuck[-1:]
 
 
 # -- item 9 of issue 46: the room never keeps a server alive that the idle culler would stop -------------------

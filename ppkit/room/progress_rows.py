@@ -155,11 +155,15 @@ def _last(events: list[dict], kind: str) -> dict | None:
     return next((e for e in reversed(events) if e.get("kind") == kind), None)
 
 
-def still_current(run: dict, events: list[dict], open_paths: list[str] | None) -> bool:
-    """Whether a hung or died run is still where the learner is, rather than history: not when she did something
-    in that kernel since (a check, another run, a ppkit error of a later cell), nor when its kernel is gone (the
-    notebook's later events come from another kernel: restarted; or no open session holds the notebook: closed;
-    unknown when the sessions could not be read)."""
+def still_current(run: dict, events: list[dict], kernels: dict[str, tuple] | None, now: float, limit: float
+                  ) -> bool:
+    """Whether a hung or died run is still where the learner is, rather than history. Not when she did something in
+    that kernel since (a check, another run, a ppkit error of a later cell), nor when its kernel is gone (the
+    notebook's later events come from another kernel: restarted; or no open session holds it: closed). A hang is
+    current only while its notebook's kernel is busy (an interrupt or a restart left it idle); a died run only until
+    that kernel's last activity passes the run's cell (SAME_CELL_S): cells that record nothing move it too. A run
+    with no notebook (a script) is history after `limit` seconds. ``kernels``: open notebook -> (execution_state,
+    last_activity), None when the sessions could not be read (then a notebook's run stays current)."""
     for e in events:
         if e["t"] <= run["t"]:
             continue
@@ -167,10 +171,20 @@ def still_current(run: dict, events: list[dict], open_paths: list[str] | None) -
             return False  # her next activity in that kernel (the run's own error, recorded as its cell ends, is not)
         if run.get("notebook") and e.get("notebook") == run.get("notebook") and e.get("pid") != run.get("pid"):
             return False  # the notebook has another kernel now
-    return not (open_paths is not None and run.get("notebook") and run.get("notebook") not in open_paths)
+    notebook = run.get("notebook")
+    if not notebook:
+        return now - run["t"] < limit
+    if kernels is None:
+        return True
+    if notebook not in kernels:
+        return False
+    state, active = kernels[notebook]
+    if run.get("state") == "hung":
+        return state == "busy"
+    return active is None or active <= run["t"] + SAME_CELL_S
 
 
-def _cluster(events: list[dict], open_paths: list[str] | None, now: float) -> dict | None:
+def _cluster(events: list[dict], kernels: dict[str, tuple] | None, now: float, limit: float) -> dict | None:
     """The cluster to show: the latest current trouble (a kernel whose latest run hung or died, and is
     still_current), else the latest run's state; ``current``: whether a hang or death is still current."""
     latest: dict = {}
@@ -179,10 +193,20 @@ def _cluster(events: list[dict], open_paths: list[str] | None, now: float) -> di
             latest[e.get("pid")] = e  # one kernel's clusters: its latest state counts
     if not latest:
         return None
-    troubled = [e for e in latest.values() if e.get("state") in TROUBLE and still_current(e, events, open_paths)]
+    troubled = [e for e in latest.values()
+                if e.get("state") in TROUBLE and still_current(e, events, kernels, now, limit)]
     e = max(troubled or latest.values(), key=lambda e: e["t"])
     return {"state": e.get("state"), "detail": e.get("detail"), "seconds": e.get("seconds"),
             "notebook": e.get("notebook"), "ago_s": _ago(now, e["t"]), "current": bool(troubled)}
+
+
+def _kernels(sessions: list[dict] | None) -> dict[str, tuple] | None:
+    """open notebook path -> (its kernel's execution_state, last_activity as Unix time or None)."""
+    if sessions is None:
+        return None
+    return {(s.get("path") or s.get("name") or "?"): ((s.get("kernel") or {}).get("execution_state"),
+                                                     timestamp((s.get("kernel") or {}).get("last_activity")))
+            for s in sessions}
 
 
 def learner_row(fetched: Fetched, events: list[dict], record_problems: list[str], stuck_after: float = 5.0
@@ -204,7 +228,7 @@ def learner_row(fetched: Fetched, events: list[dict], record_problems: list[str]
     for n in notebooks:
         if n["busy_s"] is not None and n["busy_s"] >= limit:
             row.stuck.append(f"kernel of {PurePosixPath(n['path']).name} busy {n['busy_s']:.0f} s")
-    row.cluster = _cluster(events, None if fetched.sessions is None else [n["path"] for n in notebooks], now)
+    row.cluster = _cluster(events, _kernels(fetched.sessions), now, limit)
     if row.cluster and row.cluster["current"]:
         row.stuck.append(f"cluster {row.cluster['state']} {_minutes(row.cluster['ago_s'])} ago: "
                          f"{row.cluster['detail']}")
