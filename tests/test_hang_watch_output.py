@@ -58,6 +58,30 @@ def test_ranks_that_print_every_half_second_are_not_called_hung(monkeypatch, cap
     assert_none_left()
 
 
+TICKS = 6  # one every 0.5 s: 3 s of output before the hang
+
+
+def print_then_both_recv(i, port):
+    """Each rank prints for 3 s, then waits in a recv from the other: a real hang, after output."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=2)
+    for tick in range(TICKS):
+        print(f"rank {i} tick {tick}", flush=True)
+        time.sleep(0.5)
+    dist.recv(torch.zeros(1), src=1 - i)
+
+
+def test_ranks_that_printed_then_hung_are_called_hung_once_after_their_last_line(monkeypatch, capsys):
+    monkeypatch.setenv("PPKIT_HANG_S", "2")
+    with pytest.raises(ppkit.JobTimeoutError):  # the test's own limit: the run would go on
+        ppkit.spawn(print_then_both_recv, args=(free_port(),), nprocs=2, timeout=15)
+    out = capsys.readouterr().out
+    assert out.count("[ppkit] possibly hung") == 1, out
+    last = max(out.index(f"[rank {r}] rank {r} tick {TICKS - 1}") for r in (0, 1))
+    assert out.index("[ppkit] possibly hung") > last, out  # silence counted from the last line, not the start
+    assert_none_left()
+
+
 def ddp_backward_against_a_recv(i, port):
     """Rank 0 waits for its gradients' all_reduce inside autograd (DDP's reducer); rank 1 never
     reaches backward: it waits in a recv that never comes."""
@@ -74,7 +98,7 @@ def test_ddps_reducer_waiting_inside_autograd_is_found_by_the_record_not_the_sta
     """What docs/debugging.md says of the hang rule: the stack alone misses DDP's reducer."""
     monkeypatch.setenv("PPKIT_HANG_S", "3")
     with pytest.raises(ppkit.JobTimeoutError) as info:  # the test's own limit: the run would go on
-        ppkit.spawn(ddp_backward_against_a_recv, args=(free_port(),), nprocs=2, timeout=30)
+        ppkit.spawn(ddp_backward_against_a_recv, args=(free_port(),), nprocs=2, timeout=10)
     stack = info.value.stacks[0]
     assert "torch/autograd/graph.py" in stack and not waits_on_peers(stack), stack  # the stack rule misses it
     out = capsys.readouterr().out
