@@ -73,6 +73,19 @@ def test_the_predicted_peak_is_within_five_percent_of_memtrackers(s, b, policy):
     assert measured.total == pytest.approx(sp.predicted_peak(SIZE, s, b, policy=policy)["total"], rel=0.05)
 
 
+@pytest.mark.parametrize("s,b,policy,moment", [(32, 1, "none", "optimizer.step()"), (8, 1, "none", "optimizer.step()"),
+                                               (32, 2, "full", "the first block's backward"),
+                                               (64, 2, "full", "the first block's backward")])
+def test_a_short_steps_peak_is_in_the_optimizer_or_with_full_recompute_mid_backward(s, b, policy, moment):
+    """Per-tensor Adam's step holds 16 bytes per parameter: above backward's start once the activations are few;
+    with full recomputation the first block's backward holds every other gradient and the rebuilt block."""
+    measured = sp.measure_step(SIZE, s, b, policy=policy)
+    assert measured.total == pytest.approx(sp.predicted_peak(SIZE, s, b, policy=policy)["total"], rel=0.05)
+    assert sp.peak_moment(SIZE, s, b, policy=policy) == moment
+    if moment == "optimizer.step()":
+        assert measured.peak["grads"] == 4 * SIZE.params() and measured.peak["activations"] < 1024
+
+
 def test_at_a_short_sequences_peak_no_gradient_exists_yet():
     """zero_grad(set_to_none=True) frees them; the peak is at backward's start, before it makes new ones."""
     measured = sp.measure_step(SIZE, 64, 8)
@@ -94,6 +107,11 @@ def test_where_the_peak_is_depends_on_adams_implementation():
     assert foreach["optimizer.step()"] > foreach["forward and backward"]
     long = sp.phase_peaks(SIZE, 256, 4, foreach=True)  # activations outweigh 8 bytes per parameter
     assert long["forward and backward"] > long["optimizer.step()"]
+    for peaks, adam in ((per_tensor, False), (foreach, True), (long, True)):
+        s, b = (32, 2) if peaks is not long else (256, 4)
+        assert max(peaks.values()) == pytest.approx(sp.predicted_peak(SIZE, s, b, foreach=adam)["total"], rel=0.05)
+    assert sp.peak_moment(SIZE, 32, 2, foreach=True) == "optimizer.step()"
+    assert sp.peak_moment(SIZE, 32, 2) == sp.peak_moment(SIZE, 256, 4, foreach=True) == "backward's start"
 
 
 def test_accumulation_gives_the_big_steps_gradients_at_a_smaller_peak():

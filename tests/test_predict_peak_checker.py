@@ -77,6 +77,7 @@ def test_the_right_answer_is_the_parts_and_within_half_a_percent_of_each_measure
         measured = check_memory.measured_peak(size, s, b)
         assert abs(solutions.predict_peak(size, s, b) / measured - 1) < 0.01, (s, b)
         assert abs(sp.predicted_peak(size, s, b)["total"] / measured - 1) < 0.01, (s, b)
+        assert sp.peak_moment(size, s, b) == "backward's start", (s, b)  # what parts() describes
     report = check_memory.check_predict_peak(solutions.predict_peak)
     assert report.passed and len(report.cases) == 3
 

@@ -12,7 +12,9 @@ any one part that is 5% or more of some setting's peak fails (tests/test_predict
 Parts under that stay unseen: the token ids and targets (0.1%), the final norm's and the head's inputs (3% at
 most), SDPA's output and log-sum-exp (2%), and any one s b h term of a layer (2.7% at most). A failure names
 the part (or the parts of that same size) that the shortfall or the excess matches. ``fn`` may not call
-``step_peak``'s own formulas: they are the answer.
+``step_peak``'s own formulas: they are the answer. All three settings peak at the start of backward with per-tensor
+Adam (``step_peak.peak_moment``); shorter ones (s = 32, b = 1) peak in ``optimizer.step()``, which ``parts`` does
+not describe, so the checker does not use them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """Lesson 08b: a whole training step's peak memory, measured with torch's MemTracker and predicted by formula.
 
     outside_formula   what autograd keeps outside the blocks: token ids, final norm and head inputs, log-probs
-    predicted_peak    weights and Adam (+ gradients when accumulating) + kept activations (for the recompute
-                      policy) + backward's largest transient
+    peak_candidates   the moments that can hold the peak, by part: backward's start (weights and Adam, gradients
+                      when accumulating, kept activations, backward's largest transient), optimizer.step() (16
+                      bytes per parameter and Adam's temporaries), and with full recomputation the first block's
+                      backward
+    predicted_peak    the highest of them; peak_moment names it
     measure_step      one optimizer step of ``accumulation_steps`` micro-batches under MemTracker: its peak,
                       by category (parameters, gradients, optimizer, activations, temporaries)
     phase_peaks       the same step's peak in forward and backward, and in ``optimizer.step()``, apart: which
@@ -66,18 +69,64 @@ def transient_formula(size: sm.Size, s: int, b: int, policy: str, element_size: 
     return max(cross_entropy, later)
 
 
-def predicted_peak(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none") -> dict:
-    """The step's peak, by part: the weights and Adam's two moments (12 bytes per parameter), the gradients
-    only when accumulating (with ``zero_grad(set_to_none=True)`` the last step's are freed, and at the peak,
-    early in backward, few new ones exist; from the second micro-step on the first one's are kept), the kept
-    activations of one micro-batch (accumulation keeps one micro-batch's at a time), backward's largest
-    transient."""
+def block_params(size: sm.Size) -> int:
+    """Parameters of one block: all but the embedding, the final norm and the head, over the layers."""
+    return (size.params() - 2 * size.vocab * size.d_model - 2 * size.d_model - size.vocab) // size.layers
+
+
+def peak_candidates(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none",
+                    foreach: bool = False) -> dict[str, dict]:
+    """The moments that can hold the step's peak, each by part (bytes), with its total.
+
+    backward's start      the weights and Adam's two moments (12 bytes per parameter); the gradients only when
+                          accumulating (``zero_grad(set_to_none=True)`` freed the last step's, and backward has
+                          made few new ones yet; from the second micro-step on the first one's are kept); one
+                          micro-batch's kept activations; backward's largest transient
+    the first block's backward   (full recomputation only) every gradient but the first block's exists, and that
+                          block is rebuilt: its activations, its input, the gradient arriving at it and fc2's
+                          input gradient (6 s b h)
+    optimizer.step()      weights, gradients and both moments (16 bytes per parameter) and no activations; Adam
+                          per tensor (``foreach=False``, torch's default on CPU) adds one parameter's two
+                          temporaries (8 bytes x the largest parameter), foreach Adam (CUDA's default)
+                          ``sqrt(exp_avg_sq)`` of every parameter at once (4 bytes per parameter)
+    """
     check_setting(s, b, accumulation_steps)
-    parts = {"weights and Adam (12 bytes x parameters)": 12 * size.params(),
-             "gradients (4 bytes x parameters, when accumulating)": 4 * size.params() if accumulation_steps > 1 else 0,
+    p, accumulating = size.params(), accumulation_steps > 1
+    grads = "gradients (4 bytes x parameters, when accumulating)"
+    start = {"weights and Adam (12 bytes x parameters)": 12 * p, grads: 4 * p if accumulating else 0,
              "activations kept": activations_formula(size, s, b, policy),
              "backward transient": transient_formula(size, s, b, policy)}
-    return {**parts, "total": sum(parts.values())}
+    largest = max(size.vocab * size.d_model, 4 * size.d_model ** 2)
+    step = {"weights, gradients and Adam (16 bytes x parameters)": 16 * p,
+            "Adam's temporaries (foreach: 4 bytes x parameters; per tensor: 8 x the largest parameter)":
+                4 * p if foreach else 8 * largest}
+    moments = {"backward's start": start, "optimizer.step()": step}
+    if policy == "full":
+        sbh = s * b * size.d_model
+        moments["the first block's backward"] = {
+            "weights and Adam (12 bytes x parameters)": 12 * p,
+            "gradients of all but the first block (all when accumulating)":
+                4 * (p if accumulating else p - block_params(size)),
+            "the first block rebuilt (one layer's activations)": sm.formula_for(size, s, b),
+            "its input, the gradient arriving and fc2's input gradient (6 s b h)": 4 * 6 * sbh}
+    return {name: {**parts, "total": sum(parts.values())} for name, parts in moments.items()}
+
+
+def predicted_peak(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none",
+                   foreach: bool = False) -> dict:
+    """The step's peak, by part: the highest of ``peak_candidates``. Backward's start holds it when the kept
+    activations and backward's transient outweigh what ``optimizer.step()`` adds to the weights and Adam (4 bytes
+    per parameter of gradients and one tensor's temporaries with per-tensor Adam; 8 bytes per parameter with
+    foreach Adam): a long sequence or a large micro-batch. A short one peaks in the step; with full recomputation,
+    in the first block's backward, once the other gradients exist."""
+    return max(peak_candidates(size, s, b, accumulation_steps, policy, foreach).values(), key=lambda c: c["total"])
+
+
+def peak_moment(size: sm.Size, s: int, b: int, accumulation_steps: int = 1, policy: str = "none",
+                foreach: bool = False) -> str:
+    """Which of ``peak_candidates`` holds the predicted peak."""
+    candidates = peak_candidates(size, s, b, accumulation_steps, policy, foreach)
+    return max(candidates, key=lambda name: candidates[name]["total"])
 
 
 def check_setting(s: int, b: int, accumulation_steps: int) -> None:
