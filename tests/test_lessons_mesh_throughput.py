@@ -12,6 +12,7 @@ import ppkit
 from ppkit.errors import ConfigError
 from ppkit.lessons import composition as comp
 from ppkit.lessons import mesh_costs as mc
+from ppkit.lessons import mesh_links as ml
 from ppkit.lessons import mesh_throughput as mt
 
 pytestmark = pytest.mark.timeout(600)
@@ -32,7 +33,7 @@ def test_prediction_adds_compute_bubble_latency_and_bytes():
     links["reduce_scatter", 2] = mt.Link("reduce_scatter", 2, 2 * MS, 5e5)  # dp's slowest link sets its bytes' time
     links["send_recv", 2] = mt.Link("send_recv", 2, 0.5 * MS, 2e6)
     p = mt.predict((2, 2, 2), 0.010, links, CALLS_222, SENT_222)
-    want = {"compute": 0.010,
+    want = {"compute": 0.010, "optimizer": 0.0,  # a number is forward and backward alone
             "dp": 7 * MS + 3 * 2 * MS + 10_000 / 5e5,
             "pp": 3 * 0.5 * MS + 2_000 / 2e6,      # a recv is the other side of a send: not counted twice
             "tp": 24 * MS + 24_000 / 1e6}
@@ -42,6 +43,34 @@ def test_prediction_adds_compute_bubble_latency_and_bytes():
     assert p.step_s == pytest.approx(sum(want.values()))
     assert p.tokens == comp.SIZE.batch * comp.SIZE.seq == 64
     assert p.tokens_per_s == pytest.approx(64 / sum(want.values()))
+
+
+def test_a_split_compute_stretches_only_forward_and_backward():
+    """Adam's step runs once, after the pipeline has flushed: the bubble stretches forward and backward (and the
+    slot's sends and all_reduces), not the optimizer."""
+    split = mt.predict((2, 2, 2), mt.Compute(0.010, 0.004), _links(), CALLS_222, SENT_222)
+    whole = mt.predict((2, 2, 2), 0.010, _links(), CALLS_222, SENT_222)
+    assert split.parts["compute"] == 0.010 and split.parts["optimizer"] == 0.004
+    assert split.parts["bubble"] == pytest.approx((0.010 + split.parts["pp"] + split.parts["tp"]) * (2 - 1) / 2)
+    assert split.parts["bubble"] == whole.parts["bubble"]
+    assert split.step_s == pytest.approx(whole.step_s + 0.004)  # the optimizer once, unstretched
+    assert mt.Compute(0.010, 0.004).total_s == pytest.approx(0.014)
+
+
+def _fake_step_times(rank, world_size, meshes, size, reps, alone):
+    return {mesh: (0.030 + rank * 0.01, 0.002 + (3 - rank) * 0.001) for mesh in meshes}
+
+
+def test_measure_compute_keeps_forward_backward_and_the_optimizer_apart():
+    class Four:
+        world_size = 4
+
+        def run(self, fn, **kwargs):
+            assert fn is mt._compute_times
+            return [_fake_step_times(r, 4, **kwargs) for r in range(4)]
+
+    compute = mt.measure_compute(Four(), [(2, 2, 1)])
+    assert compute[(2, 2, 1)] == mt.Compute(0.060, 0.002)  # the slowest rank by its whole step
 
 
 def test_the_bubble_is_gpipes_share_of_the_pipelined_part():
@@ -101,6 +130,24 @@ def _sent_by_link_calls(rank, world_size, nbytes):
     return out
 
 
+def _profiled_reduce_scatter(rank, world_size):
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    x, out = ml.link_buffers("reduce_scatter", 4096, world_size)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ml.link_call("reduce_scatter", dist.group.WORLD, x, out)
+    return sorted({e.name for e in prof.events() if "gloo" in e.name or "reduce_scatter" in e.name})
+
+
+def test_gloos_reduce_scatter_is_an_all_reduce_underneath(cluster2):
+    """What Link's docstring says: torch 2.14's ProcessGroupGloo runs _reduce_scatter_base as an all_reduce of the
+    whole input (then copies the rank's part out), so its link does not send a ring's (n - 1) / n of it."""
+    for names in cluster2.run(_profiled_reduce_scatter):
+        assert "gloo:all_reduce" in names, names
+        assert not any(n.startswith("gloo:reduce_scatter") for n in names), names
+
+
 def test_link_bandwidths_divide_the_bytes_each_call_sends(cluster4):
     """The bandwidth of a link is its extra wire bytes over its extra time: those bytes must be what the timed call
     sends, as CommLog counts them (a reduce_scatter of an input of S bytes sends (n - 1) / n x S, not less)."""
@@ -109,23 +156,46 @@ def test_link_bandwidths_divide_the_bytes_each_call_sends(cluster4):
         assert input_bytes == 4096, (kind, n)  # the size measure_links names is the call's input
 
 
-def test_measure_links_turns_two_sizes_into_latency_and_bandwidth():
-    """Known times give known links: the latency is the small call's, the bandwidth the extra ring bytes of the
-    large call's input over the extra seconds."""
-    sizes = (1024, 1 << 18)
+class _FakeLinks:
+    """A world of 4 where each collective takes 1 ms plus the bytes a ring sends for the input it is really handed,
+    at 1e8 bytes/s (all_reduce 2 (n - 1) / n of its tensor, all_gather (n - 1) x its shard, reduce_scatter (n - 1)
+    / n of its input, a send its tensor): the clock and the calls _link_times makes, faked; its buffers, real."""
+    LATENCY, BANDWIDTH, world_size = 1e-3, 1e8, 4
 
-    class Timed:
-        world_size = 4
+    def __init__(self, monkeypatch):
+        import types
 
-        def run(self, fn, groups, sizes, reps):
-            return [{(kind, n, s): (1e-3 if s == sizes[0] else 3e-3) for kind in mt.KINDS for n in groups
-                     for s in sizes}] * 4
+        self.now, self.n = 0.0, None
+        fake_dist = types.SimpleNamespace(
+            all_reduce=lambda x, group: self._spend(2 * (self.n - 1) / self.n * x.nbytes),
+            barrier=lambda: None, get_rank=lambda group: 0, get_global_rank=lambda group, r: r,
+            send=lambda x, peer: self._spend(x.nbytes), recv=lambda x, peer: self._spend(x.nbytes))
+        monkeypatch.setattr(ml, "dist", fake_dist)
+        monkeypatch.setattr(ml, "time", types.SimpleNamespace(perf_counter=lambda: self.now))
+        monkeypatch.setattr(ml, "_all_gather", lambda out, x, group: self._spend((self.n - 1) * x.nbytes))
+        monkeypatch.setattr(ml, "_reduce_scatter", lambda out, x, group: self._spend((self.n - 1) / self.n * x.nbytes))
+        monkeypatch.setattr(ml, "_group", self._group)
 
-    links = mt.measure_links(Timed(), groups=(2, 4), sizes=sizes)
+    def _group(self, world_size, n):
+        self.n = n
+        return None
+
+    def _spend(self, wire_bytes):
+        self.now += self.LATENCY + wire_bytes / self.BANDWIDTH
+
+    def run(self, fn, **kwargs):
+        return [fn(0, self.world_size, **kwargs)]
+
+
+def test_measure_links_turns_two_sizes_into_latency_and_bandwidth(monkeypatch):
+    """The buffers _link_times really hands each call give the links back: the latency is the small call's (its
+    bytes add under 5%), the bandwidth the one the fake calls run at, for every kind and group (a reduce_scatter
+    handed the n-times-larger tensor as its input would read n times too slow)."""
+    links = mt.measure_links(_FakeLinks(monkeypatch), groups=(2, 4), sizes=(1024, 1 << 18))
+    assert set(links) == {(k, n) for k in mt.KINDS for n in (2, 4)}
     for (kind, n), link in links.items():
-        assert link.latency_s == 1e-3
-        want = (mt.ring_bytes(kind, sizes[1], n) - mt.ring_bytes(kind, sizes[0], n)) / 2e-3
-        assert link.bytes_per_s == pytest.approx(want), (kind, n)
+        assert _FakeLinks.LATENCY <= link.latency_s < 1.05 * _FakeLinks.LATENCY, (kind, n)
+        assert link.bytes_per_s == pytest.approx(_FakeLinks.BANDWIDTH), (kind, n)
 
 
 def test_the_local_stage_holds_a_tp_ranks_share():
@@ -158,7 +228,7 @@ def test_a_real_small_measurement_predicts_and_times_a_mesh():
         assert all(0 < link.latency_s < 5 and link.bytes_per_s > 0 for link in links.values())
         meshes = [(2, 2, 1), (2, 1, 2)]
         compute = mt.measure_compute(cluster, meshes, reps=2)
-        assert all(0 < compute[m] < 5 for m in meshes)
+        assert all(0 < compute[m].forward_backward_s < 5 and 0 < compute[m].optimizer_s < 5 for m in meshes)
         alone, together = mt.core_sharing(cluster, (2, 2, 1), reps=2)
         assert 0 < alone < 5 and 0 < together < 5
         measured = mc.measure(cluster, (2, 2, 1))
@@ -176,8 +246,8 @@ def test_a_real_small_measurement_predicts_and_times_a_mesh():
 
 # -- the exercise: predict_step (docs/exercises.md lists these wrong answers) ------------------------------------
 
-def _step(mesh, compute_s, links, calls, sent, m, bubble="right", recv=False, send_n=2, with_bytes=True,
-          stretch=("pp", "tp")):
+def _step(mesh, compute_s, optimizer_s, links, calls, sent, m, bubble="right", recv=False, send_n=2,
+          with_bytes=True, stretch=("pp", "tp"), optimizer="once"):
     pp = mesh[1]
     cost = {}
     for dim, n in zip(comp.DIMS, mesh):
@@ -190,9 +260,10 @@ def _step(mesh, compute_s, links, calls, sent, m, bubble="right", recv=False, se
             used.append(link)
         if used and with_bytes:
             cost[dim] += sent.get(dim, 0) / min(link.bytes_per_s for link in used)
-    slots = compute_s + sum(cost[d] for d in stretch)
+    slots = compute_s + sum(cost[d] for d in stretch) + (optimizer_s if optimizer == "stretched" else 0.0)
     share = {"right": (pp - 1) / m, "none": 0.0, "of the step": (pp - 1) / (m + pp - 1)}[bubble]
-    return slots * (1 + share) + sum(cost[d] for d in comp.DIMS if d not in stretch)
+    once = optimizer_s if optimizer == "once" else 0.0
+    return slots * (1 + share) + sum(cost[d] for d in comp.DIMS if d not in stretch) + once
 
 
 WRONG_STEPS = {
@@ -206,6 +277,8 @@ WRONG_STEPS = {
     "recv counted": (dict(recv=True), "each recv is counted as a call too"),
     "sends over pp's groups": (dict(send_n="pp"), r"the sends use the link of groups of pp = 4"),
     "no bytes": (dict(with_bytes=False), "the bytes' time is left out"),
+    "optimizer stretched": (dict(optimizer="stretched"), "Adam's step is stretched by the bubble"),
+    "optimizer left out": (dict(optimizer="left out"), "Adam's step is left out"),
 }
 
 
@@ -214,8 +287,29 @@ def test_predict_step_passes_the_solution_and_the_same_formula_written_otherwise
 
     assert check_throughput.check_predict_step(solutions.predict_step).passed
     assert check_throughput.check_predict_step(_step).passed
-    assert check_throughput.check_predict_step(  # the module's own prediction is the answer
-        lambda mesh, compute_s, links, calls, sent, m: mt.predict(mesh, compute_s, links, calls, sent).step_s).passed
+
+
+def test_predict_step_refuses_the_lessons_own_prediction():
+    from ppkit.errors import ExerciseFailed
+    from ppkit.exercises import check_throughput
+
+    def lessons(mesh, compute_s, optimizer_s, links, calls, sent, m):
+        return mt.predict(mesh, mt.Compute(compute_s, optimizer_s), links, calls, sent).step_s
+
+    with pytest.raises(ExerciseFailed, match="LessonFormulaUsed: your function called mesh_throughput.predict, the "
+                                             "lesson's own prediction"):
+        check_throughput.check_predict_step(lessons)
+    assert mt.predict((2, 2, 2), 0.01, _links(), CALLS_222, SENT_222).step_s > 0  # put back after the check
+
+
+def test_predict_step_names_both_mistakes_where_they_give_one_number():
+    """2x4x1 has no tp: leaving the sends unstretched is stretching only the compute there, so both are named."""
+    from ppkit.errors import ExerciseFailed
+    from ppkit.exercises import check_throughput
+
+    with pytest.raises(ExerciseFailed, match=r"mesh 2x4x1: .*you stretched only the compute.*; or the pipeline's "
+                                             r"sends are not stretched"):
+        check_throughput.check_predict_step(lambda *args: _step(*args, stretch=("tp",)))
 
 
 @pytest.mark.parametrize("wrong", sorted(WRONG_STEPS))

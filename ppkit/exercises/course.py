@@ -285,15 +285,16 @@ EXERCISES = (
     {
         "name": "predict_step",
         "notebook": "13_composition",
-        "signature": "predict_step(mesh, compute_s, links, calls, sent, m)",
+        "signature": "predict_step(mesh, compute_s, optimizer_s, links, calls, sent, m)",
         "hints": (
             "Each dimension (\"dp\", \"pp\", \"tp\", in the mesh's order) whose degree n is above 1: each call "
             "name in calls[dim] costs count x links[call, n].latency_s, except a send, which goes between two "
             "ranks (links[\"send_recv\", 2]), and a recv, the other side of a send, which costs nothing more.",
             "Then each such dimension's bytes: sent[dim] / the smallest bytes_per_s of the links its calls used.",
             "Last, GPipe: m micro-batches through pp stages take m + pp - 1 slots, and a slot holds the "
-            "micro-batch's compute, its tp all_reduces and its sends, so (compute_s + pp's cost + tp's cost) x "
-            "(m + pp - 1) / m; dp's cost comes once per step, added after (Narayanan et al. 2021).",
+            "micro-batch's forward and backward (compute_s), its tp all_reduces and its sends, so (compute_s + "
+            "pp's cost + tp's cost) x (m + pp - 1) / m; Adam's step (optimizer_s) and dp's cost come once per "
+            "step, added after, not stretched.",
         ),
     },
 )

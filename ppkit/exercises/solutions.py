@@ -199,7 +199,7 @@ def choose_mesh(meshes, budget, memory_of):
     return None
 
 
-def predict_step(mesh, compute_s, links, calls, sent, m):
+def predict_step(mesh, compute_s, optimizer_s, links, calls, sent, m):
     """Notebook 13: a mesh's step time from its compute, each dimension's calls and bytes, and GPipe's bubble."""
     cost = {}
     for dim, n in zip(("dp", "pp", "tp"), mesh):
@@ -213,7 +213,8 @@ def predict_step(mesh, compute_s, links, calls, sent, m):
         if used:
             cost[dim] += sent.get(dim, 0) / min(link.bytes_per_s for link in used)
     slots = compute_s + cost["pp"] + cost["tp"]         # what each micro-batch's slot holds: its sends, tp's calls
-    return slots * (m + mesh[1] - 1) / m + cost["dp"]   # m micro-batches through pp stages: pp - 1 more slots
+    once = optimizer_s + cost["dp"]                     # Adam after the flush; dp once (an approximation)
+    return slots * (m + mesh[1] - 1) / m + once         # m micro-batches through pp stages: pp - 1 more slots
 
 
 def first_bucket(params, bucket_cap_mb):

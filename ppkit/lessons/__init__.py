@@ -36,6 +36,7 @@ are in ppkit/exercises/.
     composition_measure lesson 13: one step on the mesh vs one process; memory and bytes per dimension
     mesh_costs       lesson 13: the Playbook's formulas beside the measurement, budgets, pictures
     mesh_throughput  lesson 13: each mesh's step time predicted from measured compute and links, ranked, measured
+    mesh_links       lesson 13: each kind of collective's latency and bandwidth over groups of n ranks, measured
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Lesson 13: which mesh is fastest, predicted from this machine's measured compute and links, then measured.
 
-    Link            one kind of collective over groups of n ranks: its latency per call and its bandwidth
-    measure_links   all_reduce, all_gather, reduce_scatter and send/recv timed on this cluster, every group of the
-                    world at once (as in a step: all ranks busy), at two sizes; latency and bandwidth from the two
-    measure_compute each rank's forward, backward and Adam of its part of the model (its stage, its tp slice of
-                    each matrix, its micro-batches) in plain torch, no collectives, all ranks at once
+    Link, measure_links   (from mesh_links) all_reduce, all_gather, reduce_scatter and send/recv timed on this
+                    cluster, every group at once, at two sizes: each kind's latency per call and bandwidth
+    Compute         one rank's seconds per step: its micro-batches' forward and backward, and Adam's step apart
+    measure_compute each rank's forward and backward, and Adam, of its part of the model (its stage, its tp slice
+                    of each matrix, its micro-batches) in plain torch, no collectives, all ranks at once
     core_sharing    rank 0's compute alone and with all ranks at once: what sharing the cores costs
     predict         one mesh's step time: per dimension its calls x latency + bytes sent / bandwidth; the
-                    micro-batches' slots (compute, pp's sends, tp's all_reduces) stretched by GPipe's bubble,
-                    (m + pp - 1) / m; dp's traffic added whole (an upper bound: it can overlap backward)
+                    micro-batches' slots (forward and backward, pp's sends, tp's all_reduces) stretched by GPipe's
+                    bubble, (m + pp - 1) / m; Adam's step and dp's traffic added once (dp: an approximation, see
+                    ``predict``)
     rank_meshes     the meshes whose measured memory fits a budget, fastest predicted first (tokens/s)
     measure_steps   the real step of a mesh (TP, GPipe, FSDP2), timed after a warm-up step
     plot            predicted (by part) against measured step time
@@ -30,96 +31,15 @@ from torch import nn
 
 from ppkit.errors import ConfigError
 from ppkit.lessons import composition as comp
-from ppkit.lessons.zero import _all_gather, _reduce_scatter  # torch 2.14's names where they exist
+from ppkit.lessons.mesh_links import KINDS, SIZES, Link, link_buffers, link_call, measure_links, ring_bytes
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
-SIZES = (1024, 1 << 18)  # bytes per rank: latency dominates the first, bandwidth the second
+__all__ = ["KINDS", "SIZES", "CALL_KIND", "Link", "link_buffers", "link_call", "measure_links", "ring_bytes",
+           "Compute", "local_stage", "microbatches", "measure_compute", "core_sharing", "Prediction",
+           "busiest_calls", "predict", "rank_meshes", "measure_steps", "plot"]
+
 # what each dimension calls, as CommLog names them, and the link kind that carries it
 CALL_KIND = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
              "send": "send_recv"}
-
-
-@dataclass(frozen=True)
-class Link:
-    kind: str
-    n: int                 # ranks per group
-    latency_s: float       # seconds per call of SIZES[0] bytes (the bytes' own time is negligible there)
-    bytes_per_s: float     # wire bytes per second per rank, from the two sizes (inf if the larger was no slower)
-
-
-def ring_bytes(kind: str, nbytes: int, n: int) -> float:
-    """Bytes one rank sends for one call over ``n`` ranks whose input is ``nbytes`` per rank (ring algorithms,
-    as ``composition_measure.CommLog`` counts them): an all_gather's input is a rank's shard, a reduce_scatter's
-    the whole tensor it reduces."""
-    return {"all_reduce": 2 * (n - 1) / n * nbytes, "all_gather": (n - 1) * nbytes,
-            "reduce_scatter": (n - 1) / n * nbytes, "send_recv": nbytes}[kind]
-
-
-def link_buffers(kind: str, nbytes: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input, output) of one timed call of ``kind`` over ``n`` ranks with an input of about ``nbytes`` (float32;
-    a reduce_scatter's input rounded down to a multiple of n elements): ``ring_bytes(kind, input.nbytes, n)`` is
-    what the call sends."""
-    numel = nbytes // 4
-    if kind == "reduce_scatter":
-        numel -= numel % n
-        return torch.ones(numel), torch.empty(numel // n)
-    return torch.ones(numel), torch.empty(numel * n if kind == "all_gather" else 0)
-
-
-def _group(world_size: int, n: int):
-    """A process group of ``n`` neighbouring ranks, every rank in one: the last dimension of mesh
-    (world / n, 1, n), made once per worker by ``comp.device_mesh`` (notebook 13 has made it already)."""
-    return comp.device_mesh((world_size // n, 1, n))["tp"].get_group()
-
-
-def link_call(kind: str, group, x: torch.Tensor, out: torch.Tensor):
-    """One call of ``kind`` over ``group`` from input ``x`` into ``out`` (as ``link_buffers`` makes them)."""
-    if kind == "all_reduce":
-        dist.all_reduce(x, group=group)
-    elif kind == "all_gather":
-        _all_gather(out, x, group=group)
-    elif kind == "reduce_scatter":
-        _reduce_scatter(out, x, group=group)
-    else:  # a send to the neighbour and its answer back: one call each way, timed as two
-        me = dist.get_rank(group)
-        peer = dist.get_global_rank(group, me ^ 1)
-        first, second = (dist.send, dist.recv) if me % 2 == 0 else (dist.recv, dist.send)
-        first(x, peer)
-        second(x, peer)
-
-
-def _link_times(rank, world_size, groups=(2, 4), sizes=SIZES, reps: int = 5) -> dict:
-    """Seconds per call, (kind, n, bytes) -> seconds, on this rank; every group of n ranks runs at once."""
-    times = {}
-    for n in groups:
-        group = _group(world_size, n)
-        for kind in KINDS:
-            for nbytes in sizes:
-                x, out = link_buffers(kind, nbytes, n)
-                link_call(kind, group, x, out)  # warm-up: gloo sets up the pair's buffers on first use
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(reps):
-                    link_call(kind, group, x, out)
-                times[kind, n, nbytes] = (time.perf_counter() - start) / reps / (2 if kind == "send_recv" else 1)
-    return times
-
-
-def measure_links(cluster, groups=(2, 4), sizes=SIZES, reps: int = 5) -> dict[tuple[str, int], Link]:
-    """(kind, n) -> Link, from the slowest rank's mean of ``reps`` calls at each of the two ``sizes``."""
-    bad = [n for n in groups if not isinstance(n, int) or n < 2 or cluster.world_size % n]
-    if bad:
-        raise ConfigError(f"groups {bad}: each group size must be a whole number from 2 up that divides the "
-                          f"cluster's {cluster.world_size} ranks, so that every rank is in one group; try (2, 4).")
-    per_rank = cluster.run(_link_times, groups=groups, sizes=sizes, reps=reps)
-    links = {}
-    for n in groups:
-        for kind in KINDS:
-            small, large = (max(r[kind, n, s] for r in per_rank) for s in sizes)
-            small_in, large_in = (link_buffers(kind, s, n)[0].nbytes for s in sizes)
-            extra = ring_bytes(kind, large_in, n) - ring_bytes(kind, small_in, n)
-            links[kind, n] = Link(kind, n, small, extra / (large - small) if large > small else float("inf"))
-    return links
 
 
 def local_stage(mesh, stage: int, size: comp.Size = comp.SIZE) -> comp.Transformer:
@@ -138,9 +58,21 @@ def microbatches(mesh, size: comp.Size = comp.SIZE) -> int:
     return size.microbatches if mesh[1] > 1 else 1
 
 
+@dataclass(frozen=True)
+class Compute:
+    """One rank's compute per step: its micro-batches' forward and backward (which the pipeline's bubble
+    stretches), and Adam's step (once per step, after the pipeline has flushed)."""
+    forward_backward_s: float
+    optimizer_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_backward_s + self.optimizer_s
+
+
 def _compute_times(rank, world_size, meshes, size: comp.Size = comp.SIZE, reps: int = 5,
                    alone: bool = False) -> dict:
-    """Seconds of this rank's forward, backward and Adam step in each mesh, all ranks at once (``alone``: rank 0
+    """(forward and backward, Adam's step) seconds of this rank in each mesh, all ranks at once (``alone``: rank 0
     only, the others waiting)."""
     times = {}
     for mesh in meshes:
@@ -153,31 +85,36 @@ def _compute_times(rank, world_size, meshes, size: comp.Size = comp.SIZE, reps: 
         m = microbatches(mesh, size)
         b = size.batch // (dp * m)
         x, y = (t[:b] for t in comp.batch(size))
-        _local_step(model, opt, x, y, m, size)
+        _forward_backward(model, x, y, m, size)
+        opt.step()
         dist.barrier()
-        start = time.perf_counter()
+        spent = [0.0, 0.0]
         for _ in range(reps):
-            _local_step(model, opt, x, y, m, size)
-        times[mesh] = (time.perf_counter() - start) / reps
+            start = time.perf_counter()
+            _forward_backward(model, x, y, m, size)
+            middle = time.perf_counter()
+            opt.step()
+            spent[0] += middle - start
+            spent[1] += time.perf_counter() - middle
+        times[mesh] = (spent[0] / reps, spent[1] / reps)
     return times
 
 
-def _local_step(model, opt, x, y, m: int, size: comp.Size):
+def _forward_backward(model, x, y, m: int, size: comp.Size):
     """Forward and backward of ``m`` micro-batches through one stage (a middle or last stage gets a random input,
-    as from the previous stage), then Adam."""
+    as from the previous stage); Adam's step comes after, timed apart."""
     for _ in range(m):
         h = model.embed(x) if model.embed is not None else torch.randn(*x.shape, size.d_model, requires_grad=True)
         for block in model.layers.values():
             h = block(h)
         (comp.loss_fn(model.head(model.norm(h)), y) if model.head is not None else h.sum()).backward()
-    opt.step()
 
 
 def measure_compute(cluster, meshes, size: comp.Size = comp.SIZE, reps: int = 3, alone: bool = False) -> dict:
-    """mesh -> seconds of the slowest rank's compute for one step (without its pipeline's waits); ``alone``: rank
-    0's, with the other ranks idle (what a rank computes with a core of its own)."""
+    """mesh -> ``Compute`` of the slowest rank for one step (without its pipeline's waits), the slowest by the
+    whole step; ``alone``: rank 0's, with the other ranks idle (what a rank computes with a core of its own)."""
     per_rank = cluster.run(_compute_times, meshes=list(meshes), size=size, reps=reps, alone=alone)
-    return {mesh: max(r[mesh] for r in per_rank if mesh in r) for mesh in meshes}
+    return {mesh: Compute(*max((r[mesh] for r in per_rank if mesh in r), key=sum)) for mesh in meshes}
 
 
 def core_sharing(cluster, mesh, size: comp.Size = comp.SIZE, reps: int = 3) -> tuple[float, float]:
@@ -185,13 +122,13 @@ def core_sharing(cluster, mesh, size: comp.Size = comp.SIZE, reps: int = 3) -> t
     more ranks than the machine has cores, the second is longer: the ranks take turns on the cores."""
     alone = cluster.run(_compute_times, meshes=[mesh], size=size, reps=reps, alone=True)[0][mesh]
     together = cluster.run(_compute_times, meshes=[mesh], size=size, reps=reps)[0][mesh]
-    return alone, together
+    return sum(alone), sum(together)
 
 
 @dataclass(frozen=True)
 class Prediction:
     mesh: tuple[int, int, int]
-    parts: dict            # seconds: compute, bubble, dp, pp, tp
+    parts: dict            # seconds: compute (forward and backward), optimizer, bubble, dp, pp, tp
     tokens: int            # tokens per step
 
     @property
@@ -213,19 +150,24 @@ def busiest_calls(measurement) -> dict[str, dict[str, int]]:
     return out
 
 
-def predict(mesh, compute_s: float, links: dict, calls: dict, sent: dict, size: comp.Size = comp.SIZE) -> Prediction:
-    """Step time of ``mesh``: the rank's measured compute (``compute_s``) and, for each dimension, its ``calls``
-    ({dim: {call: count}}) times the latency of that call's link plus the bytes it ``sent`` ({dim: bytes}) over
-    the slowest of its links' bandwidths (links looked up by (kind, degree of the dimension)).
+def predict(mesh, compute, links: dict, calls: dict, sent: dict, size: comp.Size = comp.SIZE) -> Prediction:
+    """Step time of ``mesh``: the rank's measured ``compute`` (a ``Compute``; a number is taken as forward and
+    backward alone, with no optimizer) and, for each dimension, its ``calls`` ({dim: {call: count}}) times the
+    latency of that call's link plus the bytes it ``sent`` ({dim: bytes}) over the slowest of its links'
+    bandwidths (links looked up by (kind, degree of the dimension)).
 
-    GPipe's bubble stretches each micro-batch's whole slot, not only its compute (Narayanan et al. 2021, the
-    bubble is (pp - 1) / m of the ideal time): tp's all_reduces and the pipeline's sends happen inside the slot,
-    so the bubble is (compute + pp + tp) x (pp - 1) / m. dp's traffic is added whole, after the pipeline: an
-    upper bound, since FSDP2's reduce-scatters and the next blocks' all-gathers can overlap compute (notebook
-    10b) and then only their exposed part adds."""
+    GPipe's bubble (pp - 1 idle slots of m + pp - 1; Narayanan et al. 2021, whose slot is a micro-batch's forward
+    and backward time) stretches each micro-batch's slot. Counting tp's all_reduces and the pipeline's sends
+    inside the slot, as they happen, is this lesson's extension: the bubble is (forward and backward + pp + tp) x
+    (pp - 1) / m. Adam's step runs once, after the pipeline has flushed, so it is added once, not stretched. dp's
+    traffic is added once too, and that is an approximation, neither an upper nor a lower bound: FSDP2's
+    reduce-scatters come after the pipeline or overlap the last backward (notebook 10b), but its all-gathers run
+    per micro-batch inside the slots (blocks reshard after forward), where the bubble would stretch them."""
+    if not isinstance(compute, Compute):
+        compute = Compute(compute, 0.0)
     m = microbatches(mesh, size)
     pp = mesh[1]
-    parts = {"compute": compute_s, "bubble": 0.0}
+    parts = {"compute": compute.forward_backward_s, "optimizer": compute.optimizer_s, "bubble": 0.0}
     for dim, n in zip(comp.DIMS, mesh):
         dim_calls = {CALL_KIND[c]: k for c, k in calls.get(dim, {}).items() if c in CALL_KIND}
         if n == 1 or not dim_calls:
@@ -238,7 +180,7 @@ def predict(mesh, compute_s: float, links: dict, calls: dict, sent: dict, size: 
         used = [links[kind, _n(kind, n)] for kind in dim_calls]
         parts[dim] = sum(link.latency_s * dim_calls[link.kind] for link in used) + \
             sent.get(dim, 0.0) / min(link.bytes_per_s for link in used)
-    parts["bubble"] = (compute_s + parts["pp"] + parts["tp"]) * (pp - 1) / m
+    parts["bubble"] = (compute.forward_backward_s + parts["pp"] + parts["tp"]) * (pp - 1) / m
     return Prediction(tuple(mesh), parts, size.batch * size.seq)
 
 
@@ -278,7 +220,8 @@ def measure_steps(cluster, mesh, steps: int = 2, size: comp.Size = comp.SIZE) ->
     return statistics.median(max(r[i] for r in per_rank) for i in range(steps))
 
 
-COLOURS = {"compute": "#4c72b0", "bubble": "#9fb7d9", "dp": "#dd8452", "pp": "#55a868", "tp": "#c44e52"}
+COLOURS = {"compute": "#4c72b0", "optimizer": "#8172b2", "bubble": "#9fb7d9", "dp": "#dd8452", "pp": "#55a868",
+           "tp": "#c44e52"}
 
 
 def plot(predictions, measured: dict):
