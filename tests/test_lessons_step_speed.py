@@ -132,6 +132,18 @@ def test_a_per_tensor_scale_keeps_small_values_that_fp8_loses():
         f8.scaled_cast(torch.arange(4))
 
 
+def test_scaled_cast_counts_subnormals_and_scales_each_format_to_its_own_largest():
+    """Notebook 08c's 1e-4 x randn (seed 0): in e5m2, 1406 of 4096 values are subnormal and 279 become 0 unscaled;
+    e5m2's scale is 57344 / amax, not 448 / amax."""
+    small = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 1e-4
+    plain, scaled = f8.scaled_cast(small, torch.float8_e5m2).values()
+    assert (plain["subnormal"], plain["lost to 0"]) == (1406, 279)
+    assert scaled["scale"] == pytest.approx(57344 / small.abs().max().item())
+    assert scaled["subnormal"] < plain["subnormal"] and scaled["lost to 0"] == 0
+    e4_plain, _ = f8.scaled_cast(small).values()
+    assert (e4_plain["subnormal"], e4_plain["lost to 0"]) == (0, 4096)
+
+
 def test_what_runs_here_tries_each_fp8_operation():
     said = f8.what_runs_here(64)
     assert said["cast to e4m3fn and back"].startswith("runs: 1 byte a value")

@@ -3,15 +3,19 @@
     format_table    for e4m3fn and e5m2 (and fp16, bf16 beside them): the largest value, the smallest normal and
                     the smallest subnormal found by casting, what a value beyond the largest becomes, and the
                     relative rounding error over a sweep of values inside the range (median and worst)
-    scaled_cast     a tensor cast to FP8 as is, and with a per-tensor scale (amax -> scale = max / amax, stored
-                    beside the FP8 values, divided out when reading): values lost to 0 and the relative error
+    scaled_cast     a tensor cast to FP8 as is, and with a per-tensor scale (amax -> scale = the format's largest
+                    value / amax: 448 / amax in e4m3fn, 57344 / amax in e5m2; stored beside the FP8 values, divided
+                    out when reading): values lost to 0, values left subnormal, and the relative error
     what_runs_here  each FP8 operation tried on this machine: casting, an FP8 matmul with ``torch._scaled_mm``
                     (timed against fp32 on the same shapes), and whether a GPU that has FP8 units is present
 
 e4m3fn: 4 exponent bits, 3 mantissa bits, no infinity ("fn": finite, with a nan); e5m2: 5 and 2, fp16's range
-with less precision. Transformer Engine's default recipe is hybrid (e4m3 in forward, e5m2 for the gradients) with
-delayed scaling (each tensor's scale from the amax history of earlier iterations); DeepSeek-V3 uses e4m3 for every
-tensor, with a scale computed online per 1 x 128 tile of activations and per 128 x 128 block of weights.
+with less precision. Before Blackwell, Transformer Engine's default recipe is hybrid (``DelayedScaling``'s default
+``fp8_format``: e4m3 in forward, e5m2 for the gradients) with delayed scaling (each tensor's scale from the amax
+history of earlier iterations); TE 2.x on Blackwell defaults to MXFP8 block scaling, in e4m3. DeepSeek-V3 uses e4m3
+for every FP8 GEMM input, gradients included, with a scale computed online per 1 x 128 tile of activations and per
+128 x 128 block of weights; its embedding, output head, MoE gating, norms and attention stay in BF16/FP32, its
+master weights and weight gradients in FP32, Adam's moments in BF16.
 """
 
 from __future__ import annotations
@@ -50,17 +54,20 @@ def format_table(points: int = 4001) -> dict[str, dict[str, object]]:
 
 
 def scaled_cast(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> dict[str, dict[str, float]]:
-    """``x`` in FP8 without and with a per-tensor scale: values that became 0 and the relative error."""
+    """``x`` in FP8 without and with a per-tensor scale (the format's largest value / amax): values that became 0,
+    values left subnormal (nonzero, below the format's smallest normal: fewer bits), and the relative error."""
     if not x.is_floating_point() or x.numel() == 0:
         raise ConfigError(f"scaled_cast needs a non-empty floating-point tensor; got {x.dtype} of {x.numel()} values.")
     amax = x.abs().max().item()
-    fp8_max = torch.finfo(dtype).max
+    fp8_max, smallest_normal = torch.finfo(dtype).max, torch.finfo(dtype).smallest_normal
     scale = fp8_max / amax if amax > 0 else 1.0
     out = {}
     for name, s in (("no scale", 1.0), (f"scale {scale:.3g} (max / amax)", scale)):
-        back = (x * s).to(dtype).to(torch.float32) / s
+        cast = (x * s).to(dtype).to(torch.float32)
+        back = cast / s
         nonzero = x != 0
         out[name] = {"scale": s, "lost to 0": int((nonzero & (back == 0)).sum()),
+                     "subnormal": int(((cast != 0) & (cast.abs() < smallest_normal)).sum()),
                      "median relative error": ((back - x).abs() / x.abs())[nonzero].median().item()}
     return out
 
