@@ -131,7 +131,15 @@ def test_a_hung_run_she_interrupts_is_stopped_and_the_room_does_not_call_her_stu
     """What the hang message tells her to do: Kernel > Interrupt (the kernel's SIGINT, as JupyterLab sends it)."""
     kc, folder, pid, km = kernel
     seen = len(read.read_folder(folder).events)
-    interrupt = threading.Timer(8.0, km.interrupt_kernel)  # after the hang watch's 2 s of silence has fired
+    done = threading.Event()
+
+    def interrupt_once_hung():  # not after a fixed time: on a loaded machine the ranks may start later than that
+        while not done.wait(0.2):
+            if any(e.fields.get("state") == "hung" for e in new_events(folder, seen)):
+                km.interrupt_kernel()
+                return
+
+    interrupt = threading.Thread(target=interrupt_once_hung, daemon=True)
     interrupt.start()
     try:
         hung = run_cell(kc, """
@@ -141,7 +149,8 @@ def test_a_hung_run_she_interrupts_is_stopped_and_the_room_does_not_call_her_stu
             dist.recv(torch.zeros(1), src=1 - int(os.environ["RANK"]))  # each rank waits for the other: a deadlock
         """)
     finally:
-        interrupt.cancel()
+        done.set()
+        interrupt.join()
     assert hung.error[0] == "JobInterrupted" and "possibly hung" in hung.text, (hung.error, hung.text[-2000:])
     events = new_events(folder, seen)
     assert [(e.kind, e.fields.get("state")) for e in events] == [
