@@ -404,6 +404,7 @@ def test_an_idle_learner_is_not_polled_until_the_hub_sees_her_active_again(hub_u
 
     FakeHub.files = {"ana": {"record.jsonl": ANA}, "bo": {"record.jsonl": ANA}}
     FakeHub.own_activity = {"ana": NOW - 600}  # ana did nothing for 10 min; bo 5 s ago
+    FakeHub.hub_activity = {"ana": time.time() - 600}  # what the hub last copied from the proxy for her
     room = Room(HubClient(hub_url, TOKEN), None, "ppkit-progress", 5, idle_after=5)
     room.collect()
     looked = len(FakeHub.asked)
@@ -416,6 +417,28 @@ def test_an_idle_learner_is_not_polled_until_the_hub_sees_her_active_again(hub_u
     looked = len(FakeHub.asked)
     room.collect()
     assert any(a.startswith("/user/ana/") for a in FakeHub.asked[looked:])
+
+
+def test_an_idle_learners_kept_row_ages_with_the_clock():
+    """Her last look was 10 min ago, her kernel busy since 15 min: the kept row says busy 15 min, not 5 (frozen at
+    the last look), and its idle time grows the same."""
+    t0 = time.time()
+    seen = Fetched("ana", "running", texts={"record.jsonl": None, "record.old.jsonl": None},
+                   sessions=kernel_of_06("busy", t0 - 900), now=t0 - 600, own_activity=t0 - 900, looked_at=t0 - 600)
+    quiet = LearnerServer("ana", "http://127.0.0.1:9/user/ana/", True, None, False, last_activity=t0 - 900)
+    kept = fetch_learner(quiet, TOKEN, seen=seen, idle_after=120)
+    assert kept.sessions == seen.sessions  # not asked again: her server is left alone
+    row = row_of(kept, stuck_after=5)
+    assert 895 <= row.notebooks[0]["busy_s"] <= 960, row.notebooks
+    assert 895 <= kept.idle_s <= 960 and "idle 15 min" in row.why, row.why
+    assert row.state == "stuck"  # busy 15 min is past stuck_after
+
+
+def test_a_learner_whose_hub_activity_is_unknown_is_polled():
+    t0 = time.time()
+    seen = Fetched("ana", "running", now=t0 - 600, own_activity=t0 - 900, looked_at=t0 - 600)
+    unknown = LearnerServer("ana", "http://127.0.0.1:9/user/ana/", True, None, False, last_activity=None)
+    assert fetch_learner(unknown, TOKEN, seen=seen, idle_after=120, timeout=5).server == "unreachable"  # asked
 
 
 def test_the_service_collects_nothing_while_nobody_has_the_page_open(hub_url, tmp_path):

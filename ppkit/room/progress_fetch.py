@@ -93,12 +93,13 @@ def _why(code: int, what: str, user: str) -> str:
 
 def left_idle(learner: LearnerServer, seen: Fetched | None, idle_after: float | None) -> bool:
     """Whether to leave the learner's server alone this time: at the last look (`seen`) her server's own activity
-    was older than `idle_after` seconds, and the hub has seen no activity of her server since that look."""
+    was older than `idle_after` seconds, and the hub has seen no activity of her server since that look (a hub that
+    reports no last_activity for her: asked, not left alone for ever)."""
     if seen is None or idle_after is None or seen.server != "running" or seen.own_activity is None:
         return False
     if seen.now - seen.own_activity < idle_after:
         return False
-    return learner.last_activity is None or learner.last_activity <= seen.looked_at + 1.0
+    return learner.last_activity is not None and learner.last_activity <= seen.looked_at + 1.0
 
 
 def fetch_learner(learner: LearnerServer, token: str, record_path: str = "ppkit-progress",
@@ -111,7 +112,8 @@ def fetch_learner(learner: LearnerServer, token: str, record_path: str = "ppkit-
         state = f"the hub is busy with it ({learner.pending})" if learner.pending else "not running"
         return Fetched(learner.name, "no server", problems=[f"server {state}"], now=time.time())
     if left_idle(learner, seen, idle_after):
-        return replace(seen, idle_s=seen.now - seen.own_activity)
+        now = seen.now + max(0.0, time.time() - seen.looked_at)  # her server's clock, aged since that look
+        return replace(seen, now=now, idle_s=now - seen.own_activity)
     base = learner.url.rstrip("/") + "/api"
     folder = urllib.parse.quote(record_path.strip("/"))
     got = Fetched(learner.name, "running", now=time.time())
