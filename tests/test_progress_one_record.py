@@ -122,3 +122,25 @@ def test_a_course_entry_without_code_is_named(monkeypatch):
     monkeypatch.setattr(course, "EXERCISES", (*course.EXERCISES, extra))
     with pytest.raises(ConfigError, match=r"do not name the same exercises: \['ring_gather'\]"):
         catalog._exercises()  # what importing the catalog runs
+
+
+def test_a_failure_then_not_written_is_not_written_in_ppkit_progress_and_the_room_alike(home):
+    """She failed, then emptied her function (a check that says "not written"): every view says "not written", and
+    the room does not call her stuck on a failure she has set aside."""
+    t0 = time.time() - 3600
+    record = home / "ppkit-progress"
+    record.mkdir()
+    lines = [{"v": 1, "t": t0, "kind": "check", "notebook": str(home / NB), "pid": 7, "exercise": "pipeline_time",
+              "status": "failed", "reason": "case 2: expected 7.0, got 6.0"},
+             {"v": 1, "t": t0 + 60, "kind": "check", "notebook": str(home / NB), "pid": 7,
+              "exercise": "pipeline_time", "status": "not written"}]
+    (record / fmt.CURRENT).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    [book] = read.read_folder(record).notebooks
+    [state] = book.exercises
+    row = row_of(Fetched("ana", "running", texts={fmt.CURRENT: (record / fmt.CURRENT).read_text(), fmt.OLD: None},
+                         sessions=[{"path": NB, "kernel": {"execution_state": "idle"}}], now=time.time()),
+                 stuck_after=5)
+    [attempts] = row.attempts
+    assert state.status == attempts.status == "not written"
+    assert (attempts.attempts, attempts.failures, attempts.last_failure) == (1, 1, "case 2: expected 7.0, got 6.0")
+    assert row.stuck == [] and row.state == "ok", row.stuck

@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import PurePosixPath
 
 from ppkit.progress.read import parse
+from ppkit.progress.summary import Event, summarise
 from ppkit.room.hub_api import timestamp
 from ppkit.room.progress_fetch import Fetched
 
@@ -47,7 +48,7 @@ class Attempts:
 
     notebook: str | None
     exercise: str
-    status: str = "not tried"  # "passed" (at least once), "failed" (never passed), "not written", "not tried"
+    status: str = "not tried"  # ppkit.progress.summary's: "passed" once passed, else the last check's
     attempts: int = 0  # checks that ran the learner's code: passed + failed
     failures: int = 0
     first_try: float | None = None
@@ -111,28 +112,25 @@ def as_server_paths(events: list[dict], paths: list[str]) -> list[dict]:
 
 
 def exercise_attempts(events: list[dict]) -> list[Attempts]:
-    """Every exercise the learner checked, in the order first checked; events in time order."""
-    found: dict[tuple, Attempts] = {}
-    for e in events:
-        if e.get("kind") != "check":
-            continue
-        key = (e.get("notebook"), e.get("exercise"))
-        a = found.setdefault(key, Attempts(*key))
-        status = e.get("status")
-        if status == "not written":
-            a.status = "not written" if a.status == "not tried" else a.status
-            continue
-        a.attempts += 1
-        a.first_try = a.first_try if a.first_try is not None else e["t"]
-        if status == "passed":
-            a.status, a.stuck_since = "passed", None
-            a.first_pass = a.first_pass if a.first_pass is not None else e["t"]
-        elif status == "failed":
-            a.failures += 1
-            a.last_failure = e.get("reason")
-            a.status = "passed" if a.status == "passed" else "failed"
-            a.stuck_since = a.stuck_since if a.stuck_since is not None else e["t"]
-    return list(found.values())
+    """Every exercise the learner checked, in the order first checked; events in time order. Its status is
+    ppkit.progress.summary's (the one meaning ``ppkit progress`` and ``ppkit exercises`` show); the room adds only
+    its counts: checks that ran her code, the first try, and since when a failure stands with no pass or "not
+    written" after it."""
+    checks = [e for e in events if e.get("kind") == "check"]
+    books, _ = summarise([Event("check", e["t"], e.get("notebook"), e.get("pid"), e) for e in checks])
+    found = []
+    for book in books:
+        for state in book.exercises:
+            mine = [e for e in checks if (e.get("notebook"), e.get("exercise")) == (book.notebook, state.exercise)]
+            ran = [e for e in mine if e.get("status") in ("passed", "failed")]
+            a = Attempts(book.notebook, state.exercise, state.status, len(ran), state.failures,
+                         ran[0]["t"] if ran else None, state.passed_t, state.reason or None)
+            if state.status == "failed":
+                since = [e for e in mine if e.get("status") != "failed"]
+                a.stuck_since = next(e["t"] for e in mine if e["t"] > (since[-1]["t"] if since else -1.0))
+            found.append(a)
+    return sorted(found, key=lambda a: min(e["t"] for e in checks
+                                           if (e.get("notebook"), e.get("exercise")) == (a.notebook, a.exercise)))
 
 
 def per_notebook(attempts: list[Attempts], notebooks: list[str | None]) -> dict[str, dict[str, list[str]]]:
