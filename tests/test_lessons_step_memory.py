@@ -152,6 +152,16 @@ def test_bad_settings_are_refused():
         sm.batch(SIZE, 0, 8)
 
 
+def test_the_explorers_predicted_bar_is_the_predicted_peak_at_whichever_moment():
+    """At s = 32, b = 1 the peak is in optimizer.step(): the bar draws that moment's parts, up to the prediction."""
+    from ppkit.lessons import step_plots
+
+    predicted = sp.predicted_peak(SIZE, 32, 1)
+    fig = step_plots.plot_peak(sp.measure_step(SIZE, 32, 1), predicted)
+    bars = [p for p in fig.axes[0].patches if p.get_x() < 0.5]  # the predicted bar, at x = 0
+    assert max(p.get_y() + p.get_height() for p in bars) == pytest.approx(predicted["total"] / step_plots.MIB)
+
+
 def test_the_explorer_measures_each_setting_once():
     ex = StepMemoryExplorer(SIZE, seq_len=64, microbatch_size=2)
     assert ex.redraws == 1 and ex.measurement.total == sp.measure_step(SIZE, 64, 2).total

@@ -44,18 +44,19 @@ def plot_activations(size: sm.Size, rows: dict[str, list[tuple[int, int, int]]])
     return fig
 
 
-PARTS = {"measured": ("params", "grads", "optimizer", "activations", "temporaries"),
-         "predicted": ("weights and Adam (12 bytes x parameters)",
-                       "gradients (4 bytes x parameters, when accumulating)", "activations kept", "backward transient")}
+MEASURED_PARTS = ("params", "grads", "optimizer", "activations", "temporaries")
 
 
 def plot_peak(measured, predicted: dict):
-    """Stacked bars: the step's predicted peak by part, and the measured one by MemTracker's categories."""
+    """Stacked bars: the step's predicted peak by part (the parts of whichever moment holds it, as
+    ``step_peak.predicted_peak`` gives them), and the measured one by MemTracker's categories."""
     fig = Figure(figsize=(7, 3.2))
     ax = fig.subplots()
-    for x, (name, values) in enumerate((("predicted", predicted), ("measured", measured.peak))):
+    predicted_parts = tuple(part for part in predicted if part != "total")
+    for x, (name, values, parts) in enumerate((("predicted", predicted, predicted_parts),
+                                               ("measured", measured.peak, MEASURED_PARTS))):
         bottom = 0.0
-        for part in PARTS[name]:
+        for part in parts:
             value = values.get(part, 0) / MIB
             ax.bar(x, value, bottom=bottom, label=f"{name}: {part}", width=0.6)
             bottom += value
