@@ -74,8 +74,9 @@ def test_measure_compute_keeps_forward_backward_and_the_optimizer_apart():
 
 
 def test_the_bubble_is_gpipes_share_of_the_pipelined_part():
-    """Narayanan et al. 2021: the bubble is (pp - 1) / m of the slots' ideal time, and a slot holds the
-    micro-batch's compute, its tp all_reduces and its sends: they all wait in it, dp's once-a-step traffic not."""
+    """Narayanan et al. 2021: the bubble is (pp - 1) / m of the micro-batches' forward and backward time; the
+    lesson's extension puts the slot's tp all_reduces and sends in the slot too: they all wait in it, dp's
+    once-a-step traffic not."""
     calls = {"dp": {"all_gather": 2}, "pp": {"send": 2, "recv": 2}, "tp": {"all_reduce": 4}}
     for pp, m in ((2, 2), (4, 2)):
         p = mt.predict((1, pp, 8 // pp), 0.1, _links(n=(2, 4, 8 // pp)), calls, {})

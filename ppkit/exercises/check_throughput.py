@@ -64,7 +64,7 @@ def _mistakes(mesh, compute, calls, sent, m, want: mt.Prediction) -> dict[str, f
             "optimizer_s once, outside (m + pp - 1) / m"] = step + compute.optimizer_s * stretch
         slot = compute.forward_backward_s + parts["pp"] + parts["tp"]
         out["you stretched only the compute by (m + pp - 1) / m: tp's all_reduces and the pipeline's sends happen "
-            "inside each micro-batch's slot, so they wait in the bubble too (Narayanan et al. 2021): stretch "
+            "inside each micro-batch's slot, so in this lesson's model they wait in the bubble too: stretch "
             "compute + pp + tp"] = step - (parts["pp"] + parts["tp"]) * stretch
         out["the pipeline's sends are not stretched: they happen inside each micro-batch's slot, so stretch "
             "compute + pp + tp by (m + pp - 1) / m"] = step - parts["pp"] * stretch
