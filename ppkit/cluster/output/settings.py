@@ -8,6 +8,7 @@ and ``%%ranks`` use ``PLAIN``: every line of every rank, ``[rank N] ...``, as pr
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, replace
 from string import Template
 
@@ -19,7 +20,8 @@ class OutputSettings:
     """``hidden``: ``(rank, stream)`` pairs kept out of the cell; ``logged``: those written to
     ``log_dir``'s files, in torchrun's layout (logfiles.py); ``prefix``: a torchrun template
     (``${rank}``, ``${local_rank}``, ``${role_name}``, ``${hostname}``), "" for ``[rank N] ``;
-    ``hosts``: each rank's node, by rank, as the rank itself named it (``on_hosts``), for ``${hostname}``;
+    ``hosts``: ``(rank, node)`` pairs, as each rank named its node (``on_hosts``), for ``${hostname}``: a rank
+    not among them (or no hosts given) is on the notebook's machine;
     ``collapse``: lines of several ranks that are the same, or differ only in their numbers, shown once
     (collapse.py, fold.py); ``live``: a line
     redrawn with ``\\r`` (tqdm) updated in place (live.py)."""
@@ -33,7 +35,7 @@ class OutputSettings:
     nproc_per_node: int = 0  # for ${local_rank}; 0: the rank itself
     collapse: bool = False
     live: bool = False
-    hosts: tuple[str, ...] = ()
+    hosts: tuple[tuple[int, str], ...] = ()
 
     def shown(self, rank: int, stream: str) -> bool:
         return (rank, stream) not in self.hidden
@@ -43,15 +45,16 @@ class OutputSettings:
 
         ``${hostname}`` is the rank's node, as torchrun's agent on each node puts its own hostname in
         its ranks' prefixes; not the notebook's machine, where the ranks run elsewhere (SLURM)."""
-        return replace(self, hosts=tuple(hosts[rank] for rank in sorted(hosts)))
+        return replace(self, hosts=tuple(sorted(hosts.items())))
 
     def label(self, ranks: list[int], labels: list[str] | None = None) -> str:
         """The prefix of a line that ``ranks`` printed (several: a collapsed line, its nodes joined by commas)."""
         if self.prefix:
             local = [r % self.nproc_per_node for r in ranks] if self.nproc_per_node else ranks
-            named = {"hostname": ",".join(dict.fromkeys(self.hosts[r] for r in ranks))} if self.hosts else {}
+            hosts, here = dict(self.hosts), socket.gethostname()
             return Template(self.prefix).safe_substitute(
-                rank=rank_ranges(ranks), local_rank=rank_ranges(sorted(set(local))), role_name=self.role, **named)
+                rank=rank_ranges(ranks), local_rank=rank_ranges(sorted(set(local))), role_name=self.role,
+                hostname=",".join(dict.fromkeys(hosts.get(r, here) for r in ranks)))
         if len(ranks) == 1:
             return f"[{labels[ranks[0]] if labels else f'rank {ranks[0]}'}] "
         return f"[ranks {rank_ranges(ranks)}] "

@@ -33,7 +33,8 @@ def run(launch, args: tuple, caller: explain.Caller, shown: tuple | None):
     try:
         placed = place(cluster, launch, caller)
         env, own = environment(launch, placed)
-        output = launch.output.on_hosts({r: name for r, (_, _, name, _) in enumerate(placed)})  # ${hostname}
+        # ${hostname}: each rank's socket.gethostname(), as torch's agent writes its own (local_elastic_agent.py)
+        output = launch.output.on_hosts({r: worker["host"] for r, worker in cluster.workers.items()})
         return spawn_call.run_on(cluster, rank.run_as_rank, (env, *args, own), launch.timeout, caller, shown,
                                  output=output, profile=launch.profile)
     finally:
