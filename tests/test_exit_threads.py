@@ -202,3 +202,43 @@ def test_the_exit_is_refused_outside_the_main_thread():
             "print('alive' if t.is_alive() else said[0], flush=True)\nimport os\nos._exit(0)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "called from thread 'helper'" in done.stdout and "Call it from the main thread" in done.stdout
+
+
+def _leaves_a_thread_that_never_ends(i, folder):
+    import threading
+    import time
+
+    def poll():
+        while True:
+            time.sleep(0.1)
+
+    threading.Thread(target=poll, name="learner-poller").start()  # not a daemon: the exit waits for it
+    (folder / f"started-{i}").write_text("returns")
+
+
+def _names_the_thread(text: str) -> None:
+    assert "the process waits, as Python does at exit, for non-daemon thread 'learner-poller' at " in text, text
+    assert "make it daemon=True or stop it" in text, text
+    assert "time.sleep(0.1)" in text, text  # where the thread is
+
+
+def test_a_timeout_names_the_non_daemon_thread_the_exit_waits_for(tmp_path):
+    with pytest.raises(ppkit.JobTimeoutError) as info:
+        ppkit.spawn(_leaves_a_thread_that_never_ends, args=(tmp_path,), nprocs=2, timeout=10)
+    text = str(info.value)
+    _names_the_thread(text)
+    assert "a collective that not every process called" not in text, text  # no collective is to blame
+    assert_none_left()
+
+
+def test_an_interrupt_names_the_non_daemon_thread_the_exit_waits_for(tmp_path):
+    from test_spawn import _interrupt_when_started
+
+    ppkit.spawn(lambda i: None, nprocs=2)  # the fork server is up: Ctrl-C lands in the wait for the ranks
+    _interrupt_when_started(tmp_path, 2)
+    with pytest.raises(ppkit.JobInterrupted) as info:
+        ppkit.spawn(_leaves_a_thread_that_never_ends, args=(tmp_path,), nprocs=2)
+    text = str(info.value)
+    _names_the_thread(text)
+    assert "e.g. in a collective" not in text, text
+    assert_none_left()

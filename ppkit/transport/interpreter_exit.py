@@ -29,6 +29,7 @@ import threading
 import traceback
 
 _exiting = threading.Event()
+RETURNED = "fn returned; the process waits, as Python does at exit, for non-daemon thread"  # waiting_for()'s start
 
 
 def run_exit_functions() -> None:
@@ -61,8 +62,7 @@ def waiting_for() -> str:
         frame = frames.get(thread.ident)
         stack = traceback.extract_stack(frame) if frame is not None else []
         where = f" at {stack[-1].filename}:{stack[-1].lineno}" if stack else ""
-        parts.append(f"fn returned; the process waits, as Python does at exit, for non-daemon thread "
-                     f"{thread.name!r}{where}; make it daemon=True or stop it before fn returns.\n"
+        parts.append(f"{RETURNED} {thread.name!r}{where}; make it daemon=True or stop it before fn returns.\n"
                      + "".join(traceback.format_list(stack)))
     return "\n".join(parts)
 

@@ -174,6 +174,7 @@ class Worker:
             elif isinstance(msg, AskStacks):
                 frame = sys._current_frames().get(self._main_ident)
                 text = "".join(traceback.format_stack(frame)) if frame else "(no Python frame)"
+                text = interpreter_exit.waiting_for() or text  # fn returned: the threads the exit waits for
                 self.send(Stacks(self._current, text, rendezvous.history()))
             elif isinstance(msg, AskFlightRecord):  # answered here, while the main thread waits in a collective
                 self.send(self._flight_record())

@@ -22,7 +22,7 @@ from ppkit.errors import (
     RemoteError,
     WorkerDiedError,
 )
-from ppkit.transport import byvalue
+from ppkit.transport import byvalue, interpreter_exit
 
 STOPPED = "Every process of this call has been stopped. The next ppkit.spawn starts fresh ones."
 # the frames of ppkit's own that run the learner's code in a process: a traceback starts after them
@@ -157,24 +157,39 @@ def exited(rank: int, pids: dict[int, int], nprocs: int, status: int | None, how
         f"{caller.stopped}", rank, pids.get(rank), code, sig, status)
 
 
+def _exiting(stacks: dict) -> list[int]:
+    """The ranks whose fn returned and whose exit waits for a non-daemon thread (interpreter_exit.waiting_for)."""
+    return sorted(r for r, text in stacks.items() if text.startswith(interpreter_exit.RETURNED))
+
+
+def _exit_waits(ranks: list[int], caller: Caller) -> str:
+    return (f" {caller.some.capitalize()} {ranks} had returned and their exit waits for a non-daemon thread, as a "
+            "script's would (named below).") if ranks else ""
+
+
 def timed_out(exc: JobTimeoutError, timeout: float, caller: Caller = SPAWN) -> JobTimeoutError:
     mute = [r for r in exc.ranks if exc.stacks.get(r) == "(no answer)"]
-    reinit = _reinit(exc.rendezvous)
+    reinit, exiting = _reinit(exc.rendezvous), _exiting(exc.stacks)
+    usual = _exit_waits(exiting, caller) + ("" if exiting and set(exiting) >= set(exc.ranks) else
+                                            " Usually a send without a matching recv, or a collective that not "
+                                            "every process called.")
     return JobTimeoutError(
         f"the {caller.units} did not finish within {timeout:g} s ({caller.name}'s timeout): {caller.some} "
         f"{exc.ranks} were still running" + (f" ({caller.some} {exc.done} had finished)" if exc.done else "")
         + (f"; {caller.some} {mute} did not even say where they wait: stopped, frozen or overloaded" if mute
            else "")
-        + f". {caller.stopped}" + (reinit or " Usually a send without a matching recv, or a collective that not "
-                            "every process called.")
+        + f". {caller.stopped}" + (reinit or usual)
         + f" {caller.timeout_hint} if the work is just slow. Where each {caller.unit} "
         "waited:\n" + _stacks(exc.stacks), exc.ranks, exc.stacks, exc.done, exc.rendezvous)
 
 
 def interrupted(exc: JobInterrupted, caller: Caller = SPAWN) -> JobInterrupted:
-    stuck = f" (process(es) {exc.ranks} were blocked outside Python, e.g. in a collective)" if exc.ranks else ""
+    exiting = _exiting(exc.stacks)
+    blocked = [r for r in exc.ranks if r not in exiting]
+    stuck = f" (process(es) {blocked} were blocked outside Python, e.g. in a collective)" if blocked else ""
     where = (" Where each process was:\n" + _stacks(exc.stacks)) if exc.stacks else ""
-    return JobInterrupted(f"interrupted{stuck}. {caller.stopped}{where}", exc.ranks, exc.stacks)
+    return JobInterrupted(f"interrupted{stuck}.{_exit_waits(exiting, caller)} {caller.stopped}{where}", exc.ranks,
+                          exc.stacks)
 
 
 def cannot_send(fn, args: tuple, exc: ConfigError, caller: Caller = SPAWN) -> ConfigError:
