@@ -186,13 +186,40 @@ def test_the_folding_rule_reads_signs_exponents_ints_floats_percentages_and_dura
 
 
 def test_the_outlier_rule_is_a_robust_one():
-    from ppkit.cluster.output.fold import standing_out
+    from ppkit.cluster.output.fold import resolution, standing_out
+
+    assert [resolution(n) for n in ("2.31", "12", "2.5E-2", "-1e-9", ".5", "+0.250")] == \
+        pytest.approx([0.01, 1, 0.001, 1e-9, 0.1, 0.001])
 
     assert standing_out([2.31, 2.33, 2.35, 2.91]) == [3]  # far from the median, in median absolute deviations
     assert standing_out([1.0, 2.0, 3.0, 4.0]) == [] and standing_out([1.0, 5.0]) == []
-    assert standing_out([1.0, 1.0, 1.0, 1.01]) == [3]  # the others agree exactly: any difference stands out
+    # the others agree exactly: a difference stands out when it is more than one step of the written precision
+    assert standing_out([1.0, 1.0, 1.0, 1.01], resolution=0.01) == []
+    assert standing_out([1.0, 1.0, 1.0, 1.02], resolution=0.01) == [3]
+    # and when the odd ones are at most a quarter of the values: 3 of 8 is an uneven split, 2 of 8 are named
+    assert standing_out([13.0] * 5 + [10.0] * 3, resolution=1) == []
+    assert standing_out([13.0] * 6 + [10.0] * 2, resolution=1) == [6, 7]
     assert standing_out([1.0, 1.0, 2.0, 2.0]) == []  # no majority
     assert standing_out([1.0, 1.0, float("inf")]) == []  # nothing to measure against
+
+
+def test_ordinary_differences_between_ranks_name_no_rank_and_a_real_outlier_is_named():
+    from ppkit.cluster.output.fold import fold
+
+    def f(texts):
+        return fold(list(enumerate(texts)))
+
+    # DistributedSampler's uneven split: 3 ranks of 8 one sample short
+    assert f([f"rank has {n} samples" for n in (13, 13, 13, 13, 13, 12, 12, 12)]) == "rank has 12…13 samples"
+    # one step of the precision the ranks wrote: a clock's tick, rounding, float noise
+    assert f(["at 12:00:03"] * 3 + ["at 12:00:04"] + ["at 12:00:03"] * 4) == "at 12:00:03…04"
+    assert f(["took 1.2s"] * 3 + ["took 1.3s"] + ["took 1.2s"] * 4) == "took 1.2s…1.3s"
+    assert f(["loss 2.3100"] * 3 + ["loss 2.3101"] + ["loss 2.3100"] * 4) == "loss 2.3100…2.3101"
+    assert f(["grad norm -1e-9"] + ["grad norm 0"] * 7) == "grad norm -1e-9…0"
+    # a real outlier: at 8 ranks, and at 4 whether the others agree exactly or not
+    assert f(["loss 2.31"] * 5 + ["loss 2.91"] + ["loss 2.31"] * 2) == "loss 2.31 (rank 5: 2.91)"
+    assert f(["loss 2.31", "loss 2.31", "loss 2.91", "loss 2.31"]) == "loss 2.31 (rank 2: 2.91)"
+    assert f(["loss 2.31", "loss 2.33", "loss 2.35", "loss 2.91"]) == "loss 2.31…2.35 (rank 3: 2.91)"
 
 
 def test_ansi_colours_stay_whole_and_numbers_inside_them_fold():

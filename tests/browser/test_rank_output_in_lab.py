@@ -1,6 +1,12 @@
 """Four ranks' lines that differ only in their numbers, folded into one line that names the rank that stands
 out (issue 47), as a learner sees it in JupyterLab and in the classic notebook (the ``notebook`` package's
 page, /notebooks/...). A step of the browser session: the session's server serves both pages, and chromium.
+
+"The classic notebook" here is Notebook 7's /notebooks/ page (Notebook 7 is built on JupyterLab's
+components), not the pre-7 classic frontend, which this session does not serve. The setup cell widens
+``collapse.WINDOW_S`` to 60 s, so the default 0.5 s window is never exercised in a browser (nor in the kernel test,
+tests/test_torchrun_output.py, which widens it too): the window is tested on the Collapser alone, with the
+clock the test gives it (tests/test_rank_output.py).
 """
 
 from __future__ import annotations

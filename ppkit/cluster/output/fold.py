@@ -4,8 +4,8 @@ differ: ``step 10 loss 2.31…2.35 (rank 5: 2.91)``.
 A line's ``shape`` is its text with its numbers taken out (``step # loss #``); lines of one shape fold
 (collapse.py decides which lines meet). Each number that differs between them shows its spread, lowest
 ``…`` highest, as each rank wrote it, and a rank that stands out is named with its value, outside the
-spread (``standing_out``). A word that differs keeps lines apart: ``nan`` against ``2.31``, ``ms``
-against ``s``.
+spread (``standing_out``; a difference of one step in the last digit written names no rank). A word
+that differs keeps lines apart: ``nan`` against ``2.31``, ``ms`` against ``s``.
 
 A number is a decimal with an optional sign, fraction, exponent and unit (``-0.5``, ``1e-3``, ``91%``,
 ``1.2s``), not part of a word: ``worker3``, ``0x7f3a``, ``2.14.1`` and ``10.0.0.1`` are words. ANSI
@@ -62,19 +62,35 @@ def fold(lines: list[tuple[int, str]]) -> str:
     return "".join(out)
 
 
-def standing_out(values: list[float]) -> list[int]:
-    """The indexes of the values that stand out from the others: a modified z-score,
-    0.6745 × |x − median| / MAD, above ``Z`` (MAD: the median of the distances from the median). Where
-    most values are the same (MAD 0), every other value stands out. Fewer than three values: none (which
-    of two is the odd one?)."""
+def standing_out(values: list[float], resolution: float = 0.0) -> list[int]:
+    """The indexes of the values that stand out from the others. Among three values or more, a value stands
+    out when it is more than ``resolution`` (one step of the precision the ranks wrote: a clock's tick,
+    rounding) from the median, and
+
+    - it is more than ``Z`` robust standard deviations from the median, by the modified z-score
+      0.6745 × |x − median| / MAD (MAD: the median of the distances from the median), or,
+    - where most values are the same (MAD 0, no spread to measure against), the values off it are at most a
+      quarter of them (at least one): one odd rank of 4 or 8 is named, 3 of 8 are an uneven split.
+
+    >>> standing_out([2.31, 2.31, 2.31, 2.91], resolution=0.01)
+    [3]
+    """
     if len(values) < 3 or not all(math.isfinite(v) for v in values):
         return []
     middle = statistics.median(values)
     distances = [abs(v - middle) for v in values]
+    off = [i for i, d in enumerate(distances) if d > resolution * (1 + 1e-9)]  # 1.3 - 1.2 > 0.1 in floats
     mad = statistics.median(distances)
     if mad == 0:
-        return [i for i, d in enumerate(distances) if d > 0]
-    return [i for i, d in enumerate(distances) if 0.6745 * d / mad > Z]
+        return off if len(off) <= max(1, len(values) // 4) else []
+    return [i for i in off if 0.6745 * distances[i] / mad > Z]
+
+
+def resolution(number: str) -> float:
+    """One step in the last digit of a number as written: ``2.31`` 0.01, ``12`` 1, ``2.5E-2`` 0.001."""
+    mantissa, _, exponent = number.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (int(exponent or 0) - decimals)
 
 
 @functools.lru_cache(maxsize=1024)  # a line is split when it arrives (its shape) and again when it leaves
@@ -99,7 +115,8 @@ def _split(text: str) -> tuple[list[str], list[tuple[str, str, float]]]:
 def _spread(column: list[tuple[int, tuple[str, str, float]]]) -> str:
     """One number's place in the folded line: its spread over the ranks, and the ranks that stand out."""
     unit = column[0][1][1]
-    odd = standing_out([value for _, (_, _, value) in column])
+    odd = standing_out([value for _, (_, _, value) in column],
+                       resolution=max(resolution(text) for _, (text, _, _) in column))
     usual = [number for i, (_, number) in enumerate(column) if i not in odd]
     low, high = min(usual, key=lambda n: n[2]), max(usual, key=lambda n: n[2])
     shown = f"{low[0]}{unit}" if low[2] == high[2] else f"{low[0]}{unit}{SPREAD}{high[0]}{unit}"
