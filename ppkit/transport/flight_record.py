@@ -54,15 +54,16 @@ def snapshot(main_frame) -> str:
               "at": _learner_line(_frames_of(main_frame)), "error": ""}
     if "torch.distributed" not in sys.modules:  # no process group was ever created here
         return json.dumps(record)
-    try:
-        record["groups"] = _groups()
-        record["calls"] = _calls()
-        record["p2p"] = _p2p_wait(main_frame)
-        waiting = [call for call in record["calls"] if not call["done"]]
-        if waiting and _in_distributed(main_frame):  # the newest call not completed is the one it waits in
-            waiting[-1]["at"] = record["at"]
-    except Exception as exc:  # noqa: BLE001 - the record is a diagnosis; it never fails the rank
-        record["error"] = f"{type(exc).__name__}: {exc}"
+    errors = []
+    for part, read in (("groups", _groups), ("calls", _calls), ("p2p", lambda: _p2p_wait(main_frame))):
+        try:  # each part on its own: one that fails leaves the others to read
+            record[part] = read()
+        except Exception as exc:  # noqa: BLE001 - the record is a diagnosis; it never fails the rank
+            errors.append(f"{part}: {type(exc).__name__}: {exc}")
+    waiting = [call for call in record["calls"] if not call["done"]]
+    if waiting and _in_distributed(main_frame):  # the newest call not completed is the one it waits in
+        max(waiting, key=lambda call: call["time_created_ns"])["at"] = record["at"]
+    record["error"] = "; ".join(errors)
     return json.dumps(record)
 
 
@@ -104,7 +105,8 @@ def _groups() -> dict[str, dict]:
         return {}
     world = dist.distributed_c10d._world
     return {str(pg.group_name): {"desc": str(getattr(pg, "group_desc", "")), "ranks": sorted(ranks)}
-            for pg, ranks in world.pg_group_ranks.items()}
+            for pg, ranks in world.pg_group_ranks.items()
+            if isinstance(pg, dist.ProcessGroup)}  # a group this rank is not in: GroupMember.NON_GROUP_MEMBER, an int
 
 
 def _p2p_wait(frame) -> dict | None:
@@ -166,24 +168,57 @@ def _is_learners(filename: str) -> bool:
 
 
 _on_abort = None  # the handler (kept alive: ctypes calls it from C)
+_previous = None  # SIGABRT's action before on_abort: restored as the handler ends, and in forked children
+_owner = None  # the pid that installed the handler: a forked child never speaks for the rank
+HANDLER_S = 2  # the most seconds the last words may take: then SIGALRM ends the process
+
+
+class _SigAction(ctypes.Structure):  # glibc's struct sigaction (the same on x86_64 and aarch64)
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                ("restorer", ctypes.c_void_p)]
 
 
 def on_abort(send_record) -> None:
     """When the process aborts (gloo's abort() on a size mismatch: a C++ exception in its own thread),
     ``send_record()`` runs first, so the kernel learns what this rank had issued. The handler is
-    C-level (libc's signal), since Python's own handler would run only after the abort."""
-    global _on_abort
+    C-level (libc's sigaction), since Python's own handler would run only after the abort.
+
+    Running Python in a signal handler is not async-signal-safe, so the handler is bounded: it arms
+    ``alarm(HANDLER_S)`` with SIGALRM's default action first, so last words that cannot be sent
+    (a lock the interrupted thread holds) still end the process. It then restores SIGABRT's previous
+    action (faulthandler's, if enabled: its traceback still prints) and raises SIGABRT again, which
+    that action receives once the handler returns. A forked child (a DataLoader worker) gets the
+    previous action back at fork, and the handler checks its pid, so a child never writes on the
+    rank's channel."""
+    global _on_abort, _previous, _owner
     libc = ctypes.CDLL(None, use_errno=True)
-    handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
-
-    def last_words(signum):
-        try:
-            send_record()
-        except BaseException:  # noqa: BLE001 - the process is ending either way
-            pass
-        libc.signal(signal.SIGABRT, ctypes.c_void_p(0))  # SIG_DFL: abort() goes on and ends the process
-
-    _on_abort = handler_type(last_words)
+    libc.sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(_SigAction), ctypes.POINTER(_SigAction)]
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    libc.signal(signal.SIGABRT, ctypes.cast(_on_abort, ctypes.c_void_p))
+    handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
+    raise_signal = getattr(libc, "raise")  # libc's raise(): a Python keyword
+
+    def restore() -> None:
+        if _previous is not None:
+            libc.sigaction(signal.SIGABRT, ctypes.byref(_previous), None)
+
+    def last_words(signum):
+        libc.signal(signal.SIGALRM, ctypes.c_void_p(0))  # SIG_DFL: a stuck handler ends the process
+        libc.alarm(HANDLER_S)
+        restore()
+        if os.getpid() == _owner:
+            try:
+                send_record()
+            except BaseException:  # noqa: BLE001 - the process is ending either way
+                pass
+        raise_signal(signal.SIGABRT)  # pending until this returns: then the previous action receives it
+
+    if _on_abort is None:
+        os.register_at_fork(after_in_child=restore)
+        _previous = _SigAction()
+        libc.sigaction(signal.SIGABRT, None, ctypes.byref(_previous))
+    _owner = os.getpid()
+    _on_abort = handler_type(last_words)
+    action = _SigAction()
+    action.handler = ctypes.cast(_on_abort, ctypes.c_void_p)
+    libc.sigaction(signal.SIGABRT, ctypes.byref(action), None)

@@ -77,12 +77,16 @@ class Worker:
         self.rank: int = self.config.rank
         self.world_size: int = self.config.world_size
 
-    def send(self, msg) -> None:
-        with self._send_lock:
-            try:
-                self.conn.send(msg)
-            except OSError:
-                _exit(1)
+    def send(self, msg, wait: float = -1) -> None:
+        """``wait``: the most seconds to wait for the channel (-1: no limit); past it, ``msg`` is dropped."""
+        if not self._send_lock.acquire(timeout=wait):
+            return
+        try:
+            self.conn.send(msg)
+        except OSError:
+            _exit(1)
+        finally:
+            self._send_lock.release()
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -108,7 +112,7 @@ class Worker:
         self.debugger = RankDebugger(self.rank, self.send, self._sync_output)
         self.debugger.install()  # breakpoint() on this rank asks the notebook (debug/rank_pdb.py)
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
-        flight_record.on_abort(lambda: self.send(self._flight_record(last_words=True)))
+        flight_record.on_abort(lambda: self.send(self._flight_record(last_words=True), wait=1))  # in a signal handler
         rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
         info = WorkerInfo(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), backend=cfg.backend,
                           device=cfg.device)

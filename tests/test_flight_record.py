@@ -1,0 +1,116 @@
+"""The rank's side of the collective doctor (ppkit/transport/flight_record.py) and its reading in the
+kernel, outside a Jupyter kernel: subgroups a rank is not a member of, the abort handler's safety
+(no deadlock, the previous handler kept, not in forked children), p2p calls gloo does not record,
+and the last words a job keeps. tests/test_hang_doctor.py covers each case as a learner meets it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import ppkit
+from ppkit.cluster.hang_doctor import diagnose
+
+pytestmark = [pytest.mark.timeout(300)]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def subgroup_then_default(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(2)
+    group = dist.new_group([0, 1])  # every rank calls new_group, as torch requires
+    if rank < 2:
+        dist.all_reduce(t, group=group)  # only its members use it: correct code
+    dist.all_reduce(t)
+    return t[0].item()
+
+
+def test_a_rank_outside_a_subgroup_sends_its_whole_record():
+    with ppkit.Cluster(4, "gloo", timeout=60) as cluster:
+        assert cluster.run(subgroup_then_default) == [6.0, 6.0, 6.0, 6.0]
+        diagnosis = ppkit.collective_doctor(cluster)
+        assert not diagnosis.problem, str(diagnosis)
+        assert all(not record.get("error") for record in diagnosis.records.values()), diagnosis.records
+        assert all(record["calls"] for record in diagnosis.records.values()), diagnosis.records
+        # the record of rank 2 names the default group's all_reduce, and its group table the subgroup's ranks
+        assert {tuple(g["ranks"]) for g in diagnosis.records[2]["groups"].values()} == {(0, 1, 2, 3)}
+
+
+def test_an_op_mismatch_after_a_subgroup_is_still_named():
+    call = {"group": "0", "desc": "default_pg", "seq": 1, "p2p_seq": 0, "is_p2p": False, "op": "all_reduce",
+            "profiling_name": "gloo:all_reduce", "input_sizes": [[2]], "output_sizes": [[2]],
+            "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled", "done": True,
+            "time_created_ns": 1, "at": {}}
+    groups = {"0": {"desc": "default_pg", "ranks": [0, 1, 2, 3]}}
+    member = {"1": {"desc": "undefined", "ranks": [0, 1]}, **groups}
+    sub = {**call, "group": "1", "desc": "undefined"}
+    pending = {**call, "seq": 2, "done": False, "time_created_ns": 3}
+    records = {r: {"calls": ([{**sub, "time_created_ns": 0}] if r < 2 else []) + [call, pending if r != 3 else
+                   {**pending, "op": "broadcast", "profiling_name": "gloo:broadcast"}],
+                   "groups": member if r < 2 else groups, "p2p": None} for r in range(4)}
+    diagnosis = diagnose(records, 4)
+    assert [g.name for g in diagnosis.mismatched] == ["0"], str(diagnosis)
+    assert "collective #2 does not match: the op differs" in str(diagnosis)
+
+
+def test_a_rank_whose_record_failed_says_why():
+    diagnosis = diagnose({0: {"calls": [], "groups": {}, "p2p": None, "error": "AttributeError: boom"},
+                          1: {"calls": [], "groups": {}, "p2p": None}}, 2)
+    assert "rank 0's record is incomplete: AttributeError: boom" in str(diagnosis)
+
+
+def run_script(body: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``body`` in a fresh interpreter that has imported flight_record; its rc, stdout and stderr."""
+    script = "import os, sys, time, threading\nfrom ppkit.transport import flight_record\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_last_words_that_cannot_be_sent_do_not_hang_the_aborting_rank():
+    """The abort arrives while the main thread holds the lock the last words need (Worker._send_lock)."""
+    done = run_script("""
+        lock = threading.Lock()
+        def send():
+            with lock:
+                sys.stderr.write("last words sent\\n")
+        flight_record.on_abort(send)
+        import subprocess
+        subprocess.Popen(["sh", "-c", f"sleep 1; kill -ABRT {os.getpid()}"])
+        start = time.time()
+        while time.time() - start < 20:
+            with lock:
+                sum(range(10000))
+        print("still alive after 20 s", flush=True)
+    """)
+    assert "still alive" not in done.stdout and done.returncode < 0, (done.returncode, done.stdout, done.stderr)
+
+
+def test_faulthandler_still_prints_its_traceback_after_the_last_words():
+    done = run_script("""
+        import faulthandler
+        faulthandler.enable()
+        flight_record.on_abort(lambda: (sys.stderr.write("ppkit last words ran\\n"), sys.stderr.flush()))
+        os.abort()
+    """)
+    assert "ppkit last words ran" in done.stderr, done.stderr
+    assert "Fatal Python error: Aborted" in done.stderr and done.returncode == -6, (done.returncode, done.stderr)
+
+
+def test_a_forked_child_that_aborts_sends_no_last_words_for_the_rank():
+    done = run_script("""
+        parent = os.getpid()
+        flight_record.on_abort(lambda: print(f"last words from {os.getpid()}", flush=True))
+        pid = os.fork()
+        if pid == 0:
+            os.abort()  # a DataLoader worker, forked from the rank
+        _, status = os.waitpid(pid, 0)
+        print("child ended by signal", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, flush=True)
+    """)
+    assert "last words from" not in done.stdout, done.stdout
+    assert "child ended by signal 6" in done.stdout, (done.stdout, done.stderr)
