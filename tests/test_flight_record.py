@@ -114,3 +114,52 @@ def test_a_forked_child_that_aborts_sends_no_last_words_for_the_rank():
     """)
     assert "last words from" not in done.stdout, done.stdout
     assert "child ended by signal 6" in done.stdout, (done.stdout, done.stderr)
+
+
+class FakeInbox:
+    """The kernel's inbox as ask_records reads it: items in order, then nothing."""
+
+    def __init__(self, items):
+        self.items, self.back = list(items), []
+
+    def next(self, deadline):
+        return self.items.pop(0) if self.items else None
+
+    def put_back(self, items):
+        self.back.extend(items)
+
+
+def test_a_rank_whose_last_words_arrived_is_not_waited_for():
+    import time
+
+    from ppkit.cluster.hang_doctor import ask_records
+    from ppkit.cluster.inbox import Item
+    from ppkit.transport.flight_messages import FlightRecord
+
+    words = Item(1, FlightRecord(7, '{"calls": [], "groups": {}, "p2p": null, "at": {}, "marker": "last"}', True))
+    answer = Item(0, FlightRecord(7, '{"calls": [], "groups": {}, "p2p": null, "at": {}}'))
+
+    class Slow(FakeInbox):
+        def next(self, deadline):  # nothing more comes: wait out the deadline, as the real inbox does
+            return super().next(deadline) or time.sleep(max(0.0, deadline - time.monotonic()))
+
+    start = time.monotonic()
+    found = ask_records(lambda rank, msg: True, Slow([words, answer]), [0, 1], wait=5)
+    assert sorted(found) == [0, 1] and found[1]["marker"] == "last"
+    assert time.monotonic() - start < 4  # rank 1 aborted: its answer never comes, so it is not awaited
+    known = {1: found[1]}
+    asked = []
+    ask_records(lambda rank, msg: asked.append(rank) or True, FakeInbox([answer]), [0, 1], known, wait=5)
+    assert asked == [0]  # a rank whose last words are known is gone: not asked again
+
+
+def test_only_a_ranks_last_words_for_this_job_are_kept():
+    from ppkit.cluster.hang_doctor import last_words
+    from ppkit.cluster.inbox import Item
+    from ppkit.transport.flight_messages import FlightRecord
+
+    text = '{"calls": [], "groups": {}, "p2p": null, "at": {}}'
+    assert last_words(Item(0, FlightRecord(7, text, True)), 7) == {"calls": [], "groups": {}, "p2p": None, "at": {}}
+    assert last_words(Item(0, FlightRecord(7, text, False)), 7) is None  # a late answer to a question
+    assert last_words(Item(0, FlightRecord(6, text, True)), 7) is None  # an earlier job's
+    assert last_words(Item(0, FlightRecord(None, text, True)), 7) is not None  # between jobs: aborting now

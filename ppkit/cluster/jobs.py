@@ -240,8 +240,10 @@ class Job:
             print(diagnosis, end="", flush=True)
 
     def _take(self, item: Item) -> bool:
-        if isinstance(item.msg, FlightRecord):  # a rank's last words as gloo aborts it
-            self.records[item.source] = hang_doctor.parse(item.msg.text)
+        if isinstance(item.msg, FlightRecord):  # a rank's last words as gloo aborts it; a late answer: dropped
+            record = hang_doctor.last_words(item, self.job_id)
+            if record is not None:
+                self.records[item.source] = record
             return False
         if isinstance(item.msg, (Result, Cancelled)) and item.msg.job_id == self.job_id:
             self.results[item.source] = item.msg

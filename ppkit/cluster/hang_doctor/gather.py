@@ -16,21 +16,31 @@ def ask_records(send, inbox, ranks, records: dict | None = None, wait: float = W
     already (a rank's last words as it aborted), kept for the ranks that do not answer. What else
     arrives meanwhile is put back in the inbox."""
     found = dict(records or {})
-    asked = {rank for rank in ranks if send(rank, AskFlightRecord())}
+    asked = {rank for rank in ranks if rank not in found and send(rank, AskFlightRecord())}  # found: aborting
     deadline, others = time.monotonic() + wait, []
     while asked:
         item = inbox.next(deadline)
         if item is None:
             break
-        if isinstance(item.msg, FlightRecord) and item.source in asked and not item.msg.last_words:
-            found[item.source] = parse(item.msg.text)
+        if isinstance(item.msg, FlightRecord) and (item.source in asked or item.msg.last_words):
+            if item.msg.last_words:  # it aborts: its answer never comes
+                found.setdefault(item.source, parse(item.msg.text))
+            else:
+                found[item.source] = parse(item.msg.text)
             asked.discard(item.source)
-        elif isinstance(item.msg, FlightRecord) and item.msg.last_words:
-            found.setdefault(item.source, parse(item.msg.text))
         else:
             others.append(item)
     inbox.put_back(others)
     return found
+
+
+def last_words(item, job_id: int) -> dict | None:
+    """The record in ``item`` if it is a rank's last words (sent unasked as it aborts) during job
+    ``job_id`` (or between jobs); None for anything else: a late answer, an earlier job's words."""
+    msg = item.msg
+    if isinstance(msg, FlightRecord) and msg.last_words and msg.job_id in (job_id, None):
+        return parse(msg.text)
+    return None
 
 
 def parse(text: str) -> dict:
