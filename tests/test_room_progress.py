@@ -419,6 +419,15 @@ def test_an_idle_learner_is_not_polled_until_the_hub_sees_her_active_again(hub_u
     assert any(a.startswith("/user/ana/") for a in FakeHub.asked[looked:])
 
 
+def test_a_record_path_with_username_names_each_learners_own_folder(hub_url):
+    """A shared root (every learner's server rooted at /srv/course, say) keeps each record in its own folder:
+    --record-path "records/{username}" asks for records/ana from ana's server and records/bo from bo's."""
+    FakeHub.files = {"ana": {"record.jsonl": ANA}, "bo": {"record.jsonl": ANA}}
+    collect_progress(HubClient(hub_url, TOKEN), record_path="records/{username}", stuck_after=5)
+    listed = sorted(a.split("?")[0] for a in FakeHub.asked if "/contents/" in a)
+    assert listed == ["/user/ana/api/contents/records/ana", "/user/bo/api/contents/records/bo"], listed
+
+
 def test_an_idle_learners_kept_row_ages_with_the_clock():
     """Her last look was 10 min ago, her kernel busy since 15 min: the kept row says busy 15 min, not 5 (frozen at
     the last look), and its idle time grows the same."""

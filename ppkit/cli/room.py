@@ -32,7 +32,8 @@ def add_arguments(parser) -> None:
     progress.add_argument("--stuck-after", type=float, default=5.0, metavar="MIN", help="a failed check with "
                           "no pass since, or a kernel busy, for this many minutes makes a learner stuck (5)")
     progress.add_argument("--record-path", default="ppkit-progress", help="the record folder relative to "
-                          "the learners' server root (default ppkit-progress: the home on TLJH and Z2JH)")
+                          "the learners' server root (default ppkit-progress: ~/ppkit-progress, or its link under a "
+                          "root inside the home); {username} is each learner's name, for a root they share")
     progress.add_argument("--serve", action="store_true", help="run the live page as a JupyterHub service "
                           "(see docs/workshop.md: The live view of the room)")
     progress.add_argument("--every", type=float, default=4.0, help="with --serve: seconds between "

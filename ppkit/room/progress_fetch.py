@@ -105,8 +105,9 @@ def left_idle(learner: LearnerServer, seen: Fetched | None, idle_after: float | 
 def fetch_learner(learner: LearnerServer, token: str, record_path: str = "ppkit-progress",
                   timeout: float = 10.0, seen: Fetched | None = None, idle_after: float | None = None) -> Fetched:
     """One learner's record texts and sessions within `timeout` seconds in all; problems are described in the
-    result, never raised. `seen`: the last look at her (texts whose listing did not change are kept from it);
-    `idle_after` (seconds): see the module's docstring."""
+    result, never raised. `record_path`: relative to her server's root; ``{username}`` in it is her name. `seen`:
+    the last look at her (texts whose listing did not change are kept from it); `idle_after` (seconds): see the
+    module's docstring."""
     deadline = time.monotonic() + timeout
     if learner.url is None or not learner.ready:
         state = f"the hub is busy with it ({learner.pending})" if learner.pending else "not running"
@@ -115,6 +116,7 @@ def fetch_learner(learner: LearnerServer, token: str, record_path: str = "ppkit-
         now = seen.now + max(0.0, time.time() - seen.looked_at)  # her server's clock, aged since that look
         return replace(seen, now=now, idle_s=now - seen.own_activity)
     base = learner.url.rstrip("/") + "/api"
+    record_path = record_path.replace("{username}", learner.name)  # a shared root: one folder per learner
     folder = urllib.parse.quote(record_path.strip("/"))
     got = Fetched(learner.name, "running", now=time.time())
     try:

@@ -36,9 +36,11 @@ ORDER = ("stuck", "unreachable", "bad record", "no server", "no record", "ok")
 TROUBLE = ("hung", "died")  # a run the learner stopped herself ("stopped": Kernel > Interrupt) is not trouble
 # What an empty or missing record folder means, and what to set when it is not the learner's doing
 NO_RECORD = ("nothing recorded yet under her server's root: no check or ppkit run yet, or recording is off; if "
-             "she has run checks, her record lies outside that root (ppkit puts it under the root when the root is "
-             "inside her home, else in ~/ppkit-progress): set PPKIT_RECORD_DIR in c.Spawner.environment to a folder "
-             "under the root and pass it as --record-path")
+             "she has run checks, her record (~/ppkit-progress, linked under her server's root when that root is "
+             "inside her home) is out of its reach: her root is outside her home, or shared. Set PPKIT_RECORD_DIR "
+             "to an absolute folder under the root in c.Spawner.environment (a callable, to name each learner: "
+             "environment values do not expand {username}; docs/workshop.md) and pass the same folder, relative to "
+             "the root, as --record-path (with {username})")
 SAME_CELL_S = 10.0  # a died run's own error (ppkit records it as the cell ends) follows it within this
 
 
