@@ -185,6 +185,79 @@ def test_no_rank_starts_a_case_before_every_rank_has_joined_its_group(bare):
     assert rank0_started >= rank1_joined, f"rank 0 began {rank1_joined - rank0_started:.2f} s before rank 1 had joined"
 
 
+def _break_the_join(rank, world_size):
+    """Every rank's barrier in the case's group fails, and so does the clean-up after it."""
+    real_destroy = dist.destroy_process_group
+
+    def barrier(*args, **kwargs):
+        raise RuntimeError("a barrier that failed")
+
+    def destroy(*args, **kwargs):
+        real_destroy(*args, **kwargs)
+        raise RuntimeError("a destroy_process_group that failed")
+
+    barrier.ppkit_test_real, destroy.ppkit_test_real = dist.barrier, real_destroy
+    dist.barrier, dist.destroy_process_group = barrier, destroy
+
+
+def _rank(rank, k):
+    return rank
+
+
+def _made_again_after(bare, breaker):
+    """A 2-rank case run after ``breaker`` ran on every rank: its group is made again on restarted ranks
+    (once) and the case's results come back. Returns the runner, still open."""
+    from ppkit.exercises.subworld import SubworldRunner
+
+    bare.run(breaker)
+    generation = bare.generation
+    runner = SubworldRunner((2,), 30, bare)
+    try:
+        results, problem = runner.run(2, _rank)
+        assert problem is None and results == [0, 1], problem  # not the learner's function's fault
+        assert bare.generation == generation + 1
+    except BaseException:
+        runner.close()
+        if bare.state == "ready":
+            bare.restart()  # no patched rank left for the next test
+        raise
+    return runner
+
+
+def test_a_clean_up_that_fails_after_a_failed_join_is_still_a_group_not_made_and_is_retried(bare, capsys):
+    _made_again_after(bare, _break_the_join).close()
+    assert "[ppkit] the case's group could not be made (rank 0 could not join the case's 2-rank process group: " \
+        "a barrier that failed): restarting the ranks, try 2 of 3" in capsys.readouterr().out
+
+
+def _die_joining(rank, world_size):
+    import os
+
+    if rank == 1:
+        dist.init_process_group = lambda *args, **kwargs: os._exit(3)
+
+
+def _die_in_the_job(rank, k):
+    import os
+
+    if rank == 1:
+        os._exit(3)
+    return rank
+
+
+def test_a_rank_that_dies_joining_the_group_is_retried_and_one_that_dies_in_the_function_is_not(bare, capsys):
+    from ppkit.errors import WorkerDiedError
+
+    runner = _made_again_after(bare, _die_joining)
+    try:
+        assert "try 2 of 3" in capsys.readouterr().out
+        with pytest.raises(WorkerDiedError):  # the learner's function ended the rank: not the group's fault
+            runner.run(2, _die_in_the_job)
+    finally:
+        runner.close()
+    assert bare.state == "ready"
+
+
 def _fail_a_rendezvous(rank, world_size, path):
     """What a failed init_process_group leaves behind on rank 1: torch counted a group that never was."""
     from datetime import timedelta
@@ -233,7 +306,7 @@ def test_a_group_that_cannot_be_made_says_so_and_not_that_the_answer_is_wrong(ba
 
     nowhere = tmp_path / "a-file"
     nowhere.write_text("")  # the stores' folder is a file: no rank can make its FileStore there
-    monkeypatch.setattr(subworld.tempfile, "mkdtemp", lambda prefix: str(nowhere))
+    monkeypatch.setattr(subworld, "stores_folder", lambda: nowhere)
     generation = bare.generation
     with pytest.raises(ExerciseFailed) as info:
         ex.check_dispatch_splits(solutions.dispatch_splits, cluster=bare, world_sizes=(2,))

@@ -13,6 +13,7 @@ ahead, so it would wait for ever in the next group it joins).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import tempfile
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ppkit.cluster.controller import Cluster
-from ppkit.errors import ConfigError, JobTimeoutError, RemoteError
+from ppkit.errors import ConfigError, JobTimeoutError, RemoteError, WorkerDiedError
 from ppkit.exercises.report import CheckReport, raise_or_report
 from ppkit.lessons.p2p import blocked_call
 
@@ -69,6 +70,7 @@ def _in_subworld(rank, size, k, store_path, job, args, detail=False):
         dist.set_debug_level(dist.DebugLevel.DETAIL)
     try:
         _join_case_group(rank, k, store_path)
+        _joined_mark(store_path, rank).touch()  # a rank that dies after this died in the learner's function
         try:
             return job(rank, k, *args)
         finally:
@@ -86,7 +88,8 @@ def _join_case_group(rank: int, k: int, store_path: str) -> None:
         dist.barrier()
     except Exception as exc:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            with contextlib.suppress(Exception):  # its error would hide why the group was not made
+                dist.destroy_process_group()
         raise GroupNotMade(f"rank {rank} could not join the case's {k}-rank process group: {exc}") from exc
 
 
@@ -104,7 +107,7 @@ class SubworldRunner:
                 "Or pass no cluster and the checker starts its own.")
         self._own = cluster is None
         self.cluster = cluster or Cluster(need, "gloo", process_group=False, timeout=timeout)
-        self._tmp = Path(tempfile.mkdtemp(prefix="ppkit-exercise-"))
+        self._tmp = stores_folder()
 
     def close(self) -> None:
         if self._own:
@@ -115,8 +118,9 @@ class SubworldRunner:
 
     def run(self, k: int, job, *args):
         """``(results of ranks 0..k-1, None)``, or ``(None, what went wrong)``. A group that could not be
-        made (a rank failed or stalled joining it) is made again on restarted ranks, ``JOIN_TRIES`` times."""
-        for _ in range(JOIN_TRIES):
+        made (a rank failed, stalled or died joining it) is made again on restarted ranks, ``JOIN_TRIES``
+        times, with a line that says so before each new try."""
+        for attempt in range(1, JOIN_TRIES + 1):
             store = str(self._tmp / f"store-{next(_store_ids)}")
             if self.cluster.state == "broken":
                 self.cluster.restart()
@@ -131,11 +135,27 @@ class SubworldRunner:
                 if not failed:
                     return None, _explain_raise(err)
                 why = err.messages.get(failed[0], "")
+            except WorkerDiedError as err:
+                if all(_joined_mark(store, r).exists() for r in err.ranks if r < k):
+                    raise  # it died in the learner's function, or sitting the case out
+                why = str(err)
             else:
                 return results[:k], None
+            if attempt < JOIN_TRIES:
+                print(f"[ppkit] the case's group could not be made ({why}): restarting the ranks, "
+                      f"try {attempt + 1} of {JOIN_TRIES}")
             self.cluster.restart()  # fresh processes: no torch state left from the group that failed
         return None, (f"the case's {k}-rank process group could not be made in {JOIN_TRIES} tries (last: {why}). "
                       "This is not about your function: run the check again, or restart the kernel")
+
+
+def stores_folder() -> Path:
+    """A new folder for the cases' FileStores (a test points it at a place no rank can write)."""
+    return Path(tempfile.mkdtemp(prefix="ppkit-exercise-"))
+
+
+def _joined_mark(store_path: str, rank: int) -> Path:
+    return Path(f"{store_path}.joined-{rank}")
 
 
 def _stalled_joining(err: JobTimeoutError, k: int) -> bool:
