@@ -188,20 +188,32 @@ def test_a_recorder_turned_off_and_an_unreadable_record_are_said():
     assert "rank(s) [0] record nothing: TORCH_FR_BUFFER_SIZE=0" in text and "rank(s) [1] sent no record" in text
 
 
-def read_buffer(rank, world_size):
+def three_all_reduces(rank, world_size):
     import os
 
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2))
     return os.environ.get("TORCH_FR_BUFFER_SIZE")
 
 
 def test_every_rank_records_unless_the_learner_chose_a_size():
+    """torch 2.14 records every process group's collectives by default (2000 entries), gloo's too: ppkit
+    sets nothing, and the record holds the calls; TORCH_FR_BUFFER_SIZE=0 turns it off."""
     import ppkit
 
     with ppkit.Cluster(2, "gloo", timeout=30) as cluster:
-        assert cluster.run(read_buffer) == ["1000", "1000"]
+        assert cluster.run(three_all_reduces) == [None, None]  # torch's default, not a size of ppkit's
+        records = ppkit.collective_doctor(cluster).records
+        assert [len([c for c in records[r]["calls"] if c["op"] == "all_reduce"]) for r in (0, 1)] == [3, 3], records
+        assert {records[r]["buffer"] for r in (0, 1)} == {2000}
     with ppkit.Cluster(2, "gloo", timeout=30, env={"TORCH_FR_BUFFER_SIZE": "0"}) as cluster:
-        assert cluster.run(read_buffer) == ["0", "0"]
-        assert "record nothing: TORCH_FR_BUFFER_SIZE=0" in str(ppkit.collective_doctor(cluster))
+        assert cluster.run(three_all_reduces) == ["0", "0"]
+        diagnosis = ppkit.collective_doctor(cluster)
+        assert [diagnosis.records[r]["calls"] for r in (0, 1)] == [[], []]
+        assert "record nothing: TORCH_FR_BUFFER_SIZE=0" in str(diagnosis)
 
 
 def test_the_hang_rule_counts_a_collective_started_and_not_completed():

@@ -2,10 +2,11 @@
 
 torch keeps, per process, a ring buffer of the collectives it issued (its "flight recorder",
 torch/csrc/distributed/c10d/FlightRecorder.hpp): each one's process group, sequence number, op,
-sizes, dtypes and whether it completed. The buffer's size is read
-from ``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) once, when the first process
-group is created, so ``enable`` sets it before any. gloo's send and recv are not in the record
-(torch 2.14), so a rank blocked in one says so from its main thread's frames instead.
+sizes, dtypes and whether it completed. torch 2.14 keeps it by default, for gloo as for NCCL:
+2000 entries, or ``TORCH_FR_BUFFER_SIZE`` (older name ``TORCH_NCCL_TRACE_BUFFER_SIZE``) read once,
+when the first process group is created; 0 turns it off. ppkit sets nothing: it reads the record.
+gloo's send and recv are not in the record (torch 2.14), so a rank blocked in one says so from
+its main thread's frames instead.
 
 ``snapshot`` is what the kernel's collective doctor (ppkit/cluster/hang_doctor/) reads: a JSON
 text of plain values, the last ``KEEP`` calls of each group, the one the main thread waits in with
@@ -27,21 +28,14 @@ import sys
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 NCCL_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
-BUFFER = 1000  # calls kept per process: a lesson's loop fits; a few hundred bytes each
+DEFAULT_BUFFER = 2000  # torch's own default (FlightRecorder.hpp)
 KEEP = 16  # calls per process group sent to the kernel
 P2P_CALLS = ("send", "recv", "isend", "irecv")
 _OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # ppkit/ itself
 
 
-def enable(environ=os.environ) -> None:
-    """Every process group this process creates records its calls (``BUFFER`` of them), unless the
-    learner chose a size (0: off)."""
-    if BUFFER_ENV not in environ and NCCL_BUFFER_ENV not in environ:  # NCCL's name: deprecated, still read
-        environ[BUFFER_ENV] = str(BUFFER)
-
-
 def buffer_size(environ=os.environ) -> int:
-    text = environ.get(BUFFER_ENV, environ.get(NCCL_BUFFER_ENV, "2000"))  # torch's own default: 2000
+    text = environ.get(BUFFER_ENV, environ.get(NCCL_BUFFER_ENV, str(DEFAULT_BUFFER)))
     try:
         return int(text)
     except ValueError:

@@ -101,7 +101,6 @@ class Worker:
         else:
             self._pipes = []
         os.environ.update(cfg.env)
-        flight_record.enable()  # before any process group: torch reads the buffer's size once
         if cfg.threads:
             set_torch_threads(cfg.threads)
         if cfg.cwd and os.path.isdir(cfg.cwd):

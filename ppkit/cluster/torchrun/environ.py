@@ -21,8 +21,6 @@ ADDED = {
     "OMP_WAIT_POLICY": "PASSIVE: more ranks than cores, and spinning OpenMP threads stole their partners' cores",
     "GLOO_SOCKET_IFNAME": "gloo on the interface that reaches the master (loopback on one machine)",
     "TP_SOCKET_IFNAME": "the same for RPC's TensorPipe",
-    "TORCH_FR_BUFFER_SIZE": "torch's flight recorder keeps the last 1000 collectives, which the collective doctor "
-                            "reads (transport/flight_record.py); a value the learner set is kept, 0 turns it off",
 }
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default --signals-to-handle
 
