@@ -7,6 +7,7 @@ and the last words a job keeps. tests/test_hang_doctor.py covers each case as a 
 from __future__ import annotations
 
 import os
+import time
 import subprocess
 import sys
 import textwrap
@@ -163,3 +164,28 @@ def test_only_a_ranks_last_words_for_this_job_are_kept():
     assert last_words(Item(0, FlightRecord(7, text, False)), 7) is None  # a late answer to a question
     assert last_words(Item(0, FlightRecord(6, text, True)), 7) is None  # an earlier job's
     assert last_words(Item(0, FlightRecord(None, text, True)), 7) is not None  # between jobs: aborting now
+
+
+def sleep_a_while(rank, world_size):
+    import time
+
+    time.sleep(6)
+    return rank
+
+
+def test_the_doctor_on_demand_does_not_read_the_inbox_of_a_running_job():
+    """A widget's callback may run a job from another thread: the doctor must not take that job's messages."""
+    import threading
+
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        results = []
+        job = threading.Thread(target=lambda: results.append(cluster.run(sleep_a_while)))
+        job.start()
+        try:
+            time.sleep(2)
+            with pytest.raises(ppkit.ClusterStateError, match="a job is running on this cluster"):
+                ppkit.collective_doctor(cluster)
+        finally:
+            job.join()
+        assert results == [[0, 1]]
+        assert sorted(cluster.flight_records()) == [0, 1]  # between jobs: every rank answers

@@ -17,7 +17,7 @@ import weakref
 from dataclasses import asdict
 
 from ppkit.checks import positive
-from ppkit.cluster import diagnostics, launchers, worker_setup
+from ppkit.cluster import diagnostics, hang_doctor, launchers, worker_setup
 from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.budget import read_budget
 from ppkit.cluster.debug import post_mortem
@@ -334,6 +334,20 @@ class Cluster:
             if self.state == "closed":
                 raise ClusterStateError("this cluster is closed: its ranks and their tracebacks are gone.")
             self._post_mortems.open(rank, self._generation)
+
+    def flight_records(self, wait: float = hang_doctor.WAIT_S) -> dict[int, dict]:
+        """rank -> its flight record now (ppkit/cluster/hang_doctor/: what ``ppkit.collective_doctor`` reads),
+        for each rank that answers within ``wait`` s. Not while a job runs (from another thread): it would
+        take that job's messages from the inbox; its hang watch and timeout call the doctor themselves."""
+        lock = self._jobs.exclusive()
+        if not lock.acquire(timeout=1):
+            raise ClusterStateError("a job is running on this cluster (from another thread), so its ranks' records "
+                                    "cannot be asked now: its hang watch and its timeout call the collective doctor "
+                                    "themselves. Ask again once it ends.")
+        try:
+            return hang_doctor.ask_records(self._send, self._inbox, range(self.world_size), wait=wait)
+        finally:
+            lock.release()
 
     def _check_usable(self) -> None:
         if self.state == "closed":

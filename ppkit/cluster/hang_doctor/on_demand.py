@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ppkit.cluster.hang_doctor.analysis import Diagnosis, diagnose
-from ppkit.cluster.hang_doctor.gather import ask_records
 from ppkit.errors import ClusterStateError
 
 
@@ -28,5 +27,4 @@ def collective_doctor(cluster=None) -> Diagnosis:
     if cluster.state in ("closed", "starting"):
         raise ClusterStateError(f"collective_doctor() cannot ask this cluster's ranks: it is {cluster.state}. "
                                 "Start one (ppkit.start(N)) and run the code whose collectives you doubt.")
-    records = ask_records(cluster._send, cluster._inbox, range(cluster.world_size))
-    return diagnose(records, cluster.world_size)
+    return diagnose(cluster.flight_records(), cluster.world_size)
