@@ -7,10 +7,10 @@ and the last words a job keeps. tests/test_hang_doctor.py covers each case as a 
 from __future__ import annotations
 
 import os
-import time
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -131,7 +131,6 @@ class FakeInbox:
 
 
 def test_a_rank_whose_last_words_arrived_is_not_waited_for():
-    import time
 
     from ppkit.cluster.hang_doctor import ask_records
     from ppkit.cluster.inbox import Item
