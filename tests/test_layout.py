@@ -135,6 +135,27 @@ def test_every_module_belongs_to_a_drawn_layer():
     assert unplaced == [], f"draw these in docs/architecture.md's layers: {unplaced}"
 
 
+def drawing_faults(layers: list[list[str]], modules) -> list[str]:
+    """What a diagram draws wrong, in words: a path that names no module (one moved or removed since), and a
+    path drawn more than once (the most specific path would then decide by which came first)."""
+    faults = [f"{path} names no module" for layer in layers for path in layer
+              if not any(name == _dotted(path) or (path.endswith("/") and name.startswith(_dotted(path) + "."))
+                         for name in modules)]
+    drawn = [path for layer in layers for path in layer]
+    return faults + [f"{path} is drawn {drawn.count(path)} times" for path in sorted(set(drawn))
+                     if drawn.count(path) > 1]
+
+
+def test_every_drawn_path_names_a_module_once():
+    assert drawing_faults(LAYERS, MODULES) == []
+
+
+def test_a_stale_or_twice_drawn_path_is_caught():
+    layers = [["ppkit/cli/", "ppkit/gone.py"], ["ppkit/cluster/", "ppkit/old_room/"], ["ppkit/cli/"]]
+    assert drawing_faults(layers, MODULES) == ["ppkit/gone.py names no module", "ppkit/old_room/ names no module",
+                                               "ppkit/cli/ is drawn 2 times"]
+
+
 def test_imports_point_down_the_drawn_layers():
     assert upward_imports(GRAPH, LAYERS) == []
 
