@@ -80,6 +80,7 @@ def test_json_says_the_same_with_the_exercises_not_tried(recorded, capsys):
 def test_off_and_on_switch_the_record(folder, capsys):
     code, out = progress(capsys, "--off")
     assert code == 0 and "Progress recording is off" in out
+    assert "workbook.progress(), `ppkit exercises` and the instructor's room do not see them" in out  # what it costs
     assert stat.S_IMODE((folder / fmt.OFF).stat().st_mode) == 0o600
     hooks.checked("ring_shift", "passed")
     assert not (folder / fmt.CURRENT).exists()

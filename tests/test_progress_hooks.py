@@ -69,7 +69,8 @@ def test_the_hang_watch_records_hung_with_how_long_and_where(folder, monkeypatch
     assert watch.look(waiting).startswith("[ppkit] possibly hung")
     [hung] = events("cluster")
     assert hung.fields == {"state": "hung", "seconds": 60.0,  # since the look that found rank 0 busy
-                           "detail": "every rank waits inside torch.distributed: rank 0 in all_reduce, rank 1 in recv"}
+                           "detail": "every rank waits on its peers (stack or flight record): rank 0 in all_reduce, "
+                           "rank 1 in recv"}
 
 
 @pytest.mark.parametrize("statuses, verdict", [(("ok", "ok"), "ready"), (("ok", "warn"), "warnings"),
@@ -108,3 +109,23 @@ def test_a_job_the_learner_stopped_herself_is_stopped_not_died(folder, error):
     hooks.job_ended("%%torchrun", 2, error)
     [ended] = events("cluster")
     assert ended.fields == {"state": "stopped", "detail": "%%torchrun: stopped by Kernel > Interrupt"}
+
+
+def test_an_exercise_failed_raised_outside_a_check_is_recorded_once_as_an_error(folder):
+    """A failed workbook.check is recorded as the failed check only; an ExerciseFailed a learner's own code (or a
+    lesson's checker called directly) raises in a cell is a ppkit error like any other, recorded as such."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        hooks.register(shell)
+        shell.run_cell("from ppkit.errors import ExerciseFailed\nraise ExerciseFailed('my own check: wrong total')")
+        shell.run_cell("from ppkit.exercises import workbook\n"
+                       "def gives_everything_to_rank_0(rank, world_size, num_items):\n"
+                       "    return list(range(num_items)) if rank == 0 else []\n"
+                       "workbook.check('my_share', gives_everything_to_rank_0)")
+    finally:
+        InteractiveShell.clear_instance()
+    assert [(e.fields["error"], e.fields["message"]) for e in events("error")] == [
+        ("ExerciseFailed", "my own check: wrong total")]
+    assert [e.fields["status"] for e in events("check")] == ["failed"]

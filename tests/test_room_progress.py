@@ -476,6 +476,9 @@ def test_a_service_url_naming_another_machine_says_to_bind_0000_and_bind_does(hu
     assert listen_address("http://127.0.0.1:10101", None) == ("127.0.0.1", 10101)
     assert listen_address("http://hub:10101", "0.0.0.0") == ("0.0.0.0", 10101)  # Z2JH: the URL is the k8s Service
     assert listen_address("http://hub:10101", "0.0.0.0:8181") == ("0.0.0.0", 8181)
+    assert listen_address("http://hub:10101", "[::]:8181") == ("::", 8181)  # IPv6, bracketed as in a URL
+    assert listen_address("http://hub:10101", "[::]") == ("::", 10101)
+    assert listen_address("http://hub:10101", "::") == ("::", 10101)
     with pytest.raises(ValueError, match="the port after ':' must be a number"):
         listen_address("http://hub:10101", "0.0.0.0:port")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}

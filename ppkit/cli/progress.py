@@ -30,7 +30,8 @@ def main(args) -> int:
         flag = record.switch(args.on, folder)
         if args.off:
             print(f"Progress recording is off ({flag} exists); `ppkit progress --on` turns it on again. "
-                  "What was recorded stays; delete the folder to remove it.")
+                  "What was recorded stays; delete the folder to remove it. Checks from now on are not recorded, "
+                  "so workbook.progress(), `ppkit exercises` and the instructor's room do not see them either.")
         else:
             print(f"Progress recording is on: checks, ppkit errors and cluster runs go to {folder}."
                   + (f" But {fmt.SWITCH_ENV}=off in the environment still stops it." if fmt.switched_off_by_env()

@@ -6,7 +6,6 @@ call these (or ``ppkit.progress.note``); none of them raises.
 from __future__ import annotations
 
 from ppkit.errors import (
-    ExerciseFailed,
     PPKitError,
     ProcessExitedError,
     ProcessRaisedError,
@@ -17,12 +16,15 @@ from ppkit.progress import note
 from ppkit.progress.format import first_line
 
 WORKBOOK_STATUSES = {"passed": "passed", "failed": "failed", "not written yet": "not written"}
+_RECORDED = "_ppkit_recorded_as_check"  # set on an error recorded as a failed check: not recorded again as an error
 
 
 def checked(exercise: str, status: str, error: BaseException | None = None) -> None:
     """A ``workbook.check`` outcome (the workbook's status words); ``error``: the checker's, when failed."""
     reason = first_line(error) if status == "failed" and error is not None else None
     note("check", exercise=exercise, status=WORKBOOK_STATUSES.get(status, status), reason=reason)
+    if error is not None:
+        setattr(error, _RECORDED, True)
 
 
 # -- errors raised in a Jupyter kernel's cells ---------------------------------------------------
@@ -39,8 +41,9 @@ def register(shell) -> None:
 
 def _after_cell(result) -> None:
     error = getattr(result, "error_in_exec", None)
-    # a failed check is already recorded, by workbook.check, as a failed check: once is the truth
-    if isinstance(error, PPKitError) and not isinstance(error, ExerciseFailed):
+    # a failed check is already recorded, by workbook.check, as a failed check: once is the truth. An ExerciseFailed
+    # raised elsewhere (the learner's own check, a checker called directly) is an error like any other.
+    if isinstance(error, PPKitError) and not getattr(error, _RECORDED, False):
         note("error", error=type(error).__name__, message=first_line(error) or "(no message)")
 
 

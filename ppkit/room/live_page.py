@@ -1,7 +1,7 @@
 """The live page of ``ppkit room --serve``: one HTML document, no external resource (no CDN, no font).
 
-It fetches ``api/rows`` every ``REFRESH_MS`` and redraws the table in place (no reload); a click on a learner's
-row opens the details (each exercise's attempts and last failure, the last error's text, the cluster, what
+It fetches ``api/rows`` every ``REFRESH_MS`` while its tab is visible, and redraws the table in place (no reload);
+a click on a learner's row opens the details (each exercise's attempts and last failure, the last error's text, the cluster, what
 could not be read), and stays open across refreshes. Every text from a record goes in with textContent, so a
 learner's error message cannot inject markup.
 """
@@ -89,6 +89,7 @@ function draw(data) {
   status.className = data.error ? "error" : "";
 }
 async function refresh() {
+  if (document.hidden) return;  // a tab in the background asks nothing: the service then stops collecting
   try {
     const resp = await fetch("api/rows", {cache: "no-store", credentials: "same-origin",
                                           headers: {"X-XSRFToken": XSRF}});
@@ -101,5 +102,6 @@ async function refresh() {
   }
 }
 refresh(); setInterval(refresh, REFRESH_MS);
+document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
 </script></body></html>
 """.replace("__REFRESH_MS__", str(REFRESH_MS))

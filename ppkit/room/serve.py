@@ -117,14 +117,18 @@ async def _main(room: Room, every: float, prefix: str, host: str, port: int) -> 
 
 
 def listen_address(service_url: str, bind: str | None) -> tuple[str, int]:
-    """Where to listen: ``bind`` ("HOST" or "HOST:PORT", e.g. "0.0.0.0") over JUPYTERHUB_SERVICE_URL's host and
-    port (the port 80 when the URL names none)."""
+    """Where to listen: ``bind`` ("HOST" or "HOST:PORT", e.g. "0.0.0.0"; an IPv6 address bare, "::", or in brackets,
+    "[::]:10101") over JUPYTERHUB_SERVICE_URL's host and port (the port 80 when the URL names none)."""
     from urllib.parse import urlparse
 
     url = urlparse(service_url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
     if bind:
-        named, _, named_port = bind.rpartition(":") if bind.count(":") == 1 else (bind, "", "")
+        if bind.startswith("["):
+            named, _, after = bind[1:].partition("]")
+            named_port = after.removeprefix(":")
+        else:
+            named, _, named_port = bind.rpartition(":") if bind.count(":") == 1 else (bind, "", "")
         if named_port and not named_port.isdigit():
             raise ValueError(f"--bind {bind!r}: the port after ':' must be a number, e.g. 0.0.0.0:10101")
         host, port = named or host, int(named_port) if named_port else port
