@@ -7,8 +7,9 @@ parallelism one ``ParallelDims``: they never reach into the Cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from ppkit.cluster.inbox import Inbox
 from ppkit.cluster.launchers.base import Launcher
@@ -19,13 +20,20 @@ from ppkit.cluster.output import RankPrinter
 class RankLinks:
     """The ranks' side of a cluster, as its parts use it.
 
-    ``send(rank, msg)`` is False when the rank is gone; ``conns`` is the cluster's own dict of this
-    generation's connection by rank (kept up to date by the cluster, read here); ``inbox`` is where
-    every rank's messages arrive; ``printer`` prints what ranks write under the cell."""
+    ``send(rank, msg)`` is False when the rank is gone; ``conns``: this generation's connection by rank,
+    a live read-only view of the cluster's own dict. The contract: the cluster owns that dict and changes
+    it only in place (a rank's connection added as it joins, removed as it is lost, all cleared at a
+    restart; never a new dict), so the one ``RankLinks`` made with the cluster stays current for every
+    generation; the parts read it and cannot write it. ``inbox`` is where every rank's messages arrive;
+    ``printer`` prints what ranks write under the cell."""
 
     world_size: int
     inbox: Inbox
     send: Callable[[int, object], bool]
-    conns: dict[int, object]
+    conns: Mapping[int, object]
     launcher: Launcher
     printer: RankPrinter
+
+    def __post_init__(self):
+        if not isinstance(self.conns, MappingProxyType):
+            object.__setattr__(self, "conns", MappingProxyType(self.conns))
