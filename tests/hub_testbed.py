@@ -187,11 +187,12 @@ class HubTestbed:
         return self
 
     def _write_config(self, found: dict[str, str]) -> None:
+        self.proxy_api, self.proxy_token = f"http://127.0.0.1:{free_port()}", secrets.token_hex(24)
         config = CONFIG.format(
             bind_url=self.url + "/", hub_port=free_port(), db_url=f"sqlite:///{self.root / 'hub.sqlite'}",
             cookie_file=str(self.root / "cookie_secret"), pid_file=str(self.root / "hub.pid"),
-            proxy=found["configurable-http-proxy"], proxy_api=f"http://127.0.0.1:{free_port()}",
-            proxy_pid_file=str(self.root / "proxy.pid"), proxy_token=secrets.token_hex(24),
+            proxy=found["configurable-http-proxy"], proxy_api=self.proxy_api,
+            proxy_pid_file=str(self.root / "proxy.pid"), proxy_token=self.proxy_token,
             password=self.password, learners=self.names, singleuser=found["jupyterhub-singleuser"],
             environment=self.server_env, server_timeout=SERVER_TIMEOUT, token=self.token,
             notebook_dir=self.notebook_dir,
@@ -277,6 +278,16 @@ class HubTestbed:
         with urllib.request.urlopen(req, timeout=30) as resp:
             raw = resp.read()
         return json.loads(raw) if raw else None
+
+    def route_activity(self, name: str) -> str | None:
+        """configurable-http-proxy's last_activity of the route to NAME's server (its REST API, /api/routes): the
+        time of the last answer it proxied there, which the hub copies as the server's activity for the culler."""
+        req = urllib.request.Request(f"{self.proxy_api}/api/routes",
+                                     headers={"Authorization": f"token {self.proxy_token}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            routes = json.loads(resp.read())
+        return next((r.get("last_activity") for path, r in routes.items() if path.rstrip("/") == f"/user/{name}"),
+                    None)
 
     def server_running(self, name: str) -> bool:
         return bool(self.api("GET", f"/users/{name}")["servers"])

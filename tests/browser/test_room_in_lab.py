@@ -8,8 +8,10 @@ outcomes, her busy kernel with its seconds and nothing passed for learner B, in 
 record; a garbage or huge record, a wrong hub address and a wrong token each give a row or a message that says so.
 Then the instructor opens the live page (`ppkit room --serve`, the hub's managed service ppkit-room) through the
 hub's login, sees both rows, and sees A's next pass appear without a reload; learner B is refused (403). The page
-runs as an unprivileged user. Last, with jupyterhub-idle-culler running (30 s timeout), idle learner B's server is
-culled while the instructor keeps the page open: the room's polling never keeps a server alive.
+runs as an unprivileged user. Last, learner B is active (a request of hers): the room polls her (the proxy's
+activity of her route moves); once idle past --idle-after her row says "idle ... not polled" and that activity stays
+put; then jupyterhub-idle-culler (30 s timeout) culls her server while the instructor keeps the page open: the room's
+polling never keeps a server alive.
 """
 
 from __future__ import annotations
@@ -237,6 +239,13 @@ def test_the_live_page_shows_the_room_and_a_pass_without_a_reload(hub, learner_a
         ctx.close()
 
 
+def wait_until(done, seconds: float, failure: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, failure
+        time.sleep(1)
+
+
 def log_in_to_the_page(browser, hub: HubTestbed, user: str):
     ctx = browser.new_context(viewport={"width": 1400, "height": 700})
     ctx.route(re.compile(r"^(https?|wss?)://(?!(127\.0\.0\.1|localhost)[:/])"), lambda route: route.abort())
@@ -255,12 +264,30 @@ def test_the_page_runs_unprivileged_and_an_idle_learners_server_is_culled_while_
     assert service and all(p.info["uids"].real == pwd.getpwnam(hub.service_user.name).pw_uid for p in service), (
         [(p.pid, p.info["uids"]) for p in service])
     ctx, page = log_in_to_the_page(browser, hub, hub.instructor)
-    env = dict(os.environ, JUPYTERHUB_API_TOKEN=hub.token)
-    culler = subprocess.Popen([sys.executable, "-m", "jupyterhub_idle_culler", f"--url={hub.url}/hub/api",
-                               f"--timeout={CULL_TIMEOUT_S}", "--cull-every=5"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    culler = None
     try:
-        page.locator(f"tr.learner[data-user='{b}']").wait_for(timeout=60_000)
+        row_b = page.locator(f"tr.learner[data-user='{b}']")
+        row_b.wait_for(timeout=60_000)
+        # B active: a request of hers (no no_track_activity) moves her server's own activity; the room polls her
+        server_api(hub, b, "GET", "/sessions")
+        polled = hub.route_activity(b)
+        wait_until(lambda: hub.route_activity(b) != polled, 30, f"the room never polled active learner {b}")
+        print(f"active learner B polled: the proxy's activity of her route moved from {polled}")
+        wait_until(lambda: "not polled" not in row_b.inner_text(), 30,  # the row of a look at her, not a kept one
+                   f"{b}'s row still says she is idle and not polled: {row_b.inner_text()}")
+        # idle past --idle-after (15 s): her row says so, and the room stops asking (the proxy's activity stays)
+        wait_until(lambda: "not polled" in row_b.inner_text(), 90,
+                   f"{b}'s row never said she is idle and not polled: {row_b.inner_text()}")
+        time.sleep(5)  # the last poll's answer, if one was on its way
+        still = hub.route_activity(b)
+        time.sleep(12)  # six of the room's collections (--every 2)
+        assert hub.route_activity(b) == still, f"the room still polls idle learner {b}"
+        print(f"idle learner B: not polled, the proxy's activity of her route stayed at {still}; row: "
+              f"{row_b.inner_text()!r}")
+        culler = subprocess.Popen([sys.executable, "-m", "jupyterhub_idle_culler", f"--url={hub.url}/hub/api",
+                                   f"--timeout={CULL_TIMEOUT_S}", "--cull-every=5"],
+                                  env=dict(os.environ, JUPYTERHUB_API_TOKEN=hub.token),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         started = time.monotonic()
         while hub.server_running(b):
             waited = time.monotonic() - started
@@ -273,6 +300,7 @@ def test_the_page_runs_unprivileged_and_an_idle_learners_server_is_culled_while_
               f"the page meanwhile: {status}")
         assert "cannot refresh" not in status, status  # the page itself kept refreshing all along
     finally:
-        culler.terminate()
-        culler.wait(timeout=30)
+        if culler is not None:
+            culler.terminate()
+            culler.wait(timeout=30)
         ctx.close()
