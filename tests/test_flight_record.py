@@ -131,7 +131,6 @@ class FakeInbox:
 
 
 def test_a_rank_whose_last_words_arrived_is_not_waited_for():
-
     from ppkit.cluster.hang_doctor import ask_records
     from ppkit.cluster.inbox import Item
     from ppkit.transport.flight_messages import FlightRecord
@@ -188,3 +187,26 @@ def test_the_doctor_on_demand_does_not_read_the_inbox_of_a_running_job():
             job.join()
         assert results == [[0, 1]]
         assert sorted(cluster.flight_records()) == [0, 1]  # between jobs: every rank answers
+
+
+def recv_from_each_other_in_a_subgroup(i, port):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=4)
+    group = dist.new_group([2, 3])
+    if i >= 2:
+        dist.recv(torch.zeros(3), group=group, group_src=3 - i)  # group ranks 1 and 0: global 3 and 2
+    else:
+        time.sleep(30)
+
+
+def test_a_recv_pair_in_a_subgroup_is_named_by_global_ranks(capsys):
+    from ppkit.cluster.worker_setup import free_port
+
+    with pytest.raises(ppkit.JobTimeoutError):
+        ppkit.spawn(recv_from_each_other_in_a_subgroup, args=(free_port(),), nprocs=4, timeout=10)
+    text = capsys.readouterr().out
+    assert "rank 2 waits in recv from rank 3 of [3] float32" in text, text
+    assert "ranks 2 and 3 each wait on the other" in text, text

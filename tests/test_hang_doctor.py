@@ -96,6 +96,16 @@ def test_a_send_recv_pair_that_waits_on_each_other_names_each_peer(kc):
     assert "ranks 0 and 1 each wait on the other" in text, text
 
 
+def test_an_irecv_pair_that_waits_on_each_other_names_each_peer(kc):
+    """gloo keeps no record of send/recv, and the innermost frame is the learner's req.wait(): ppkit's own p2p ring."""
+    text = spawned(kc, "t = torch.zeros(3)\nreq = dist.irecv(t, src=1 - i)\nreq.wait()")
+    assert "possibly hung" in text, text
+    assert "rank 0 waits in irecv from rank 1 of [3] float32" in text, text
+    assert "rank 1 waits in irecv from rank 0 of [3] float32" in text, text
+    assert "ranks 0 and 1 each wait on the other" in text, text
+    assert "req = dist.irecv(t, src=1 - i)" in text, text  # the learner's line that started it
+
+
 def test_a_rank_that_ended_early_is_named(kc):
     text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\nif i == 0:\n    dist.all_reduce(t)")
     assert "collective #2 is not reached by every rank" in text, text

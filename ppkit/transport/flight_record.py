@@ -18,6 +18,7 @@ aborts the process (a size mismatch does).
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import json
 import linecache
@@ -31,6 +32,7 @@ NCCL_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 DEFAULT_BUFFER = 2000  # torch's own default (FlightRecorder.hpp)
 KEEP = 16  # calls per process group sent to the kernel
 P2P_CALLS = ("send", "recv", "isend", "irecv")
+P2P_KEEP = 32  # point-to-point calls kept by watch_p2p (gloo's are not in torch's record)
 _OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # ppkit/ itself
 
 
@@ -44,12 +46,13 @@ def buffer_size(environ=os.environ) -> int:
 
 def snapshot(main_frame) -> str:
     """This rank's record and where its main thread is (``main_frame``: its innermost frame), as JSON."""
-    record = {"buffer": buffer_size(), "calls": [], "groups": {}, "p2p": None,
+    record = {"buffer": buffer_size(), "calls": [], "groups": {}, "p2p": None, "p2p_pending": [],
               "at": _learner_line(_frames_of(main_frame)), "error": ""}
     if "torch.distributed" not in sys.modules:  # no process group was ever created here
         return json.dumps(record)
     errors = []
-    for part, read in (("groups", _groups), ("calls", _calls), ("p2p", lambda: _p2p_wait(main_frame))):
+    for part, read in (("groups", _groups), ("calls", _calls), ("p2p_pending", _p2p_pending),
+                       ("p2p", lambda: _p2p_wait(main_frame) or next(iter(record["p2p_pending"]), None))):
         try:  # each part on its own: one that fails leaves the others to read
             record[part] = read()
         except Exception as exc:  # noqa: BLE001 - the record is a diagnosis; it never fails the rank
@@ -111,14 +114,68 @@ def _p2p_wait(frame) -> dict | None:
             local = frame.f_locals
             op = code.co_name
             peer = local.get("dst" if op in ("send", "isend") else "src")
-            if peer is None:
-                peer = local.get("group_dst" if op in ("send", "isend") else "group_src")
+            if peer is None:  # a rank of the group: made global, as the doctor compares them
+                group_peer = local.get("group_dst" if op in ("send", "isend") else "group_src")
+                peer = _global_rank(local.get("group"), group_peer)
             tensor = local.get("tensor")
             return {"op": op, "peer": peer, "sizes": [list(tensor.shape)] if tensor is not None else [],
                     "dtype": str(tensor.dtype).replace("torch.", "") if tensor is not None else "",
                     "at": _learner_line(_frames_of(frame))}
         frame = frame.f_back
     return None
+
+
+def _global_rank(group, group_rank):
+    if group_rank is None or group is None:
+        return group_rank
+    import torch.distributed as dist
+
+    return dist.get_global_rank(group, group_rank)
+
+
+_p2p_ring: collections.deque = collections.deque(maxlen=P2P_KEEP)  # (op, peer, sizes, dtype, line, work)
+
+
+def watch_p2p() -> None:
+    """Keep this rank's point-to-point calls (send, recv, isend, irecv, batch_isend_irecv: all go
+    through ProcessGroup.send, recv and recv_anysource) in a small ring, since torch's record has
+    none for gloo: each one's op, peer (a global rank), sizes, the learner's line and its Work, which
+    says whether it completed. The functions torch's P2POp compares by identity are left as they are."""
+    try:
+        from torch._C._distributed_c10d import ProcessGroup
+    except ImportError:  # a torch built without distributed
+        return
+    for name in ("send", "recv", "recv_anysource"):
+        original = getattr(ProcessGroup, name)
+        if not getattr(original, "ppkit_watched", False):
+            setattr(ProcessGroup, name, _watched_p2p(name, original))
+
+
+def _watched_p2p(name: str, original):
+    def call(group, tensors, *args):
+        work = original(group, tensors, *args)
+        try:
+            if work is not None:
+                peer = _global_rank(group, args[0]) if name != "recv_anysource" else None
+                op = "isend" if name == "send" else "irecv"
+                frames = _frames_of(sys._getframe(1))
+                while _p2p_ring and _p2p_ring[0][-1].is_completed():  # done: its tensors are not kept alive
+                    _p2p_ring.popleft()
+                _p2p_ring.append((op, peer, [list(t.shape) for t in tensors],
+                                  str(tensors[0].dtype).replace("torch.", "") if tensors else "",
+                                  frames, work))
+        except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
+            pass
+        return work
+
+    call.ppkit_watched = True
+    return call
+
+
+def _p2p_pending() -> list[dict]:
+    """The ring's calls whose Work has not completed, oldest first."""
+    return [{"op": op, "peer": peer, "sizes": sizes, "dtype": dtype, "at": _learner_line(frames)}
+            for op, peer, sizes, dtype, frames, work in list(_p2p_ring) if not work.is_completed()]
 
 
 def _in_distributed(frame) -> bool:

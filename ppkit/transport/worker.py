@@ -113,6 +113,7 @@ class Worker:
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
         flight_record.on_abort(lambda: self.send(self._flight_record(last_words=True), wait=1))  # in a signal handler
         rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
+        flight_record.watch_p2p()  # send/recv: gloo keeps no record of them
         info = WorkerInfo(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), backend=cfg.backend,
                           device=cfg.device)
         try:

@@ -71,10 +71,15 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     findings = [f for name, (desc, ranks) in sorted(groups.items(), key=lambda kv: _order(kv[0]))
                 if (f := _group(name, desc, ranks, records, ended)) is not None]
     p2p = {rank: r["p2p"] for rank, r in sorted(records.items()) if r.get("p2p")}
-    deadlock = [(a, b) for a in p2p for b in p2p if a < b and p2p[a].get("peer") == b and p2p[b].get("peer") == a]
+    deadlock = [(a, b) for a in p2p for b in p2p if a < b and p2p[a].get("peer") == b and p2p[b].get("peer") == a
+                and not _pair(p2p[a]["op"], p2p[b]["op"])]  # a send against a recv: they match
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
     return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records)
+
+
+def _pair(op: str, other: str) -> bool:
+    return ("send" in op) != ("send" in other)
 
 
 def _failed(record: dict) -> dict:
