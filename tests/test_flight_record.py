@@ -210,3 +210,18 @@ def test_a_recv_pair_in_a_subgroup_is_named_by_global_ranks(capsys):
     text = capsys.readouterr().out
     assert "rank 2 waits in recv from rank 3 of [3] float32" in text, text
     assert "ranks 2 and 3 each wait on the other" in text, text
+
+
+def test_at_eight_ranks_identical_calls_share_one_line():
+    call = {"group": "0", "desc": "default_pg", "seq": 2, "p2p_seq": 0, "is_p2p": False, "op": "all_reduce",
+            "profiling_name": "gloo:all_reduce", "input_sizes": [[4]], "output_sizes": [[4]],
+            "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled", "done": False,
+            "time_created_ns": 2, "at": {}}
+    odd = {**call, "op": "broadcast", "profiling_name": "gloo:broadcast"}
+    groups = {"0": {"desc": "default_pg", "ranks": list(range(8))}}
+    first = {**call, "seq": 1, "done": True, "time_created_ns": 1}
+    text = str(diagnose({r: {"calls": [first, odd if r == 5 else call], "groups": groups, "p2p": None}
+                         for r in range(8)}, 8))
+    assert "      ranks 0-4,6-7: all_reduce #2 of [4] Float\n" in text, text
+    assert "      rank 5: broadcast #2 of [4] Float\n" in text, text
+    assert text.count("all_reduce #2") == 1, text

@@ -1,4 +1,4 @@
-"""Match the ranks' records, group by group: the last collective all completed, the first they disagree on.
+"""Match the ranks' records, group by group: the last collective all completed, the first recorded one they disagree on.
 
 Two ranks' calls at one sequence number are compared by torch's own flight-recorder matcher
 (torch.distributed.flight_recorder.components.types.Op.match: the op, the sizes, the dtypes);

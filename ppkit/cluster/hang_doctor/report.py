@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ppkit.cluster.output.settings import rank_ranges
+
 
 def sizes_words(sizes) -> str:
     return ", ".join(str(list(s)) for s in sizes) or "no tensor"
@@ -44,8 +46,8 @@ def explain(diagnosis) -> str:
                    f"collective #{finding.seq} is not reached by every rank" if finding.missing else
                    f"collective #{finding.seq} is called by every rank and has not completed yet")
         lines.append(f"    {verdict}:")
-        for rank, call in sorted(finding.calls.items()):
-            lines.append(f"      rank {rank}: {call_words(call)}")
+        for ranks, words in _alike(finding.calls):
+            lines.append(f"      {'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)}: {words}")
         if finding.mismatch and all(call["done"] for call in finding.calls.values()):
             lines.append("      (it completed on every rank anyway: the data it moved is wrong)")
         for rank, where in sorted(finding.missing.items()):
@@ -63,6 +65,9 @@ def explain(diagnosis) -> str:
         lines.append(f"  ranks {a} and {b} each wait on the other: rank {a}'s {diagnosis.p2p[a]['op']} needs a "
                      f"matching call on rank {b}, which is itself in {diagnosis.p2p[b]['op']}. "
                      "Order them: one rank sends first while the other receives.")
+    for rank, record in sorted(diagnosis.records.items()):
+        if record.get("error"):
+            lines.append(f"  rank {rank}'s record is incomplete: {record['error']}")
     if diagnosis.unanswered:
         lines.append(f"  rank(s) {diagnosis.unanswered} sent no record (stopped, or gone).")
     if diagnosis.off:
@@ -70,6 +75,14 @@ def explain(diagnosis) -> str:
     if len(lines) == 1:
         lines.append("  every collective each rank started has completed on every rank that answered.")
     return "\n".join(lines) + "\n"
+
+
+def _alike(calls: dict[int, dict]) -> list[tuple[list[int], str]]:
+    """Ranks whose calls read the same, one line each (at 8 ranks, the one that differs stands out)."""
+    by_words: dict[str, list[int]] = {}
+    for rank, call in sorted(calls.items()):
+        by_words.setdefault(call_words(call), []).append(rank)
+    return sorted(((ranks, words) for words, ranks in by_words.items()), key=lambda item: item[0][0])
 
 
 def _skipped(finding) -> bool:
