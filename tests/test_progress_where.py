@@ -147,3 +147,23 @@ def test_a_relative_record_dir_is_refused_with_what_to_set(home):
         where(home, runtime, PPKIT_RECORD_DIR="notebooks/ppkit-progress")
     assert "ConfigError" in failed.value.stderr and "relative" in failed.value.stderr
     assert "~/notebooks/ppkit-progress" in failed.value.stderr
+
+
+def test_a_kernel_records_its_notebook_as_its_server_names_it(home, server):
+    """jupyter_server gives a kernel JPY_SESSION_NAME as the notebook's path on disk; the record keeps it relative to
+    the server's root, as /api/sessions names it, so the room never takes backup/06_pipeline.ipynb for the open
+    06_pipeline.ipynb (a match by the end of the path did)."""
+    from ppkit.room.progress_fetch import Fetched
+    from ppkit.room.progress_rows import row_of
+
+    runtime = home.parent / "runtime"
+    on_disk = home / "notebooks" / "backup" / "06_pipeline.ipynb"
+    run(home, runtime, WRITE, "pipeline_time", JPY_PARENT_PID=server, JPY_SESSION_NAME=str(on_disk))
+    [event] = read.read_folder(home / "ppkit-progress").events
+    assert event.notebook == "backup/06_pipeline.ipynb"
+    texts = {name: (home / "ppkit-progress" / name).read_text() if (home / "ppkit-progress" / name).exists()
+             else None for name in (fmt.OLD, fmt.CURRENT)}
+    row = row_of(Fetched("ana", "running", texts=texts, now=event.t + 1,
+                         sessions=[{"path": "06_pipeline.ipynb", "kernel": {"execution_state": "idle"}}]))
+    assert row.exercises["backup/06_pipeline.ipynb"]["passed"] == ["pipeline_time"]
+    assert row.exercises["06_pipeline.ipynb"]["passed"] == []

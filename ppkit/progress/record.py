@@ -45,8 +45,21 @@ def event(kind: str, fields: dict) -> dict:
     if missing:
         raise ValueError(f"a {kind!r} progress event needs {missing}; it got {sorted(fields)}")
     common = {"v": fmt.VERSION, "t": round(time.time(), 3), "kind": kind,
-              "notebook": os.environ.get("JPY_SESSION_NAME") or None, "pid": os.getpid()}
+              "notebook": session_path(os.environ.get("JPY_SESSION_NAME")), "pid": os.getpid()}
     return {**common, **{k: v for k, v in fields.items() if v is not None and k not in common}}
+
+
+def session_path(name: str | None) -> str | None:
+    """The kernel's notebook as its server's /api/sessions names it: jupyter_server gives a kernel JPY_SESSION_NAME
+    as the path on disk, kept relative to the server's root when it lies under it (else as it is)."""
+    if not name:
+        return None
+    root = fmt.jupyter_root()
+    if root is not None and os.path.isabs(name):
+        for path in (Path(name), Path(name).resolve()):
+            if path.is_relative_to(root):
+                return path.relative_to(root).as_posix()
+    return name
 
 
 def append(kind: str, folder: Path | None = None, **fields) -> Path | None:

@@ -1,9 +1,9 @@
 """The live page of ``ppkit room --serve``: one HTML document, no external resource (no CDN, no font).
 
 It fetches ``api/rows`` every ``REFRESH_MS`` while its tab is visible, and redraws the table in place (no reload);
-a click on a learner's row opens the details (each exercise's attempts and last failure, the last error's text, the cluster, what
-could not be read), and stays open across refreshes. Every text from a record goes in with textContent, so a
-learner's error message cannot inject markup.
+a click on a learner's row opens the details (each exercise's attempts and last failure, the last error's text,
+the cluster, what could not be read), and stays open across refreshes. Every text from a record goes in with
+textContent, so a learner's error message cannot inject markup.
 """
 
 REFRESH_MS = 4000

@@ -103,12 +103,15 @@ def as_server_paths(events: list[dict], paths: list[str]) -> list[dict]:
 
     A kernel records JPY_SESSION_NAME, which jupyter_server sets to the notebook's path on disk when JupyterLab
     opens it (/home/ana/notebooks/06_pipeline.ipynb); /api/sessions names it relative to the server's root
-    (notebooks/06_pipeline.ipynb). A recorded path that ends with a session's path is that notebook.
+    (notebooks/06_pipeline.ipynb). ppkit records it relative to the root when it knows the root (taken as it is);
+    an absolute path (an older record, or a kernel that found no root) that ends with a session's path is that
+    notebook, the longest such path winning.
     """
     def named(path):
-        if not path or path in paths:
+        if not path or path in paths or not path.startswith("/"):
             return path
-        return next((p for p in paths if path.endswith("/" + p.lstrip("/"))), path)
+        ends = [p for p in paths if path.endswith("/" + p.lstrip("/"))]
+        return max(ends, key=len) if ends else path
 
     return [{**e, "notebook": named(e.get("notebook"))} for e in events]
 
