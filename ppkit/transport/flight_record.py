@@ -254,7 +254,7 @@ def on_abort(send_record) -> None:
             libc.sigaction(signal.SIGABRT, ctypes.byref(_previous), None)
 
     def last_words(signum):
-        libc.signal(signal.SIGALRM, ctypes.c_void_p(0))  # SIG_DFL: a stuck handler ends the process
+        alarm_action = libc.signal(signal.SIGALRM, ctypes.c_void_p(0))  # SIG_DFL: a stuck handler ends the process
         libc.alarm(HANDLER_S)
         restore()
         if os.getpid() == _owner:
@@ -262,6 +262,8 @@ def on_abort(send_record) -> None:
                 send_record()
             except BaseException:  # noqa: BLE001 - the process is ending either way
                 pass
+        libc.alarm(0)  # sent (or dropped) in time: SIGALRM as it was, for a previous action that lets it live on
+        libc.signal(signal.SIGALRM, ctypes.c_void_p(alarm_action))
         raise_signal(signal.SIGABRT)  # pending until this returns: then the previous action receives it
 
     if _on_abort is None:
