@@ -125,6 +125,12 @@ def _p2p_wait(frame) -> dict | None:
     return None
 
 
+def install(send_last_words) -> None:
+    """On a rank: keep its point-to-point calls (``watch_p2p``) and send its record as it aborts (``on_abort``)."""
+    watch_p2p()
+    on_abort(send_last_words)
+
+
 def _global_rank(group, group_rank):
     if group_rank is None or group is None:
         return group_rank

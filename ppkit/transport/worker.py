@@ -78,15 +78,13 @@ class Worker:
         self.world_size: int = self.config.world_size
 
     def send(self, msg, wait: float = -1) -> None:
-        """``wait``: the most seconds to wait for the channel (-1: no limit); past it, ``msg`` is dropped."""
-        if not self._send_lock.acquire(timeout=wait):
-            return
-        try:
-            self.conn.send(msg)
-        except OSError:
-            _exit(1)
-        finally:
-            self._send_lock.release()
+        if self._send_lock.acquire(timeout=wait):  # past wait s (-1: none), msg is dropped: last words, in a handler
+            try:
+                self.conn.send(msg)
+            except OSError:
+                _exit(1)
+            finally:
+                self._send_lock.release()
 
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -111,9 +109,8 @@ class Worker:
         self.debugger = RankDebugger(self.rank, self.send, self._sync_output)
         self.debugger.install()  # breakpoint() on this rank asks the notebook (debug/rank_pdb.py)
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
-        flight_record.on_abort(lambda: self.send(self._flight_record(last_words=True), wait=1))  # in a signal handler
+        flight_record.install(lambda: self.send(self._flight_record(last_words=True), wait=1))  # p2p ring, last words
         rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
-        flight_record.watch_p2p()  # send/recv: gloo keeps no record of them
         info = WorkerInfo(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), backend=cfg.backend,
                           device=cfg.device)
         try:

@@ -82,7 +82,7 @@ def _alike(calls: dict[int, dict]) -> list[tuple[list[int], str]]:
     by_words: dict[str, list[int]] = {}
     for rank, call in sorted(calls.items()):
         by_words.setdefault(call_words(call), []).append(rank)
-    return sorted(((ranks, words) for words, ranks in by_words.items()), key=lambda item: item[0][0])
+    return [(ranks, words) for words, ranks in by_words.items()]  # by each one's first rank, as inserted
 
 
 def _skipped(finding) -> bool:
