@@ -1,5 +1,6 @@
-"""The flight recorder's cost: a DDP training step with torch's flight recorder on (ppkit's default,
-TORCH_FR_BUFFER_SIZE=1000) against off (0), in one run (ppkit/transport/flight_record.py).
+"""The flight recorder's cost: a DDP training step with torch's flight recorder on (TORCH_FR_BUFFER_SIZE=1000;
+torch records by default, 2000 entries, and ppkit reads it) against off (0), in one run
+(ppkit/transport/flight_record.py).
 
     python benchmarks/bench_flight_recorder.py                 # 2 ranks, 40 steps per call, 4 rounds
     python benchmarks/bench_flight_recorder.py --steps 60 --rounds 6
