@@ -61,7 +61,8 @@ def facts(out: str) -> dict[int, list[str]]:
 
 
 def check_two_by_two(found: dict[int, list[str]], port: int | None = None) -> None:
-    """torchrun --nnodes 2 --nproc-per-node 2: ranks 0-1 on one node, 2-3 on the other, all_reduce of 1+2+3+4."""
+    """torchrun --nnodes 2 --nproc-per-node 2: ranks 0-1 on one node, 2-3 on the other, all_reduce of 1+2+3+4.
+    The runs keep each rank's line (--no-collapse): lines that differ only in their numbers would fold."""
     for rank, (rank_, local, group, world, local_world, group_world, _, master_port, _, total) in found.items():
         assert (int(rank_), int(local), int(group)) == (rank, rank % 2, rank // 2)
         assert (world, local_world, group_world, total) == ("4", "2", "2", "10")
@@ -76,7 +77,7 @@ def check_two_by_two(found: dict[int, list[str]], port: int | None = None) -> No
 def test_a_cell_runs_on_two_nodes_two_ranks_each_and_again_on_the_same_port(shell, clean, capsys):
     port = free_port()
     for _ in range(2):  # fresh processes every run: torchrun's fixed MASTER_PORT is free again
-        result = shell.run_cell(f"%%torchrun --nnodes 2 --nproc-per-node 2 --master-port {port}\n{SCRIPT}",
+        result = shell.run_cell(f"%%torchrun --no-collapse --nnodes 2 --nproc-per-node 2 --master-port {port}\n{SCRIPT}",
                                 store_history=False)
         assert result.error_in_exec is None, result.error_in_exec
         out = capsys.readouterr().out
@@ -147,7 +148,7 @@ ALLOCATED = textwrap.dedent("""
               e["SLURM_JOB_ID"], flush=True)
         dist.destroy_process_group()
 
-    ppkit.torchrun(main, nproc_per_node=2, nnodes=2)
+    ppkit.torchrun(main, nproc_per_node=2, nnodes=2, collapse=False)  # each rank's FACTS line, unfolded
     print("QUEUE", subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split())
     try:
         ppkit.torchrun(main, nproc_per_node=1, nnodes=3)
