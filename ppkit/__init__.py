@@ -8,6 +8,7 @@
     ppkit.torchrun(main, nproc_per_node=2)  # a torchrun script's main(): RANK, WORLD_SIZE... in os.environ
     prof = ppkit.spawn(fn, args=(2,), nprocs=2, profile=True)  # a ppkit.Profile: every rank's timeline
     ppkit.collective_doctor(cluster)    # where the ranks' collectives disagree (also shown when a run hangs)
+    ppkit.log_metrics(step=i, loss=l)   # on a rank: a live plot under the cell; ppkit.metrics() afterwards
 
     %load_ext ppkit                     # then a cell that starts with %%torchrun --nproc-per-node 2
                                         # runs as a torchrun script (__main__, argparse after --)
@@ -15,6 +16,7 @@
 
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.hang_doctor.on_demand import collective_doctor
+from ppkit.cluster.output.metrics_board import metrics
 from ppkit.cluster.rpc.world import RpcWorld, by_value, start_rpc
 from ppkit.cluster.session import start
 from ppkit.cluster.spawn.call import SpawnContext, spawn
@@ -39,6 +41,7 @@ from ppkit.errors import (
     WorkerError,
 )
 from ppkit.profiling.profile import Profile
+from ppkit.transport.metrics import log_metrics
 from ppkit.transport.worker import ppkit_version
 
 __version__ = ppkit_version()  # pyproject.toml is the one place it is written
@@ -99,6 +102,8 @@ __all__ = [
     "__version__",
     "by_value",
     "collective_doctor",
+    "log_metrics",
+    "metrics",
     "read_launch_env",
     "spawn",
     "start",

@@ -30,6 +30,7 @@ from ppkit.cluster.spec import DEFAULT_START_TIMEOUT_S, DEFAULT_TIMEOUT_S, Clust
 from ppkit.errors import ClusterStateError, LaunchError
 from ppkit.transport import channel, sending
 from ppkit.transport.messages import Hello, Init, JoinFailed, Output, Probe, Ready, Reject, Shutdown
+from ppkit.transport.metrics import Metrics
 
 CONTROL_SEND_S = 2.0  # a control message (cancel, shutdown, ...) to a rank that reads nothing
 _live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
@@ -186,6 +187,10 @@ class Cluster:
         if isinstance(item.msg, Output):
             if item.generation == self._generation:
                 self._printer.write(item.source, item.msg.stream, item.msg.text)
+            return True
+        if isinstance(item.msg, Metrics):
+            if item.generation == self._generation:
+                self._printer.metrics.add(item.source, item.msg)
             return True
         if item.from_launcher:
             return self._launcher.note(item)

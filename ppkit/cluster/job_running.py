@@ -51,8 +51,9 @@ class JobRunner:
             self._check_usable()
             job = Job(next(self._job_ids), links.world_size, links.inbox, links.send, links.launcher,
                       links.printer, self._on_break, links.conns, self._restart)
-            return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout,
-                           self._workers(), last=last, watch=watch)
+            with links.printer.metrics.job():  # what the ranks report with ppkit.log_metrics: a live plot
+                return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout,
+                               self._workers(), last=last, watch=watch)
 
 
 @contextlib.contextmanager

@@ -1,13 +1,11 @@
 """The worker process: joins a controller, becomes one rank, and runs the jobs it is sent.
 
-A worker has two threads that matter:
-- the main thread runs jobs one at a time (``fn(rank, world_size, *args)``);
-- the reader thread answers the controller at once, even while a job blocks in C++: ``stacks``
-  (where is the main thread waiting?), ``cancel`` and ``shutdown``. If the controller goes away
-  the reader sees EOF and the worker exits, so a killed kernel leaves no worker behind.
-
-Everything the rank writes to file descriptors 1 and 2 (Python prints and C++ logs alike) is
-captured through pipes (capture.py) and sent to the controller, which prints it with a rank prefix.
+A worker has two threads that matter: the main thread runs jobs one at a time (``fn(rank, world_size, *args)``);
+the reader thread answers the controller at once, even while a job blocks in C++: ``stacks`` (where is the main
+thread waiting?), ``cancel`` and ``shutdown``. If the controller goes away the reader sees EOF and the worker
+exits, so a killed kernel leaves no worker behind. Everything the rank writes to file descriptors 1 and 2
+(Python prints and C++ logs alike) is captured through pipes (capture.py) and sent to the controller, which
+prints it with a rank prefix; its metrics too (metrics.py).
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import threading
 import traceback
 from datetime import timedelta
 
-from ppkit.transport import byvalue, channel, flight_record, interpreter_exit, procs, rendezvous
+from ppkit.transport import byvalue, channel, flight_record, interpreter_exit, metrics, procs, rendezvous
 from ppkit.transport.capture import OutputPipe
 from ppkit.transport.debug.messages import DebugLine, PostMortem
 from ppkit.transport.debug.rank_pdb import RankDebugger, drop_async_exc
@@ -98,6 +96,7 @@ class Worker:
             os._exit = self._exit_after_output
         else:
             self._pipes = []
+        metrics.attach(self.send)  # ppkit.log_metrics on this rank: to the kernel's live plot
         os.environ.update(cfg.env)
         if cfg.threads:
             set_torch_threads(cfg.threads)
@@ -158,6 +157,7 @@ class Worker:
             _exit(code)
 
     def _sync_output(self) -> None:
+        metrics.flush()  # a job's last metrics, before its answer
         sys.stdout.flush()
         sys.stderr.flush()
         for pipe in self._pipes:

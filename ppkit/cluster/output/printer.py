@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from ppkit.cluster.output.collapse import Collapser
 from ppkit.cluster.output.live import LiveLines
 from ppkit.cluster.output.logfiles import RankLogs
+from ppkit.cluster.output.metrics_board import MetricsBoard
 from ppkit.cluster.output.settings import PLAIN, STREAMS, OutputSettings
 
 FLUSH_S = 0.25  # the most often the cell's streams are flushed while ranks print (ipykernel: 0.2 s)
@@ -31,6 +32,7 @@ class RankPrinter:
         self._collapser: Collapser | None = None
         self._live = LiveLines()
         self.logs = RankLogs()  # written by the inbox's reader threads (inbox.py)
+        self.metrics = MetricsBoard()  # what ranks report with ppkit.log_metrics: a live plot under the cell
         self._unflushed: set = set()  # sys.stdout / sys.stderr, written since their last flush
         self._flushed_at = 0.0
 
@@ -96,6 +98,7 @@ class RankPrinter:
             self._emit(self._collapser.ready())
         self._flush_streams()
         self._live.tick()
+        self.metrics.tick()
 
     def flush(self) -> None:
         partial, self._partial = self._partial, {}  # write() would prepend it a second time
