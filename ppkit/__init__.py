@@ -9,6 +9,8 @@
     prof = ppkit.spawn(fn, args=(2,), nprocs=2, profile=True)  # a ppkit.Profile: every rank's timeline
     ppkit.collective_doctor(cluster)    # where the ranks' collectives disagree (also shown when a run hangs)
     ppkit.log_metrics(step=i, loss=l)   # on a rank: a live plot under the cell; ppkit.metrics() afterwards
+    ppkit.compare_runs(reference, cluster.run(train))  # a ParityReport: the first step, tensor and rank that
+                                        # differ from one process (each rank records with ppkit.ParityRecorder)
 
     %load_ext ppkit                     # then a cell that starts with %%torchrun --nproc-per-node 2
                                         # runs as a torchrun script (__main__, argparse after --)
@@ -30,6 +32,7 @@ from ppkit.errors import (
     JobInterrupted,
     JobTimeoutError,
     LaunchError,
+    ParityError,
     PPKitError,
     ProcessExitedError,
     ProcessRaisedError,
@@ -40,6 +43,7 @@ from ppkit.errors import (
     WorkerDiedError,
     WorkerError,
 )
+from ppkit.parity import ParityRecorder, ParityReport, ParityRun, compare_runs
 from ppkit.profiling.profile import Profile
 from ppkit.transport.metrics import log_metrics
 from ppkit.transport.worker import ppkit_version
@@ -88,6 +92,10 @@ __all__ = [
     "JobTimeoutError",
     "LaunchError",
     "PPKitError",
+    "ParityError",
+    "ParityRecorder",
+    "ParityReport",
+    "ParityRun",
     "Profile",
     "ProcessExitedError",
     "ProcessRaisedError",
@@ -102,6 +110,7 @@ __all__ = [
     "__version__",
     "by_value",
     "collective_doctor",
+    "compare_runs",
     "log_metrics",
     "metrics",
     "read_launch_env",

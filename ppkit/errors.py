@@ -177,3 +177,13 @@ class DebuggerQuit(WorkerError):
     def __init__(self, message: str, rank: int, how: str, where: str, restarted: bool):
         super().__init__(message, [rank])
         self.rank, self.how, self.where, self.restarted = rank, how, where, restarted
+
+
+# --- the parity tool (issue 48) ------------------------------------------------------------------
+class ParityError(PPKitError, AssertionError):
+    """A parallel run differs from its one-process reference beyond tolerance (``ppkit.compare_runs``).
+    ``report``: the ``ParityReport``, whose ``first`` names the step, tensor and rank."""
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report

@@ -1,0 +1,18 @@
+"""Parity: does a parallel run compute what one process computes? (issue 48)
+
+    rec = ppkit.ParityRecorder()                  # on every rank: record(step, model, loss) after backward
+    runs = cluster.run(train, steps)              # each rank returns rec.run
+    report = ppkit.compare_runs(reference, runs)  # the reference: the same recorder in one process
+    report.raise_if_different()                   # ppkit.ParityError naming the first step, tensor and rank
+
+record.py is the ranks' side (DTensors, hand-cut shards, pipeline stages that hold some names), compare.py the
+kernel's, tolerance.py the default tolerance and how it is derived, diagnose.py the words, report.py the result.
+"""
+
+from ppkit.parity.compare import compare_runs
+from ppkit.parity.record import ParityRecorder, ParityRun, Piece
+from ppkit.parity.report import Difference, ParityReport
+from ppkit.parity.tolerance import Tolerance, default_tolerance
+
+__all__ = ["Difference", "ParityRecorder", "ParityReport", "ParityRun", "Piece", "Tolerance", "compare_runs",
+           "default_tolerance"]

@@ -1,0 +1,173 @@
+"""What a difference looks like, in words: what happened, why it is likely, what to check.
+
+Each test below matches one shape a distributed bug leaves in the numbers, tried in this order: nothing at
+all (a gradient that never arrived), not a number, zero, the sum or the mean over ranks that hold the same
+piece (an all_reduce missing), a whole multiple or fraction of the reference (a sum where a mean belongs, or a
+division too many), the piece of another rank (shards swapped), ranks that should agree but do not (they
+drifted apart). A difference none of them explains is named with what to compare next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+CLOSE = 1e-3  # a shape fits when what is left of the difference is this small next to the reference
+
+
+@dataclass(frozen=True)
+class Case:
+    """The first difference and what it is compared with. ``peers``: every rank holding the same piece ->
+    its value (this rank included); ``elsewhere``: the reference's pieces other ranks hold, by rank."""
+
+    kind: str                                  # "loss", "grad" or "param"
+    name: str                                  # "loss" for a loss
+    step: int
+    rank: int
+    got: torch.Tensor | None
+    want: torch.Tensor | None
+    peers: dict[int, torch.Tensor | None]
+    elsewhere: dict[int, torch.Tensor]
+    earlier_equal: bool                        # the loss matched at this step (for a gradient or parameter)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    what: str
+    why: str
+    check: str
+
+
+def _fits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    if got.shape != want.shape:
+        return False
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    return float((got - want).abs().max()) <= CLOSE * max(scale, 1e-30) if got.numel() else True
+
+
+def _scale(got: torch.Tensor, want: torch.Tensor) -> float | None:
+    """c with got = c * want, when such a c explains the difference."""
+    norm = float((want * want).sum())
+    if norm == 0.0:
+        return None
+    c = float((got * want).sum()) / norm
+    return c if _fits(got, c * want) else None
+
+
+def _whole(c: float) -> int | None:
+    k = round(c)
+    return k if k >= 2 and abs(c - k) < 1e-2 * k else None
+
+
+def diagnose(case: Case) -> Diagnosis:
+    """The most likely cause of ``case``'s difference."""
+    thing = _noun(case)
+    if case.got is None:
+        return Diagnosis(f"rank {case.rank} has no gradient for {case.name}",
+                         "backward never reached this parameter on that rank: a pipeline stage's output was "
+                         "detached or dropped before the next stage, or the gradient sent back was never used",
+                         "that the stage's output keeps its graph (no .detach() before the send), that the next "
+                         "stage sends the gradient of its input back, and that this stage calls "
+                         "torch.autograd.backward(output, received_gradient)")
+    got, want = case.got.double(), case.want.double()
+    if not torch.isfinite(got).all():
+        return Diagnosis(f"the {thing} holds NaN or inf on rank {case.rank}",
+                         "an overflow (a low-precision dtype, a loss scale) or a division by zero",
+                         "the first step where it appears, and the dtype of every tensor that reaches it")
+    if not got.any() and want.any():
+        return Diagnosis(f"the {thing} is all zeros on rank {case.rank}",
+                         "nothing reached it: a stage's output dropped or detached, a gradient received into a "
+                         "buffer that was never filled, or zero_grad called between backward and this record",
+                         "the stage boundary (send, recv, backward with the received gradient) and where "
+                         "zero_grad and record are called")
+    peers = {r: v.double() for r, v in case.peers.items() if v is not None}
+    found = _partial(case, got, want, peers) or _scaled(case, got, want, thing) or _swapped(case, got, thing)
+    if found:
+        return found
+    if len(peers) > 1 and not all(_fits(v, got) for v in peers.values()):
+        ranks = sorted(peers)
+        return Diagnosis(f"ranks {ranks} hold different values for the same {thing}",
+                         "ranks that should agree drifted apart: one skipped an all_reduce, or they did not start "
+                         "from the same weights (no broadcast, or another seed)",
+                         "that every rank builds the model from the same seed and calls the same collectives")
+    rel = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+    where = ("the forward matches (the loss equals the reference at this step), so the backward differs"
+             if case.earlier_equal else "the numbers differ in no simple pattern")
+    return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} of its largest value",
+                     f"{where}: not a scale, a partial sum nor a swapped piece; the data a rank or micro-batch saw, "
+                     "their order, or the layer's math differs",
+                     "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
+                     "stages), then record what='params' or a layer's output to find the first that differs")
+
+
+def _partial(case: Case, got, want, peers) -> Diagnosis | None:
+    if len(peers) < 2 or any(v.shape != want.shape for v in peers.values()):
+        return None
+    ranks = sorted(peers)
+    total = sum(peers.values())
+    if _fits(total, want):
+        if case.kind == "loss":
+            return Diagnosis(f"the ranks' losses add up to the reference's (ranks {ranks})",
+                             "each rank's loss was divided by the number of ranks, and then not all_reduced",
+                             "record the loss before dividing it, with mean_over=the data-parallel group")
+        return Diagnosis(f"each of ranks {ranks} holds only its own part of the {_noun(case)}: their sum is "
+                         "the reference",
+                         "an all_reduce is missing: in a tensor-parallel block, the backward of its input (Megatron's "
+                         "f, identity forward and all_reduce backward) or the forward of its output (g); in data "
+                         "parallel, the ranks' gradients were never summed",
+                         "the block's entry: the input must go through an all_reduce-in-backward function "
+                         "(copy_to_parallel) so that every rank gets the full gradient of what it shares")
+    if _fits(total / len(peers), want):
+        if case.kind == "loss":
+            return Diagnosis(f"the mean of the ranks' losses is the reference's (ranks {ranks})",
+                             "each rank recorded its own batch's loss",
+                             "record(step, model, loss, mean_over=the data-parallel group), or all_reduce the loss "
+                             "and divide by the group's size")
+        return Diagnosis(f"the mean over ranks {ranks} of the {_noun(case)} is the reference",
+                         "each rank kept its own batch's gradient: the data-parallel all_reduce (and its average) "
+                         "is missing",
+                         "that DDP or FSDP wraps the model, or that every gradient is all_reduced and divided by the "
+                         "number of data-parallel ranks before the optimizer's step")
+    return None
+
+
+def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
+    c = _scale(got, want)
+    if c is None:
+        return None
+    on = "every rank" if len(case.peers) > 1 and all(
+        v is not None and _fits(v.double(), got) for v in case.peers.values()) else f"rank {case.rank}"
+    k, inverse = _whole(c), _whole(1 / c) if c else None
+    if k:
+        also = "; or the ranks' losses were summed, not averaged" if case.kind != "param" else ""
+        return Diagnosis(f"the {thing} is {k}x the reference on {on}",
+                         f"an all-reduce summed where it should average: the sum of {k} ranks' values, not divided "
+                         f"by {k}{also}",
+                         f"the gradient all_reduce: divide by the number of data-parallel ranks ({k}) or use "
+                         "ReduceOp.AVG (DDP and FSDP already average: do not sum again)")
+    if inverse:
+        return Diagnosis(f"the {thing} is 1/{inverse} of the reference on {on}",
+                         f"divided by {inverse} where a sum belongs: an average over ranks that each hold a part (a "
+                         "tensor-parallel all_reduce must sum), or divided twice (DDP averages already)",
+                         f"every division by the world size ({inverse}): keep the one of the data-parallel average, "
+                         "drop the others")
+    return Diagnosis(f"the {thing} is {c:.3g}x the reference on {on}",
+                     "a scale differs: the learning rate, the loss's normalisation (a sum over tokens where the "
+                     "reference takes the mean), gradient accumulation's division, or a loss scale",
+                     "every factor applied to the loss and the gradients, against the reference's")
+
+
+def _swapped(case: Case, got, thing: str) -> Diagnosis | None:
+    owners = [r for r, other in case.elsewhere.items() if _fits(got, other.double())]
+    if not owners:
+        return None
+    return Diagnosis(f"rank {case.rank} holds the piece of the {thing} that belongs to rank {owners[0]}",
+                     "the shards are swapped: the shard index or mesh coordinate used to cut the tensor is not the "
+                     "rank's own",
+                     "the index each rank cuts with (its rank in the tensor-parallel group, not the global rank) and "
+                     "the shards= given to the recorder")
+
+
+def _noun(case: Case) -> str:
+    return {"loss": "loss", "grad": f"gradient of {case.name}"}.get(case.kind, f"parameter {case.name}")

@@ -1,0 +1,196 @@
+"""What a rank records for a parity check: its loss and its gradients (or parameters) by name, each as the
+piece of the full tensor this rank holds, with where that piece lies.
+
+A piece's place comes from what the rank has: a DTensor says it (its mesh coordinate and placements, read
+here with public APIs only: no collective for Shard and Replicate), a tensor the learner split by hand says
+it through ``shards={name: (dim, index, count)}``, and anything else is the whole tensor. The recorder makes
+no collective call except where the learner asks for one (``mean_over``) or a DTensor's placement cannot be
+read as a box of the full tensor (Partial, FSDP2 x TP's strided shard): then every rank of its mesh calls
+``redistribute`` or ``full_tensor`` at the same record call, as ranks that record the same model do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ppkit.errors import ConfigError
+
+KINDS = ("grads", "params")
+# wrappers that add a component to a parameter's name without changing what it is (torch.compile, FSDP1,
+# activation checkpointing); DDP's "module." only as the first component
+_WRAPPERS = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One rank's part of a named tensor. ``value`` is None for a gradient the rank did not have. Where it
+    lies: ``offset`` (per dim) in a tensor of ``full_shape`` (from a DTensor), or ``chunk`` = (dim, index,
+    count), ``torch.chunk``'s piece ``index`` (declared by the learner), or neither: the whole tensor.
+    ``gathered``: the rank built the whole tensor with a collective, so it is not this rank's own piece."""
+
+    value: torch.Tensor | None
+    offset: tuple[int, ...] | None = None
+    full_shape: tuple[int, ...] | None = None
+    chunk: tuple[int, int, int] | None = None
+    gathered: bool = False
+
+
+@dataclass
+class ParityRun:
+    """What one rank (or the one-process reference) recorded: losses and named pieces, by step."""
+
+    rank: int
+    world_size: int
+    kind: str                                   # "grads" or "params"
+    losses: dict[int, float] = field(default_factory=dict)
+    tensors: dict[int, dict[str, Piece]] = field(default_factory=dict)   # step -> name (in model order) -> piece
+    dtype: str = ""                             # the recorded tensors' dtype, e.g. "torch.float32"
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(set(self.losses) | set(self.tensors))
+
+
+def clean_name(name: str) -> str:
+    """The name a plain one-process model gives the same parameter: wrappers' components left out."""
+    for wrapper in _WRAPPERS:
+        name = name.replace(wrapper, "")
+    return name.removeprefix("module.")
+
+
+class ParityRecorder:
+    """Records, at each step, a rank's loss and its gradients (``what="grads"``, after backward and before the
+    optimizer's step) or parameters (``what="params"``) by name, for ``ppkit.compare_runs``.
+
+        rec = ppkit.ParityRecorder()                # on each rank, and the same in the kernel for the reference
+        for step in range(steps):
+            loss = loss_fn(model(x), y); loss.backward()
+            rec.record(step, model, loss, mean_over=dp_group)   # the loss averaged over data-parallel ranks
+            opt.step(); opt.zero_grad()
+        return rec.run                              # what cluster.run hands back to the kernel
+
+    ``shards``: {name: (dim, index, count)} for a tensor split by hand (rank r of a tensor-parallel group of n
+    holding rows r: ``(0, r, n)``); ``rename``: a dict or a function from this model's names to the
+    reference's (a pipeline stage that numbers its layers from 0, say). DTensors need neither.
+    """
+
+    def __init__(self, what: str = "grads", shards: Mapping | None = None,
+                 rename: Mapping[str, str] | Callable[[str], str] | None = None):
+        if what not in KINDS:
+            raise ConfigError(f"ParityRecorder(what={what!r}): record 'grads' (after backward, before the "
+                              "optimizer's step: a bug shows at its own step) or 'params'.")
+        self.shards = {name: _chunk_spec(name, spec) for name, spec in dict(shards or {}).items()}
+        self.rename = rename
+        initialized = dist.is_available() and dist.is_initialized()
+        rank, size = (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
+        self.run = ParityRun(rank, size, what)
+
+    def record(self, step: int, model=None, loss=None, *, mean_over=None) -> None:
+        """Record ``step``: ``loss`` (a tensor or a number; None on a rank that has none, such as a pipeline's
+        first stage) and the tensors of ``model`` (a module, several modules such as a stage's chunks, or a
+        dict of name -> tensor). ``mean_over``: a process group (or ``dist.group.WORLD``) whose ranks each hold
+        their own batch's loss; the recorder records its mean, which every rank of it must then ask for."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"record(step={step!r}): a step is a whole number from 0, the same on every rank "
+                              "and in the reference.")
+        if step in self.run.losses or step in self.run.tensors:
+            raise ConfigError(f"step {step} was recorded twice on rank {self.run.rank}: call record once per step, "
+                              "after backward and before the optimizer's step.")
+        if loss is not None:
+            self.run.losses[step] = _loss_value(loss, mean_over)
+        if model is not None:
+            pieces = {}
+            for name, tensor in _named(model, self.run.kind):
+                name = self._renamed(name)
+                if name in pieces:
+                    raise ConfigError(f"two tensors are called {name!r} on rank {self.run.rank} (after rename "
+                                      "and the wrappers' names left out): give each its own name.")
+                pieces[name] = self._piece(name, tensor)
+            self.run.tensors[step] = pieces
+            self.run.dtype = self.run.dtype or next(
+                (str(p.value.dtype) for p in pieces.values() if p.value is not None), "")
+
+    def _renamed(self, name: str) -> str:
+        name = clean_name(name)
+        if callable(self.rename):
+            return self.rename(name)
+        return dict(self.rename or {}).get(name, name)
+
+    def _piece(self, name: str, tensor) -> Piece:
+        if tensor is None:
+            return Piece(None)
+        if _is_dtensor(tensor):
+            return _dtensor_piece(tensor)
+        return Piece(tensor.detach().cpu().clone(), chunk=self.shards.get(name))
+
+
+def _chunk_spec(name, spec) -> tuple[int, int, int]:
+    ok = isinstance(spec, (tuple, list)) and len(spec) == 3 and all(isinstance(v, int) for v in spec)
+    if not ok or not (spec[1] >= 0 and spec[2] >= 1 and spec[1] < spec[2]):
+        raise ConfigError(f"shards[{name!r}] = {spec!r}: give (dim, index, count), this rank holding torch.chunk's "
+                          "piece index of count along dim, e.g. (0, tp_rank, tp_size) for a column-parallel weight.")
+    return int(spec[0]), int(spec[1]), int(spec[2])
+
+
+def _named(model, kind: str) -> Iterable[tuple[str, torch.Tensor | None]]:
+    if isinstance(model, nn.Module):
+        model = [model]
+    if isinstance(model, Mapping):
+        return [(str(n), t) for n, t in model.items()]
+    if isinstance(model, (list, tuple)) and all(isinstance(m, nn.Module) for m in model):
+        return [(n, p.grad if kind == "grads" else p) for m in model for n, p in m.named_parameters()]
+    raise ConfigError(f"record(model=...) got {type(model).__name__}: give the module (or a list of a stage's "
+                      "modules), or a dict of name -> tensor.")
+
+
+def _loss_value(loss, group) -> float:
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            raise ConfigError(f"record(loss=...) got a tensor of shape {list(loss.shape)}: give the step's loss, "
+                              "one number (reduce it with .mean() as the reference does).")
+        loss = loss.detach().double().cpu().reshape(())
+    elif isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        loss = torch.tensor(float(loss), dtype=torch.float64)
+    else:
+        raise ConfigError(f"record(loss=...) got {type(loss).__name__}: give a tensor or a number.")
+    if group is not None:
+        loss = loss.clone()
+        dist.all_reduce(loss, group=group)  # SUM then divide: gloo has no AVG
+        loss /= dist.get_world_size(group)
+    return float(loss)
+
+
+def _is_dtensor(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def _dtensor_piece(tensor) -> Piece:
+    """This rank's box of a DTensor, found from its coordinate; Partial parts summed first (a collective over
+    those mesh dims), a placement that is no box (a strided shard) gathered whole."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    placements = list(tensor.placements)
+    if any(isinstance(p, Partial) for p in placements):
+        placements = [Replicate() if isinstance(p, Partial) else p for p in placements]
+        tensor = tensor.redistribute(tensor.device_mesh, placements)
+    if not all(type(p) in (Shard, Replicate) for p in placements):
+        return Piece(tensor.full_tensor().detach().cpu().clone(), gathered=True)
+    full = tuple(tensor.shape)
+    offset, size = [0] * len(full), list(full)
+    coordinate = tensor.device_mesh.get_coordinate()
+    for mesh_dim, placement in enumerate(placements):
+        if isinstance(placement, Shard):  # torch.chunk's pieces, as DTensor cuts them: ceil-sized, the last smaller
+            dim, n, c = placement.dim, tensor.device_mesh.size(mesh_dim), coordinate[mesh_dim]
+            step = math.ceil(size[dim] / n)
+            start = min(c * step, size[dim])
+            offset[dim] += start
+            size[dim] = max(0, min(step, size[dim] - start))
+    return Piece(tensor.to_local().detach().cpu().clone(), offset=tuple(offset), full_shape=full)

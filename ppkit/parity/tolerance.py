@@ -1,0 +1,83 @@
+"""How far a correct parallel run may be from one process: the tolerance ``compare_runs`` uses by default.
+
+A correct parallel run computes the same sums in another order: an all_reduce adds the ranks' partial sums, a
+row-parallel matmul splits its inner sum over ranks, a pipeline accumulates micro-batches' gradients one after
+another. Floating-point addition is not associative, so each reordered sum of n terms may differ by up to about
+n * eps * sum|x| and typically sqrt(n) * eps * sum|x| (Higham, *Accuracy and Stability of Numerical Algorithms*,
+ch. 4). The default takes
+
+    rtol = (sqrt(REDUCTION_TERMS) * eps(accumulator) + ROUNDINGS * eps(dtype)) * (1 + step)
+
+- ``REDUCTION_TERMS`` = 4096 terms, more than any sum in the course's models, in the typical sqrt(n) case;
+- the accumulator is float32 for bf16 and fp16 (matmuls accumulate in it) and the dtype itself otherwise;
+- ``ROUNDINGS`` = 4 roundings to the recorded dtype between the reordered sum and the recorded value;
+- ``(1 + step)``: each step's rounding changes the next step's parameters, so a correct run drifts, about
+  linearly over the few steps a parity check runs.
+
+It is measured against the tensor's largest value, not element by element: an element near zero that came from
+cancellation carries the rounding of the large terms it cancelled. So a tensor passes when
+``max|got - want| <= atol + rtol * max|want|``, with ``atol = eps(dtype)`` for an all-zero reference. For float32
+that is rtol = 8.1e-6 at step 0; bf16 3.1e-2; fp16 3.9e-3; float64 1.5e-14. A bug is off by a factor (2x, 1/n,
+a partial sum, zero), far beyond it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ppkit.errors import ConfigError
+
+REDUCTION_TERMS = 4096
+ROUNDINGS = 4
+_DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``rtol`` (of the tensor's largest value) and ``atol`` at step 0; ``grows``: multiplied by (1 + step)."""
+
+    rtol: float
+    atol: float
+    dtype: str = ""
+    grows: bool = True
+
+    def at(self, step: int) -> tuple[float, float]:
+        factor = 1 + step if self.grows else 1
+        return self.rtol * factor, self.atol * factor
+
+    def allows(self, diff: float, scale: float, step: int) -> bool:
+        rtol, atol = self.at(step)
+        return diff <= atol + rtol * scale
+
+    def __str__(self) -> str:
+        grows = " x (1 + step)" if self.grows else ""
+        return f"rtol {self.rtol:.2g}{grows} of the largest value, atol {self.atol:.2g}" + (
+            f" ({self.dtype.removeprefix('torch.')})" if self.dtype else "")
+
+
+def default_tolerance(dtype: str | torch.dtype) -> Tolerance:
+    """The tolerance for tensors recorded in ``dtype``, derived as the module's docstring says."""
+    dtype_obj = dtype if isinstance(dtype, torch.dtype) else _DTYPES.get(str(dtype) or "torch.float32")
+    if dtype_obj is None:
+        raise ConfigError(f"no default tolerance for {dtype}: parity compares floating-point runs "
+                          f"({', '.join(_DTYPES)}); pass rtol= and atol= to compare_runs.")
+    accumulator = torch.float32 if dtype_obj in (torch.bfloat16, torch.float16) else dtype_obj
+    eps, acc_eps = torch.finfo(dtype_obj).eps, torch.finfo(accumulator).eps
+    rtol = math.sqrt(REDUCTION_TERMS) * acc_eps + ROUNDINGS * eps
+    return Tolerance(rtol, eps, str(dtype_obj))
+
+
+def chosen_tolerance(dtype: str, rtol: float | None, atol: float | None) -> Tolerance:
+    """The default for ``dtype`` with the learner's ``rtol``/``atol`` in place of its own (then it does not grow)."""
+    for label, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"compare_runs({label}={value!r}): give a number >= 0, or leave it out for the default "
+                              "derived from the dtype (ppkit.parity.tolerance's docstring says how).")
+    default = default_tolerance(dtype or "torch.float32")
+    if rtol is None and atol is None:
+        return default
+    return Tolerance(default.rtol if rtol is None else float(rtol), default.atol if atol is None else float(atol),
+                     default.dtype, grows=False)
