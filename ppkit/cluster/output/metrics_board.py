@@ -9,6 +9,7 @@ with the latest values reduced over the ranks); it is redrawn at most every ``EV
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import sys
 import time
@@ -72,16 +73,18 @@ class MetricsBoard:
         return rank_metrics.records(self._received)
 
     def summary(self) -> str:
-        """The latest step's values, reduced over the ranks: ``step 120: loss 2.33 (2.31…2.35 over 2 ranks)``."""
+        """Each metric's latest values, reduced over the ranks: ``step 120: loss 2.33 (2.31…2.35 over 2 ranks)``;
+        a rank whose latest value is not finite is named with it: ``loss 2.5 (rank 0: nan)``."""
         parts, last_step = [], 0
         for name, by_rank in self._lines.items():
-            latest = [values[-1] for steps, values in by_rank.values() if values]
+            latest = {rank: values[-1] for rank, (steps, values) in by_rank.items() if values}
             last_step = max([last_step] + [steps[-1] for steps, _ in by_rank.values() if steps])
-            if len(latest) == 1:
-                parts.append(f"{name} {latest[0]:.4g}")
-            elif latest:
-                parts.append(f"{name} {statistics.fmean(latest):.4g} ({min(latest):.4g}…{max(latest):.4g} "
-                             f"over {len(latest)} ranks)")
+            finite = [v for v in latest.values() if math.isfinite(v)]
+            text = f"{name} {statistics.fmean(finite):.4g}" if finite else name
+            if len(finite) > 1:
+                text += f" ({min(finite):.4g}…{max(finite):.4g} over {len(finite)} ranks)"
+            odd = [f"rank {rank}: {value}" for rank, value in sorted(latest.items()) if not math.isfinite(value)]
+            parts.append(text + (f" ({', '.join(odd)})" if odd else ""))
         return f"step {last_step}: " + ", ".join(parts)
 
     def _draw(self, now: float) -> None:
