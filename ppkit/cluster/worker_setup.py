@@ -38,9 +38,11 @@ def check_world_size(world_size) -> int:
 
 
 def gpu_count() -> int:
+    """GPUs visible here, asked as the kernel may ask: ``device_count`` counts through NVML and leaves CUDA alone,
+    where ``is_available`` calls cudaGetDeviceCount, which runs cuInit in the kernel (torch 2.14's torch/cuda)."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count()
 
 
 def resolve_backend(backend: str, world_size: int, gpus: int | None = None) -> str:

@@ -216,7 +216,16 @@ def sampler_assignment(dataset_len: int, world_size: int, shuffle: bool = False,
 
 
 def data_parallel_here() -> dict:
-    """What ``nn.DataParallel`` does in this process: which devices it would split the batch over."""
+    """What ``nn.DataParallel`` does on this machine: which devices it would split the batch over. Asked in a
+    fresh Python (``data_parallel_in_this_process``): with GPUs, DataParallel moves the model to cuda:0, and the
+    kernel keeps no CUDA context of its own (issue 49)."""
+    from ppkit.lessons import gpus
+
+    return gpus.in_fresh_process("ppkit.lessons.data_parallel", "data_parallel_in_this_process")
+
+
+def data_parallel_in_this_process() -> dict:
+    """What ``nn.DataParallel`` does in this process (with GPUs: initialises CUDA here)."""
     model = make_model(0)
     x, _ = make_batch(8)
     with torch.no_grad():

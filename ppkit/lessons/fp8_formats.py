@@ -26,6 +26,7 @@ import torch
 
 from ppkit import compat
 from ppkit.errors import ConfigError
+from ppkit.lessons import gpus
 from ppkit.lessons.cpu_threads import threads
 
 FORMATS = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -102,7 +103,7 @@ def what_runs_here(n: int = 256) -> dict[str, str]:
                                                       f"{fp32 * 1e3:.2f} ms ({fp8 / fp32:.1f}x its time)")
     except (RuntimeError, NotImplementedError) as err:
         said["torch._scaled_mm (FP8 matmul) on CPU"] = f"fails: {str(err).splitlines()[0]}"
-    gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+    fp8_gpus = [d["name"] for d in gpus.devices() if tuple(d["capability"]) >= (8, 9)]  # asked outside the kernel
     said["a GPU with FP8 tensor cores (compute capability 8.9+: Ada, H100)"] = (
-        f"present: {torch.cuda.get_device_name()}" if gpu else "none here")
+        f"present: {', '.join(fp8_gpus)}" if fp8_gpus else "none here")
     return said

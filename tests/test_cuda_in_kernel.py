@@ -1,0 +1,140 @@
+"""A learner ran ``torch.cuda.*`` in the kernel, then starts ranks (issue 49, item 5): ``ppkit.start`` (fork
+server and spawn launchers), ``ppkit.spawn`` and ``%%torchrun`` still work, no process is forked from the kernel
+once CUDA is initialised there, and ppkit's own kernel-side code initialises no CUDA.
+
+There is no GPU here (``torch.cuda.init()`` raises), so one real kernel plays a GPU machine's: its cell sets
+``torch.cuda._initialized`` (what ``torch.cuda._lazy_init`` sets after ``torch._C._cuda_init()``), records with an
+audit hook (``sys.addaudithook``) every ``os.fork``/``os.forkpty``/``os.posix_spawn``/``subprocess.Popen`` of the
+kernel process, and wraps the ``torch.cuda`` functions that initialise CUDA (``_lazy_init``, which every device
+query and ``set_device`` goes through, and ``is_available``, whose ``cudaGetDeviceCount`` runs ``cuInit`` and
+arms torch's fork poisoning) to record the ppkit frame that called them. A rank forked from this kernel would
+inherit ``_initialized = True``: each rank reports its own value and its parent's pid.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kernels import kernel_in
+from test_torchrun_output import run_cell
+
+pytestmark = pytest.mark.slow  # a kernel, and four sets of fresh ranks
+
+FAKE_CUDA_IN_KERNEL = r'''
+import json, os, sys, traceback
+import torch
+
+kernel_events = []   # (event, what), in order, from this process only
+ppkit_cuda_calls = []  # (torch.cuda function, the ppkit frame that called it)
+
+def _audit(event, args):
+    if event in ("os.fork", "os.forkpty", "os.posix_spawn"):
+        kernel_events.append((event, repr(args)[:200]))
+    elif event == "subprocess.Popen":
+        kernel_events.append((event, str(args[0] or args[1])[:200]))  # fork+exec in C: safe
+
+sys.addaudithook(_audit)
+
+def _recording(name, fn):
+    def wrapper(*args, **kwargs):
+        ppkit_frames = [f"{f.filename.split('/ppkit/')[-1]}:{f.lineno} {f.name}"
+                        for f in traceback.extract_stack()[:-1] if "/ppkit/" in f.filename]
+        if ppkit_frames:
+            ppkit_cuda_calls.append((name, ppkit_frames[-1]))
+        return fn(*args, **kwargs)
+    return wrapper
+
+for _name in ("_lazy_init", "init", "is_available"):
+    setattr(torch.cuda, _name, _recording(_name, getattr(torch.cuda, _name)))
+torch.cuda._initialized = True   # as after the learner's torch.cuda.init() on a GPU machine
+print("initialised:", torch.cuda.is_initialized(), "kernel pid", os.getpid())
+%load_ext ppkit
+import ppkit
+'''
+
+RANK_FACTS = '''
+def facts(rank, world_size):
+    import os, torch
+    return {"rank": rank, "cuda_initialized": torch.cuda._initialized, "parent": os.getppid()}
+'''
+
+TORCHRUN_FACTS = """%%torchrun --nproc-per-node 2 --no-collapse
+import json, os, torch
+print("FACTS", json.dumps({"rank": int(os.environ["RANK"]), "cuda_initialized": torch.cuda._initialized,
+                           "parent": os.getppid()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def kc(tmp_path_factory):
+    with kernel_in(tmp_path_factory.mktemp("notebook"), expect_processes=True) as (km, client):
+        cell = run_cell(client, FAKE_CUDA_IN_KERNEL + RANK_FACTS)
+        assert cell.error is None and "initialised: True" in cell.text, cell.shown()
+        client.kernel_pid = km.provisioner.process.pid
+        yield client
+
+
+def _value(kc, expression: str):
+    cell = run_cell(kc, f"print(json.dumps({expression}))")
+    assert cell.error is None, cell.shown()
+    return json.loads(cell.text.strip().splitlines()[-1])
+
+
+def _check_ranks(kc, ranks: list[dict], world_size: int, fork_server: bool = True) -> None:
+    """Each rank started clean: not a fork of the kernel (which would carry ``_initialized``), and, where a fork
+    server starts them, not the kernel's child at all (the spawn launcher's fresh interpreters are, by exec)."""
+    assert sorted(r["rank"] for r in ranks) == list(range(world_size)), ranks
+    assert [r for r in ranks if r["cuda_initialized"] or fork_server and r["parent"] == kc.kernel_pid] == [], (
+        f"a rank was forked from the kernel (pid {kc.kernel_pid}), after CUDA was initialised there: {ranks}")
+
+
+def _no_fork_and_no_cuda(kc) -> None:
+    events = _value(kc, "kernel_events")
+    assert [e for e in events if e[0] != "subprocess.Popen"] == [], f"the kernel forked after CUDA: {events}"
+    assert _value(kc, "ppkit_cuda_calls") == [], "ppkit's kernel-side code called a torch.cuda function " \
+        "that initialises CUDA (or runs cuInit)"
+
+
+@pytest.mark.parametrize("launcher", ["local", "spawn"])
+def test_ppkit_start_after_cuda_in_the_kernel(kc, launcher):
+    cell = run_cell(kc, f'''
+        cluster = ppkit.start(2, launcher="{launcher}")
+        print(json.dumps(cluster.run(facts)))
+        print(cluster.backend)
+        cluster.close()''')
+    assert cell.error is None, cell.shown()
+    lines = cell.text.strip().splitlines()
+    _check_ranks(kc, json.loads(lines[-2]), 2, fork_server=launcher == "local")
+    assert lines[-1] == "gloo"  # no GPU here: CPU ranks
+    _no_fork_and_no_cuda(kc)
+
+
+def test_ppkit_spawn_after_cuda_in_the_kernel(kc):
+    cell = run_cell(kc, '''
+        def spawned(i):
+            print("FACTS", json.dumps(facts(i, 2)))
+        ppkit.spawn(spawned, nprocs=2)''')
+    assert cell.error is None, cell.shown()
+    ranks = [json.loads(line.split("FACTS", 1)[1]) for line in cell.text.splitlines() if "FACTS" in line]
+    _check_ranks(kc, ranks, 2)
+    _no_fork_and_no_cuda(kc)
+
+
+def test_torchrun_after_cuda_in_the_kernel(kc):
+    cell = run_cell(kc, TORCHRUN_FACTS)
+    assert cell.error is None, cell.shown()
+    ranks = [json.loads(line.split("FACTS", 1)[1]) for line in cell.text.splitlines() if "FACTS" in line]
+    _check_ranks(kc, ranks, 2)
+    _no_fork_and_no_cuda(kc)
+
+
+def test_lessons_that_ask_about_gpus_ask_outside_the_kernel(kc):
+    """03's DataParallel cell and 08c's FP8 survey: with GPUs, either would have made a CUDA context in the kernel."""
+    cell = run_cell(kc, '''
+        from ppkit.lessons import data_parallel as dp, fp8_formats as f8
+        print(json.dumps([dp.data_parallel_here()["output_device"], f8.what_runs_here(64)[
+            "a GPU with FP8 tensor cores (compute capability 8.9+: Ada, H100)"]]))''')
+    assert cell.error is None, cell.shown()
+    assert json.loads(cell.text.strip().splitlines()[-1]) == ["cpu", "none here"]
+    _no_fork_and_no_cuda(kc)

@@ -1,0 +1,93 @@
+"""ppkit.lessons.gpus: the datasheet peak a GPU's MFU is measured against, the backend and device a rank picks, and
+the kernel's view of the GPUs asked in a fresh interpreter. No GPU here: torch.cuda's answers are patched where a
+rule depends on them (the GPU paths themselves run in scripts/gpu_check.py on a machine with one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppkit.errors import ConfigError
+from ppkit.lessons import gpus
+
+
+@pytest.mark.parametrize(("name", "gpu", "bf16_tflops", "fp8_tflops"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.5, 1979),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.5, 1513),
+    ("NVIDIA H100 NVL", "H100 NVL", 835.5, 1670.5),
+    ("NVIDIA H200", "H200 SXM", 989.5, 1979),
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5, 1670.5),
+    ("NVIDIA A100-SXM4-80GB", "A100", 312, None),
+    ("NVIDIA A100-PCIE-40GB", "A100", 312, None),
+    ("NVIDIA L4", "L4", 121, 242.5),
+])
+def test_the_datasheet_peak_is_found_by_the_name_torch_gives(name, gpu, bf16_tflops, fp8_tflops):
+    peak = gpus.datasheet_peak(name)
+    assert peak.gpu == gpu and peak.bf16 == bf16_tflops * 1e12
+    assert peak.fp8 == (fp8_tflops * 1e12 if fp8_tflops else None)
+    assert peak.source.startswith("NVIDIA")
+
+
+def test_a_t4_has_no_bf16_and_unknown_gpus_have_no_peak():
+    t4 = gpus.datasheet_peak("Tesla T4")
+    assert (t4.bf16, t4.fp16, t4.fp8) == (None, 65e12, None)
+    # whole words only: an L40S is not an L4, a GH200 not an H200, an A10 not an A100
+    assert [gpus.datasheet_peak(n) for n in ("NVIDIA L40S", "NVIDIA GH200 480GB", "NVIDIA A10", "")] == [None] * 4
+
+
+def test_a_name_that_is_not_a_string_is_refused():
+    with pytest.raises(ConfigError, match="torch.cuda.get_device_name"):
+        gpus.datasheet_peak(0)
+
+
+def _gpus_seen(monkeypatch, count: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize(("visible", "local_world_size", "backend"), [
+    (0, 1, "gloo"), (1, 1, "nccl"), (1, 2, "gloo"), (2, 2, "nccl"), (2, 4, "gloo"), (8, 4, "nccl")])
+def test_a_rank_takes_nccl_only_where_each_local_rank_has_a_gpu(monkeypatch, visible, local_world_size, backend):
+    _gpus_seen(monkeypatch, visible)
+    assert gpus.rank_backend(local_world_size) == backend
+
+
+def test_a_gloo_rank_stays_on_the_cpu_and_asks_no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: pytest.fail("set_device under gloo"))
+    assert gpus.rank_device(1, "gloo") == torch.device("cpu")
+
+
+def test_an_nccl_rank_takes_its_local_gpu(monkeypatch):
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert gpus.rank_device(1, "nccl") == torch.device("cuda", 1) and chosen == [1]
+
+
+def test_without_gpus_the_kernel_asks_no_fresh_python(monkeypatch):
+    _gpus_seen(monkeypatch, 0)
+    monkeypatch.setattr(gpus, "in_fresh_process", lambda *a, **k: pytest.fail("a fresh Python without GPUs"))
+    assert gpus.devices() == []
+
+
+def test_with_gpus_the_kernel_asks_a_fresh_python(monkeypatch):
+    _gpus_seen(monkeypatch, 2)  # here only: the fresh Python sees this machine, which has none
+    asked, real = [], gpus.in_fresh_process
+    monkeypatch.setattr(gpus, "in_fresh_process", lambda *a, **k: asked.append(a) or real(*a, **k))
+    assert gpus.devices() == [] and asked == [("ppkit.lessons.gpus", "devices_in_this_process")]
+    assert not torch.cuda.is_initialized()
+
+
+def test_a_fresh_python_that_fails_says_why():
+    with pytest.raises(ConfigError, match=r"no_such_function\(\) in a fresh Python .* failed with code 1: "
+                                          r"AttributeError"):
+        gpus.in_fresh_process("ppkit.lessons.gpus", "no_such_function")
+
+
+def test_backend_auto_counts_gpus_without_cuda_in_the_kernel(monkeypatch):
+    """ppkit.start's 'auto' runs in the kernel: it counts through device_count (NVML before CUDA is initialised),
+    never is_available, whose cudaGetDeviceCount runs cuInit in the kernel."""
+    from ppkit.cluster import worker_setup
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("is_available in the kernel"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert worker_setup.resolve_backend("auto", 2) == "nccl" and worker_setup.resolve_backend("auto", 4) == "gloo"
