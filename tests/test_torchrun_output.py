@@ -24,6 +24,7 @@ class Cell:
     def __init__(self):
         self.text, self.error = "", None
         self.displays: dict[str, list[str]] = {}
+        self.images: dict[str, list[str]] = {}  # display id -> each SVG it showed (ppkit.log_metrics' plot)
 
     def shown(self) -> str:
         """The streams, and each display's last text, as the page shows them at the end."""
@@ -51,6 +52,8 @@ def run_cell(kc, code: str, on_message=None) -> Cell:
         elif kind in ("display_data", "update_display_data"):
             text = content["data"].get("text/plain", "")
             cell.displays.setdefault(content["transient"]["display_id"], []).append(text)
+            if "image/svg+xml" in content["data"]:
+                cell.images.setdefault(content["transient"]["display_id"], []).append(content["data"]["image/svg+xml"])
         elif kind == "error":
             cell.error = (content["ename"], content["evalue"])
         elif kind == "status" and content["execution_state"] == "idle":
@@ -219,3 +222,49 @@ def test_output_beyond_the_kernels_buffer_goes_to_a_file_the_cell_names(kc):
         files = {path for _, path in notes if f"/overflow/{rank}/" in path}
         kept = sum(len(open(path).read()) for path in files)
         assert shown + kept == lines * 100, (rank, shown, kept, files)  # nothing dropped
+
+
+def test_metrics_logged_on_ranks_are_plotted_while_the_cell_runs_and_returned_after(kc):
+    """Issue 48: ppkit.log_metrics on each rank draws a live plot under the cell. The ranks log a step every
+    50 ms and go on until the test has seen the plot redrawn with step 5 or more; only then may they stop."""
+    go = kc.folder / "metrics-go"
+    seen_running: list[str] = []
+
+    def release_once_redrawn(cell, text):
+        if text.startswith("step ") and not go.exists():
+            seen_running.append(text)
+            if int(text.split(":")[0].split()[1]) >= 5 and len(seen_running) >= 2:
+                go.touch()
+
+    cell = run_cell(kc, f'''
+        %%torchrun --nproc-per-node 2
+        import os, time
+        import ppkit
+        rank, step, waited = int(os.environ["RANK"]), 0, 0.0
+        while not os.path.exists({str(go)!r}) and waited < 90:
+            ppkit.log_metrics(step=step, loss=1.0 / (step + 1) + rank, tokens_per_s=1000.0 * (rank + 1))
+            time.sleep(0.05)
+            step, waited = step + 1, waited + 0.05
+        ppkit.log_metrics(step=step, loss=0.0, tokens_per_s=0.0)
+        print("released while running:", os.path.exists({str(go)!r}))
+        ''', on_message=release_once_redrawn)
+    assert cell.error is None, cell.shown()
+    assert "released while running: False" not in cell.text, cell.shown()
+    plots = [images for images in cell.images.values() if images]
+    assert len(plots) == 1, cell.images.keys()  # one display, redrawn in place
+    images = plots[0]
+    assert len(set(images)) >= 3, len(images)  # drawn, redrawn while running, and once more at the end
+    last = images[-1]
+    assert last.count('class="ppkit-metric"') == 2 and last.count('class="ppkit-rank"') == 4, last[:300]  # a panel
+    for rank in (0, 1):  # per metric, a line per rank, longer at the end than when first drawn (the first rank's)
+        points = [int(svg.split(f'data-rank="{rank}" data-points="')[1].split('"')[0]) for svg in images
+                  if f'data-rank="{rank}"' in svg]
+        assert points[0] < points[-1], points
+    final = [text for texts in cell.displays.values() for text in texts if text.startswith("step ")][-1]
+    assert "loss 0 (0…0 over 2 ranks)" in final and "tokens_per_s 0" in final, final
+
+    rows = run_cell(kc, "import ppkit\nrows = ppkit.metrics()\n"
+                        "print(len({r['step'] for r in rows}), sorted({r['rank'] for r in rows}), rows[-1]['loss'])")
+    assert rows.error is None, rows.shown()
+    steps, ranks, last_loss = rows.text.split(" ", 1)[0], rows.text.split("[")[1].split("]")[0], rows.text.split()[-1]
+    assert int(steps) >= 6 and ranks == "0, 1" and last_loss == "0.0", rows.text
