@@ -28,6 +28,7 @@ from ppkit.checklist import Check, Checklist
 from ppkit.cluster import isolation
 from ppkit.cluster.admission import DEFAULT_PORT
 from ppkit.cluster.budget import read_budget
+from ppkit.course import where_docs
 from ppkit.progress import hooks as progress
 
 # The versions CI runs the whole course with (constraints.txt). Others may work; they are not tested.
@@ -75,6 +76,8 @@ class Preflight(Checklist):
                     check.detail += f" ({time.monotonic() - started:.1f} s)"
             self.checks.append(check)
             self.emit(line(check))
+        if any("docs/" in line(check) for check in self.checks):  # a pip-installed learner has no clone
+            self.emit(where_docs())
         self.emit(self.summary())
         progress.preflight_done(self.checks, self.summary())  # the learner's record (ppkit/progress/)
         return self.checks
