@@ -87,6 +87,15 @@ def diagnose(case: Case) -> Diagnosis:
         return found
     if len(peers) > 1 and not all(_fits(v, got) for v in peers.values()):
         ranks = sorted(peers)
+        if case.earlier_equal and case.kind == "grad":
+            return Diagnosis(f"ranks {ranks} hold different gradients of {case.name}, which they share, while the "
+                             f"loss at step {case.step} equals the reference's",
+                             "the forward is right and the backward is not: an all_reduce is missing in backward, "
+                             "so each rank kept only its own part of a gradient. In a tensor-parallel block that is "
+                             "the gradient of the block's input (Megatron's f: identity forward, all_reduce backward)",
+                             f"the layers between {case.name} and the next parallel block: the block's input must go "
+                             "through an all_reduce-in-backward function (ppkit.lessons.tensor_parallel."
+                             "copy_to_parallel), and nothing else may sum it")
         return Diagnosis(f"ranks {ranks} hold different values for the same {thing}",
                          "ranks that should agree drifted apart: one skipped an all_reduce, or they did not start "
                          "from the same weights (no broadcast, or another seed)",
@@ -139,6 +148,8 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
     on = "every rank" if len(case.peers) > 1 and all(
         v is not None and _fits(v.double(), got) for v in case.peers.values()) else f"rank {case.rank}"
     k, inverse = _whole(c), _whole(1 / c) if c else None
+    if want.numel() == 1 and not (k or inverse):
+        return None  # any number is some multiple of another: a scale says nothing about one value
     if k:
         also = "; or the ranks' losses were summed, not averaged" if case.kind != "param" else ""
         return Diagnosis(f"the {thing} is {k}x the reference on {on}",

@@ -57,7 +57,8 @@ class ParityReport:
         return self.equal
 
     def __str__(self) -> str:
-        compared = (f"{len(self.steps)} step(s), the loss and {len(self.names)} {self.kind} by name, "
+        kind = {"grads": "gradients", "params": "parameters"}.get(self.kind, self.kind)
+        compared = (f"{len(self.steps)} step(s), the loss and {len(self.names)} {kind} by name, "
                     f"ranks {_ranges(self.ranks)}")
         if self.equal:
             return f"parity: the parallel run equals the reference ({compared}), within {self.tolerance}."

@@ -1,0 +1,247 @@
+"""ppkit.compare_runs on real parallel runs: one planted bug each (data, tensor and pipeline parallel, DTensor
+shards), and the tool must name the step, the tensor and the rank; the same runs without the bug are equal.
+
+Every run is one job on the module's 2-rank cluster (cluster2), a few steps of a 5-layer MLP.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import ppkit
+from ppkit.lessons import parity_tp
+from ppkit.lessons.tensor_parallel import copy_to_parallel, reduce_from_parallel
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+STEPS, BATCH, LR = 3, 8, 0.1
+
+
+def make_model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def data(step: int):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
+
+
+def reference(steps: int = STEPS) -> ppkit.ParityRun:
+    model, rec = make_model(), ppkit.ParityRecorder()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = data(step)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        rec.record(step, model, loss)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return reference()
+
+
+# -- data parallel -------------------------------------------------------------------------------------
+
+def dp_train(rank, world_size, average=True, ddp=False):
+    """Each rank its half of the batch; gradients all_reduced (and averaged, unless the planted bug)."""
+    model = make_model()
+    if ddp:
+        model = nn.parallel.DistributedDataParallel(model)
+    rec, opt = ppkit.ParityRecorder(), torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = (t.chunk(world_size)[rank] for t in data(step))
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        if not ddp:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                if average:
+                    p.grad /= world_size
+        rec.record(step, model, loss, mean_over=dist.group.WORLD)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+def test_data_parallel_without_the_average_is_named_at_its_first_gradient(cluster2, ref):
+    report = ppkit.compare_runs(ref, cluster2.run(dp_train, False))
+    first = report.first
+    assert not report.equal
+    assert (first.step, first.kind, first.name, first.rank) == (0, "grad", "4.bias", 0)
+    assert first.rel_diff == pytest.approx(1.0, rel=1e-4)  # 2x: the difference is as large as the value
+    text = str(report)
+    assert "2x the reference on every rank" in text and "summed where it should average" in text
+    assert [d for d in report.differences if d.kind == "loss" and d.step == 0] == []  # the forward was right
+    with pytest.raises(ppkit.ParityError, match="step 0, gradient 4.bias, rank 0") as caught:
+        report.raise_if_different()
+    assert caught.value.report is report
+
+
+def test_data_parallel_runs_that_average_equal_the_reference(cluster2, ref):
+    for ddp in (False, True):  # DDP's "module." prefix is left out of the names
+        report = ppkit.compare_runs(ref, cluster2.run(dp_train, True, ddp))
+        assert report.equal, str(report)
+        assert report.names == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+        assert report.raise_if_different() is report
+
+
+def test_each_rank_recording_its_own_loss_is_explained(cluster2, ref):
+    def own_loss(rank, world_size):
+        model, rec = make_model(), ppkit.ParityRecorder()
+        x, y = (t.chunk(world_size)[rank] for t in data(0))
+        rec.record(0, None, F.mse_loss(model(x), y))
+        return rec.run
+
+    report = ppkit.compare_runs(ref, cluster2.run(own_loss))
+    assert (report.first.step, report.first.kind) == (0, "loss")
+    assert "the mean of the ranks' losses is the reference's" in str(report) and "mean_over" in str(report)
+
+
+# -- tensor parallel -----------------------------------------------------------------------------------
+
+def fixed_tp_mlp(x, fc1, fc2, log):
+    x = copy_to_parallel(x, log, "fc1")
+    return reduce_from_parallel(F.linear(F.gelu(fc1(x)), fc2.weight), log, "fc2") + fc2.bias
+
+
+def test_the_missing_all_reduce_in_a_tensor_parallel_backward_is_named(cluster2):
+    ref = parity_tp.reference()
+    runs = [run for run, _ in cluster2.run(parity_tp.train)]  # the planted block
+    report = ppkit.compare_runs(ref, runs)
+    first = report.first
+    assert (first.step, first.kind, first.name, first.rank) == (0, "grad", "inp.bias", 0)
+    assert not any(d.step == 0 and (d.kind == "loss" or d.name.startswith(("mlp.", "head."))) for d in
+                   report.differences)  # the forward and the block's own gradients are right at step 0
+    assert "all_reduce is missing in backward" in str(report) and "copy_to_parallel" in str(report)
+    fixed = ppkit.compare_runs(ref, [run for run, _ in cluster2.run(parity_tp.train, fixed_tp_mlp)])
+    assert fixed.equal, str(fixed)
+
+
+def test_swapped_tensor_parallel_shards_name_whose_piece_a_rank_holds(cluster2):
+    def swapped(rank, world_size):
+        run, _ = parity_tp.train(rank, world_size, fixed_tp_mlp, steps=1)
+        other = (rank + 1) % world_size
+        for name in ("mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight"):  # the recorder told the wrong index
+            piece = run.tensors[0][name]
+            run.tensors[0][name] = ppkit.parity.Piece(piece.value, chunk=(piece.chunk[0], other, world_size))
+        return run
+
+    report = ppkit.compare_runs(parity_tp.reference(1), cluster2.run(swapped))
+    assert (report.first.name, report.first.rank) == ("mlp.fc2.weight", 0)
+    assert "rank 0 holds the piece of the gradient of mlp.fc2.weight that belongs to rank 1" in str(report)
+
+
+# -- pipeline parallel ---------------------------------------------------------------------------------
+
+def pp_train(rank, world_size, bug=None, microbatches=2):
+    """Two stages by hand: rank 0 holds layers 0-1, rank 1 layers 2-4 (numbered from 0 in its own Sequential).
+    bug "reorder": stage 0 sends the micro-batches last first; "drop": stage 0 ignores the gradient sent back."""
+    full = make_model()
+    stage = nn.Sequential(*full[:2]) if rank == 0 else nn.Sequential(*full[2:])
+    rename = None if rank == 0 else (lambda n: f"{int(n.split('.')[0]) + 2}.{n.split('.', 1)[1]}")
+    rec, opt = ppkit.ParityRecorder(rename=rename), torch.optim.SGD(stage.parameters(), lr=LR)
+    for step in range(STEPS):
+        xs, ys = (t.chunk(microbatches) for t in data(step))
+        order = list(range(microbatches))[::-1] if bug == "reorder" else list(range(microbatches))
+        total = torch.zeros(())
+        for m in order if rank == 0 else range(microbatches):
+            if rank == 0:
+                out = stage(xs[m])
+                dist.send(out.detach(), 1)
+                grad = torch.empty_like(out)
+                dist.recv(grad, 1)
+                if bug != "drop":
+                    out.backward(grad)
+            else:
+                inp = torch.empty(xs[m].shape[0], 16)
+                dist.recv(inp, 0)
+                inp.requires_grad_()
+                loss = F.mse_loss(stage(inp), ys[m]) / microbatches
+                loss.backward()
+                dist.send(inp.grad, 0)
+                total += loss.detach()
+        rec.record(step, stage, total if rank == 1 else None)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+def test_a_clean_two_stage_pipeline_equals_the_reference(cluster2, ref):
+    report = ppkit.compare_runs(ref, cluster2.run(pp_train))
+    assert report.equal, str(report)
+
+
+def test_reordered_micro_batches_are_named_on_the_last_stage(cluster2, ref):
+    report = ppkit.compare_runs(ref, cluster2.run(pp_train, "reorder"))
+    assert (report.first.step, report.first.kind, report.first.rank) == (0, "loss", 1)
+    grads = [d for d in report.differences if d.kind == "grad"]  # 4.bias's gradient, a sum over every sample of
+    assert (grads[0].step, grads[0].name, grads[0].rank) == (0, "4.weight", 1)  # output - target, ignores the order
+    assert "micro-batch" in str(report)
+
+
+def test_a_stage_that_drops_the_gradient_sent_back_is_named(cluster2, ref):
+    report = ppkit.compare_runs(ref, cluster2.run(pp_train, "drop"))
+    first = report.first
+    assert (first.step, first.kind, first.name, first.rank, first.note) == (0, "grad", "0.bias", 0, "no gradient")
+    assert "rank 0 has no gradient for 0.bias" in str(report) and "torch.autograd.backward" in str(report)
+
+
+# -- DTensor shards: FSDP2 -----------------------------------------------------------------------------
+
+def fsdp_train(rank, world_size, bug=None):
+    """FSDP2 over both ranks; bug "sum": gradients summed, not averaged; "zero": rank 1 zeroes its shard of
+    2.weight's gradient after backward (a zero_grad in the wrong place, on one rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = make_model()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if bug == "sum":  # each Linear is its own FSDP unit, with its own reduce-scatter
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                layer.set_gradient_divide_factor(1.0)
+                layer.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    rec, opt = ppkit.ParityRecorder(), torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = (t.chunk(world_size)[rank] for t in data(step))
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        if bug == "zero" and rank == 1:
+            model[2].weight.grad.to_local().zero_()
+        rec.record(step, model, loss, mean_over=dist.group.WORLD)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+def test_fsdp2_shards_are_compared_where_they_lie(cluster2, ref):
+    clean = cluster2.run(fsdp_train)
+    assert clean[0].tensors[0]["2.weight"].offset == (0, 0) and clean[1].tensors[0]["2.weight"].offset == (8, 0)
+    assert ppkit.compare_runs(ref, clean).equal
+    summed = ppkit.compare_runs(ref, cluster2.run(fsdp_train, "sum"))
+    assert (summed.first.step, summed.first.name, summed.first.rank) == (0, "4.bias", 0)
+    assert "2x the reference" in str(summed)
+
+
+def test_one_rank_s_wrong_shard_names_that_rank(cluster2, ref):
+    report = ppkit.compare_runs(ref, cluster2.run(fsdp_train, "zero"))
+    first = report.first
+    assert (first.step, first.name, first.rank) == (0, "2.weight", 1)
+    assert not [d for d in report.differences if d.step == 0 and d.rank == 0]
+    assert "all zeros on rank 1" in str(report)
