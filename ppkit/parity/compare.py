@@ -17,7 +17,7 @@ from ppkit.errors import ConfigError
 from ppkit.parity.diagnose import Case, diagnose
 from ppkit.parity.record import ParityRecorder, ParityRun, Piece
 from ppkit.parity.report import Difference, ParityReport
-from ppkit.parity.tolerance import Tolerance, chosen_tolerance
+from ppkit.parity.tolerance import Tolerance, chosen_tolerance, least_precise
 
 
 def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | None = None) -> ParityReport:
@@ -33,7 +33,7 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     ranks = _as_runs(runs, ref.kind)
     steps = _common_steps(ref, ranks)
     dtypes = [ref.dtype] + [run.dtype for run in ranks.values()]
-    tolerance = chosen_tolerance(_least_precise(dtypes), rtol, atol)
+    tolerance = chosen_tolerance(least_precise(dtypes), rtol, atol)
     differences: list[Difference] = []
     first_case = None
     for step in steps:
@@ -94,11 +94,6 @@ def _span(steps: list[int]) -> str:
     return f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
 
 
-def _least_precise(dtypes: list[str]) -> str:
-    known = [d for d in dtypes if d]
-    return max(known, key=lambda d: torch.finfo(getattr(torch, d.removeprefix("torch."))).eps, default="")
-
-
 def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerance: Tolerance):
     loss_ok = True
     if step in ref.losses:
@@ -109,7 +104,8 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
             diff = _difference("loss", "loss", step, rank, got, want, tolerance)
             if diff:
                 loss_ok = False
-                yield diff, Case("loss", "loss", step, rank, got, want, losses, {}, False)
+                yield diff, Case("loss", "loss", step, rank, got, want, losses, {}, False,
+                                 {r: (v, want) for r, v in losses.items()})
     elif any(step in run.losses for run in ranks.values()):
         raise ConfigError(f"the ranks recorded a loss at step {step}, the reference none: pass the loss to "
                           "record on both sides.")
@@ -125,7 +121,8 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                 peers = {r: held[r].value for r in held if _same_place(held[r], piece)}
                 elsewhere = {r: w for r, w in wanted.items() if w is not None and r != rank
                              and not _same_place(held[r], piece)}
-                yield diff, Case(kind, name, step, rank, piece.value, wanted[rank], peers, elsewhere, loss_ok)
+                yield diff, Case(kind, name, step, rank, piece.value, wanted[rank], peers, elsewhere, loss_ok,
+                                 {r: (held[r].value, wanted[r]) for r in held})
 
 
 def _names_at(ref: ParityRun, ranks: dict[int, ParityRun], step: int) -> list[str]:

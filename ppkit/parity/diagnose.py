@@ -30,6 +30,7 @@ class Case:
     peers: dict[int, torch.Tensor | None]
     elsewhere: dict[int, torch.Tensor]
     earlier_equal: bool                        # the loss matched at this step (for a gradient or parameter)
+    held: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]  # every rank holding it: (got, want)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Diagnosis:
 
 
 def _fits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """got equals want but for rounding (CLOSE of want's largest value)."""
     if got.shape != want.shape:
         return False
     scale = float(want.abs().max()) if want.numel() else 0.0
@@ -145,8 +147,9 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
     c = _scale(got, want)
     if c is None:
         return None
-    on = "every rank" if len(case.peers) > 1 and all(
-        v is not None and _fits(v.double(), got) for v in case.peers.values()) else f"rank {case.rank}"
+    held = case.held
+    alike = all(g is not None and w is not None and _fits(g.double(), c * w.double()) for g, w in held.values())
+    on = "every rank" if len(held) > 1 and alike else f"rank {case.rank}"
     k, inverse = _whole(c), _whole(1 / c) if c else None
     if want.numel() == 1 and not (k or inverse):
         return None  # any number is some multiple of another: a scale says nothing about one value

@@ -31,7 +31,8 @@ class Difference:
         what = "loss" if self.kind == "loss" else f"{'gradient' if self.kind == 'grad' else 'parameter'} {self.name}"
         size = self.note or (f"max |diff| {self.abs_diff:.3g} = {self.rel_diff:.3g} of its largest value "
                              f"{self.scale:.3g}")
-        return f"step {self.step}, {what}, rank {self.rank}: {size} (allowed {self.rtol:.2g})"
+        allowed = "" if self.note else f" (allowed {self.rtol:.2g})"
+        return f"step {self.step}, {what}, rank {self.rank}: {size}{allowed}"
 
 
 class ParityReport:

@@ -60,7 +60,7 @@ class Tolerance:
 
 def default_tolerance(dtype: str | torch.dtype) -> Tolerance:
     """The tolerance for tensors recorded in ``dtype``, derived as the module's docstring says."""
-    dtype_obj = dtype if isinstance(dtype, torch.dtype) else _DTYPES.get(str(dtype) or "torch.float32")
+    dtype_obj = _DTYPES.get(str(dtype) or "torch.float32")
     if dtype_obj is None:
         raise ConfigError(f"no default tolerance for {dtype}: parity compares floating-point runs "
                           f"({', '.join(_DTYPES)}); pass rtol= and atol= to compare_runs.")
@@ -68,6 +68,13 @@ def default_tolerance(dtype: str | torch.dtype) -> Tolerance:
     eps, acc_eps = torch.finfo(dtype_obj).eps, torch.finfo(accumulator).eps
     rtol = math.sqrt(REDUCTION_TERMS) * acc_eps + ROUNDINGS * eps
     return Tolerance(rtol, eps, str(dtype_obj))
+
+
+def least_precise(dtypes: list[str]) -> str:
+    """The dtype with the largest eps among ``dtypes`` (unknown ones left to default_tolerance to refuse)."""
+    unknown = [d for d in dtypes if d and d not in _DTYPES]
+    known = [d for d in dtypes if d in _DTYPES]
+    return unknown[0] if unknown else max(known, key=lambda d: torch.finfo(_DTYPES[d]).eps, default="")
 
 
 def chosen_tolerance(dtype: str, rtol: float | None, atol: float | None) -> Tolerance:

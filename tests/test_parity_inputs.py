@@ -1,0 +1,229 @@
+"""ppkit.compare_runs and ParityRecorder without ranks: what they refuse (names, shapes, steps, kinds that do not
+match, misused calls) with an error that says what to do, and the default tolerance and how it is derived."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ppkit
+from ppkit.parity import Piece, default_tolerance
+
+
+def model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+
+
+def recorded(steps=(0,), what="grads", scale=1.0, **recorder) -> ppkit.ParityRun:
+    net, rec = model(), ppkit.ParityRecorder(what, **recorder)
+    for step in steps:
+        torch.manual_seed(100 + step)
+        loss = F.mse_loss(net(torch.randn(5, 4)), torch.randn(5, 2))
+        loss.backward()
+        for p in net.parameters():
+            p.grad *= scale
+        rec.record(step, net, loss)
+        net.zero_grad()
+    return rec.run
+
+
+def as_rank(run: ppkit.ParityRun, rank: int, world_size: int = 2) -> ppkit.ParityRun:
+    return ppkit.ParityRun(rank, world_size, run.kind, dict(run.losses), {s: dict(t) for s, t in run.tensors.items()},
+                           run.dtype)
+
+
+def test_the_same_run_is_equal_and_says_what_it_compared():
+    report = ppkit.compare_runs(recorded(), recorded())
+    assert report.equal and bool(report) and report.first is None
+    assert str(report).startswith("parity: the parallel run equals the reference (1 step(s), the loss and 4 gradients")
+    assert "rtol 8.1e-06 x (1 + step)" in str(report)
+
+
+def test_names_the_reference_lacks_are_refused_with_the_closest_name():
+    net, rec = model(), ppkit.ParityRecorder()
+    wrapped = nn.Sequential()
+    wrapped.encoder = net  # "encoder.0.weight", not "0.weight"
+    F.mse_loss(wrapped.encoder(torch.randn(5, 4)), torch.randn(5, 2)).backward()
+    rec.record(0, wrapped)
+    with pytest.raises(ppkit.ConfigError, match=r"rank 0 recorded \['encoder.0.weight'.*closest it has: "
+                                                r"'0.weight'.*rename="):
+        ppkit.compare_runs(recorded(), [rec.run])
+
+
+def test_wrappers_names_are_left_out_and_rename_maps_the_rest():
+    net = model()
+    F.mse_loss(net(torch.randn(5, 4)), torch.randn(5, 2)).backward()
+    names = {f"module._orig_mod.{n}": p.grad for n, p in net.named_parameters()}
+    rec = ppkit.ParityRecorder(rename={"0.weight": "first.weight"})
+    rec.record(0, names)
+    assert list(rec.run.tensors[0]) == ["first.weight", "0.bias", "2.weight", "2.bias"]
+    by_function = ppkit.ParityRecorder(rename=str.upper)
+    by_function.record(0, names)
+    assert list(by_function.run.tensors[0])[0] == "0.WEIGHT"
+
+
+def test_a_name_no_rank_recorded_is_refused():
+    run = recorded()
+    del run.tensors[0]["2.bias"]
+    with pytest.raises(ppkit.ConfigError, match=r"no rank recorded \['2.bias'\] at step 0.*pipeline stage records "
+                                                "its own"):
+        ppkit.compare_runs(recorded(), [run])
+
+
+def test_a_piece_of_another_shape_asks_which_piece_it_is():
+    run = recorded()
+    grad = run.tensors[0]["0.weight"].value
+    run.tensors[0]["0.weight"] = Piece(grad[:3])
+    with pytest.raises(ppkit.ConfigError, match=r"rank 0's 0.weight has shape \[3, 4\], the reference's \[6, 4\]. "
+                                                r"If this rank holds a piece of it, say which: "
+                                                r"ParityRecorder\(shards="):
+        ppkit.compare_runs(recorded(), [run])
+
+
+def test_a_declared_piece_that_does_not_fit_is_refused():
+    run = recorded()
+    grad = run.tensors[0]["0.weight"].value
+    run.tensors[0]["0.weight"] = Piece(grad[:3], chunk=(1, 0, 2))  # rows cut, but declared as columns
+    with pytest.raises(ppkit.ConfigError, match=r"piece 0 of 2 along dim 1, shape \[3, 4\]; that piece of the "
+                                                r"reference's \[6, 4\] has shape \[6, 2\]"):
+        ppkit.compare_runs(recorded(), [run])
+    run.tensors[0]["0.weight"] = Piece(grad[:3], chunk=(2, 0, 2))
+    with pytest.raises(ppkit.ConfigError, match="names dim 2, but the reference's 0.weight has 2 dims"):
+        ppkit.compare_runs(recorded(), [run])
+    run.tensors[0]["0.weight"] = Piece(grad[:3], offset=(0, 0), full_shape=(7, 4))
+    with pytest.raises(ppkit.ConfigError, match=r"a piece of a \[7, 4\] tensor, the reference's is \[6, 4\]"):
+        ppkit.compare_runs(recorded(), [run])
+
+
+def test_declared_pieces_are_compared_with_their_part_of_the_reference():
+    ref = recorded()
+    halves = []
+    for rank in (0, 1):
+        run = as_rank(recorded(), rank)
+        grad = run.tensors[0]["0.weight"].value
+        run.tensors[0]["0.weight"] = Piece(grad.chunk(2)[rank].clone(), chunk=(0, rank, 2))
+        halves.append(run)
+    assert ppkit.compare_runs(ref, halves).equal
+    halves[1].tensors[0]["0.weight"].value.mul_(3)
+    report = ppkit.compare_runs(ref, halves)
+    assert (report.first.name, report.first.rank) == ("0.weight", 1)
+    assert "3x the reference on rank 1" in str(report)
+
+
+def test_steps_the_reference_did_not_record_are_refused():
+    with pytest.raises(ppkit.ConfigError, match=r"rank 0 recorded steps \[2\], which the reference did not \(it has "
+                                                r"steps 0-1\)"):
+        ppkit.compare_runs(recorded((0, 1)), [recorded((0, 1, 2))])
+    assert ppkit.compare_runs(recorded((0, 1, 2)), [recorded((0, 1))]).steps == [0, 1]  # a longer reference is fine
+
+
+def test_a_step_recorded_twice_or_not_a_step_is_refused():
+    net, rec = model(), ppkit.ParityRecorder()
+    rec.record(0, None, 1.0)
+    with pytest.raises(ppkit.ConfigError, match="step 0 was recorded twice on rank 0: call record once per step"):
+        rec.record(0, None, 1.0)
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ppkit.ConfigError, match="a step is a whole number from 0"):
+            rec.record(bad, net)
+
+
+def test_kinds_ranks_and_references_that_do_not_match_are_refused():
+    ref = recorded()
+    with pytest.raises(ppkit.ConfigError, match="rank 0 recorded params, the reference grads"):
+        ppkit.compare_runs(ref, [recorded(what="params")])
+    with pytest.raises(ppkit.ConfigError, match="two runs say they are rank 0"):
+        ppkit.compare_runs(ref, [recorded(), recorded()])
+    with pytest.raises(ppkit.ConfigError, match="the reference was recorded on rank 1 of 2: record it in one process"):
+        ppkit.compare_runs(as_rank(ref, 1), [ref])
+    with pytest.raises(ppkit.ConfigError, match="no rank recorded anything"):
+        ppkit.compare_runs(ref, [None, None])
+    with pytest.raises(ppkit.ConfigError, match="the reference is a dict"):
+        ppkit.compare_runs({}, [ref])
+    with pytest.raises(ppkit.ConfigError, match="the parallel run is a str"):
+        ppkit.compare_runs(ref, "runs")
+    with pytest.raises(ppkit.ConfigError, match="the parallel run's entry is a float"):
+        ppkit.compare_runs(ref, [1.0])
+    assert ppkit.compare_runs(ref, {0: ref}).equal and ppkit.compare_runs(ref, ref).equal
+
+
+def test_a_loss_or_tensors_on_one_side_only_are_refused():
+    ref = recorded()
+    no_loss = recorded()
+    no_loss.losses.clear()
+    with pytest.raises(ppkit.ConfigError, match="the ranks recorded a loss at step 0, the reference none"):
+        ppkit.compare_runs(no_loss, [ref])
+    no_tensors = recorded()
+    no_tensors.tensors.clear()
+    with pytest.raises(ppkit.ConfigError, match="the ranks recorded tensors at step 0, the reference none"):
+        ppkit.compare_runs(no_tensors, [ref])
+
+
+def test_misused_recorder_arguments_are_refused():
+    with pytest.raises(ppkit.ConfigError, match="record 'grads'"):
+        ppkit.ParityRecorder("gradients")
+    with pytest.raises(ppkit.ConfigError, match=r"shards\['w'\] = \(0, 2, 2\): give \(dim, index, count\)"):
+        ppkit.ParityRecorder(shards={"w": (0, 2, 2)})
+    rec = ppkit.ParityRecorder()
+    with pytest.raises(ppkit.ConfigError, match=r"got a tensor of shape \[2\]: give the step's loss, one number"):
+        rec.record(0, None, torch.ones(2))
+    with pytest.raises(ppkit.ConfigError, match="record\\(loss=...\\) got str"):
+        rec.record(0, None, "1.0")
+    with pytest.raises(ppkit.ConfigError, match="record\\(model=...\\) got int"):
+        rec.record(0, 3)
+    clash = ppkit.ParityRecorder()
+    with pytest.raises(ppkit.ConfigError, match="two tensors are called '0.weight' on rank 0"):
+        clash.record(0, {"0.weight": torch.ones(1), "module.0.weight": torch.ones(1)})
+
+
+def test_a_missing_gradient_a_nan_and_a_learner_tolerance():
+    ref, run = recorded(), recorded()
+    run.tensors[0]["2.bias"] = Piece(None)
+    report = ppkit.compare_runs(ref, [run])
+    assert (report.first.name, report.first.note) == ("2.bias", "no gradient")
+    run = recorded()
+    run.tensors[0]["2.bias"].value[0] = float("nan")
+    assert "NaN or inf" in str(ppkit.compare_runs(ref, [run]))
+    close = recorded(scale=1 + 1e-4)
+    assert not ppkit.compare_runs(ref, [close]).equal
+    assert ppkit.compare_runs(ref, [close], rtol=1e-3).equal
+    assert "rtol 0.001 of the largest value" in str(ppkit.compare_runs(ref, [close], rtol=1e-3))
+    with pytest.raises(ppkit.ConfigError, match=r"compare_runs\(rtol=-1\): give a number >= 0"):
+        ppkit.compare_runs(ref, [close], rtol=-1)
+
+
+@pytest.mark.parametrize(("dtype", "rtol"), [(torch.float32, 8.1e-6), (torch.bfloat16, 3.1e-2),
+                                             (torch.float16, 3.9e-3), (torch.float64, 1.5e-14)])
+def test_the_default_tolerance_follows_the_dtype(dtype, rtol):
+    tolerance = default_tolerance(dtype)
+    assert tolerance.rtol == pytest.approx(rtol, rel=0.02)
+    assert tolerance.at(2) == pytest.approx((3 * tolerance.rtol, 3 * tolerance.atol))  # grows with the step
+
+
+def test_the_default_tolerance_takes_a_reordered_sum_but_not_a_bug():
+    """A sum of 4096 float32 terms in another order (as an all_reduce or a split matmul adds them) passes; the
+    same sum off by 1e-4 of itself does not."""
+    terms = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0))
+    one = terms.sum(0)
+    reordered = sum(chunk.sum(0) for chunk in terms.flip(0).chunk(8))
+    tolerance = default_tolerance(torch.float32)
+    scale = float(one.abs().max())
+    assert float((reordered - one).abs().max()) > 0  # the order did change the bits
+    assert tolerance.allows(float((reordered - one).abs().max()), scale, 0)
+    assert not tolerance.allows(float((one * (1 + 1e-4) - one).abs().max()), scale, 0)
+    with pytest.raises(ppkit.ConfigError, match="no default tolerance for torch.int64"):
+        default_tolerance(torch.int64)
+
+
+def test_a_run_in_a_lower_precision_is_compared_within_that_precision():
+    ref, run = recorded(), recorded()
+    for name, piece in run.tensors[0].items():
+        run.tensors[0][name] = Piece(piece.value.bfloat16())
+    run.dtype = "torch.bfloat16"
+    report = ppkit.compare_runs(ref, [run])
+    assert report.equal and report.tolerance.dtype == "torch.bfloat16"
+    run.dtype = "torch.int64"
+    with pytest.raises(ppkit.ConfigError, match="no default tolerance for torch.int64.*pass rtol= and atol="):
+        ppkit.compare_runs(ref, [run])
