@@ -11,6 +11,13 @@ ResNet50 pipeline with cuda:0 shards (both on the GPU, and split cpu/cuda), chec
 (--verify), and ppkit bench with nccl on one rank; with two GPUs or more, the collective doctor on nccl (an op
 mismatch and a size mismatch named from the flight record, and a rank that waits at .item() after an asynchronous
 all_reduce its peer never made, reported by the hang watch). Exits non-zero on the first failure.
+
+The course's GPU paths (issue 49): this process initialises CUDA first (torch.cuda.get_device_name below), as a
+learner's kernel may, and then starts ranks; the kernel-safe GPU list with each GPU's datasheet peak
+(ppkit.lessons.gpus.devices); 02's and 03's GPU cells (all_reduce_here, ddp_step_here: nccl on each rank's GPU);
+08c's MFU against the datasheet bf16 peak and FP8 against bf16 matmuls (ppkit.lessons.gpu_speed). With --course,
+then every notebook under nbval, one at a time: its time, its result and whether any process used a GPU while it
+ran (nvidia-smi, sampled), written as a table to $PPKIT_GPU_OUT/course_on_gpu.md (or printed).
 """
 
 from __future__ import annotations
@@ -205,6 +212,60 @@ def doctor_on_nccl(case: str, says: tuple[str, ...]) -> str:
     return f"said {list(says)}"
 
 
+def course_paths() -> None:
+    """The lessons' GPU paths, as the notebooks call them (see the module docstring)."""
+    from ppkit.lessons import gpu_speed, gpus
+
+    step("CUDA initialised in this process before any rank starts", torch.cuda.is_initialized)
+    step("ppkit.lessons.gpus.devices (asked in a fresh Python)", gpus.devices)
+    ranks = min(2, torch.cuda.device_count())
+    with ppkit.Cluster(ranks, "gloo") as cluster:
+        for name, fn, wanted in (("02: all_reduce_here", gpus.all_reduce_here, "nccl on cuda"),
+                                 ("03: ddp_step_here", gpus.ddp_step_here, "nccl on cuda, gradients equal")):
+            said = cluster.run(fn)
+            if not all(line.startswith(wanted) for line in said):
+                raise AssertionError(f"{name} on {ranks} GPU rank(s) said {said}, not {wanted!r}")
+            step(name, lambda said=said: said)
+    step("08c: step MFU against the datasheet bf16 peak", lambda: gpu_speed.measure("step_mfu"))
+    step("08c: FP8 and bf16 matmuls against the datasheet peaks", lambda: gpu_speed.measure("fp8_matmul"))
+
+
+def _gpu_users(seen: set, stop) -> None:
+    while not stop.wait(2.0):
+        done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                              capture_output=True, text=True)
+        seen.update(line.strip() for line in done.stdout.splitlines() if line.strip())
+
+
+def course_under_nbval() -> int:
+    """Every notebook under nbval as make test runs it: a row each (seconds, result, GPU users seen)."""
+    import threading
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    rows, failed = ["| notebook | seconds | nbval | processes seen on a GPU (pid, memory) |", "|---|---|---|---|"], 0
+    for notebook in sorted((root / "notebooks").glob("[0-9]*.ipynb")):
+        seen, stop = set(), threading.Event()
+        watcher = threading.Thread(target=_gpu_users, args=(seen, stop), daemon=True)
+        watcher.start()
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(notebook),
+                               "--nbval-lax", "--nbval-sanitize-with", str(root / "tests" / "nbval_sanitize.cfg")],
+                              cwd=root, capture_output=True, text=True)
+        stop.set()
+        watcher.join()
+        result = (done.stdout.strip().splitlines() or ["no output"])[-1]
+        failed += done.returncode != 0
+        users = "; ".join(sorted(seen)) or "-"
+        rows.append(f"| {notebook.name} | {time.perf_counter() - t0:.0f} | {result} | {users} |")
+        print(rows[-1], flush=True)
+    table = "\n".join(rows) + "\n"
+    if os.environ.get("PPKIT_GPU_OUT"):
+        Path(os.environ["PPKIT_GPU_OUT"], "course_on_gpu.md").write_text(table)
+    print(table, flush=True)
+    return failed
+
+
 def step(name, fn):
     t0 = time.perf_counter()
     result = fn()
@@ -217,6 +278,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device here: nothing to check")
         return 1
+    course_paths()
     for launcher in ("local", "spawn"):
         with ppkit.Cluster(1, launcher=launcher) as cluster:
             step(f"Cluster(1, launcher={launcher!r}) backend auto", lambda c=cluster: c.backend)
@@ -250,7 +312,9 @@ def main() -> int:
     done = subprocess.run(bench, text=True, capture_output=True, timeout=300)
     print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", flush=True)
     print(f"{'OK  ' if done.returncode == 0 else 'FAIL'} bench nccl (exit {done.returncode})", flush=True)
-    return done.returncode
+    if done.returncode or "--course" not in sys.argv[1:]:
+        return done.returncode
+    return 1 if course_under_nbval() else 0
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 server and spawn launchers), ``ppkit.spawn`` and ``%%torchrun`` still work, no process is forked from the kernel
 once CUDA is initialised there, and ppkit's own kernel-side code initialises no CUDA.
 
-There is no GPU here (``torch.cuda.init()`` raises), so one real kernel plays a GPU machine's: its cell sets
+There is no GPU here (``torch.cuda.init()`` raises), so one real kernel plays a GPU machine's: its cell calls
+``torch.cuda.is_available()`` (torch here is a CUDA build: its cudaGetDeviceCount arms torch's fork poisoning, so a
+process forked from the kernel is in torch's "bad fork", as on a GPU machine, which the fixture checks), sets
 ``torch.cuda._initialized`` (what ``torch.cuda._lazy_init`` sets after ``torch._C._cuda_init()``), records with an
 audit hook (``sys.addaudithook``) every ``os.fork``/``os.forkpty``/``os.posix_spawn``/``subprocess.Popen`` of the
 kernel process, and wraps the ``torch.cuda`` functions that initialise CUDA (``_lazy_init``, which every device
 query and ``set_device`` goes through, and ``is_available``, whose ``cudaGetDeviceCount`` runs ``cuInit`` and
 arms torch's fork poisoning) to record the ppkit frame that called them. A rank forked from this kernel would
-inherit ``_initialized = True``: each rank reports its own value and its parent's pid.
+inherit ``_initialized = True`` and be in a bad fork: each rank reports both, and its parent's pid.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.slow  # a kernel, and four sets of fresh ranks
 FAKE_CUDA_IN_KERNEL = r'''
 import json, os, sys, traceback
 import torch
+torch.cuda.is_available()  # the learner's own: cudaGetDeviceCount arms torch's fork poisoning in this process
 
 kernel_events = []   # (event, what), in order, from this process only
 ppkit_cuda_calls = []  # (torch.cuda function, the ppkit frame that called it)
@@ -56,13 +59,14 @@ import ppkit
 RANK_FACTS = '''
 def facts(rank, world_size):
     import os, torch
-    return {"rank": rank, "cuda_initialized": torch.cuda._initialized, "parent": os.getppid()}
+    return {"rank": rank, "cuda_initialized": torch.cuda._initialized, "bad_fork": torch.cuda._is_in_bad_fork(),
+            "parent": os.getppid()}
 '''
 
 TORCHRUN_FACTS = """%%torchrun --nproc-per-node 2 --no-collapse
 import json, os, torch
 print("FACTS", json.dumps({"rank": int(os.environ["RANK"]), "cuda_initialized": torch.cuda._initialized,
-                           "parent": os.getppid()}))
+                           "bad_fork": torch.cuda._is_in_bad_fork(), "parent": os.getppid()}))
 """
 
 
@@ -71,6 +75,11 @@ def kc(tmp_path_factory):
     with kernel_in(tmp_path_factory.mktemp("notebook"), expect_processes=True) as (km, client):
         cell = run_cell(client, FAKE_CUDA_IN_KERNEL + RANK_FACTS)
         assert cell.error is None and "initialised: True" in cell.text, cell.shown()
+        # the kernel is what a GPU machine's would be after torch.cuda.*: a fork of it is in torch's "bad fork"
+        cell = run_cell(client, "pid = os.fork()\nif pid == 0: os._exit(7 if torch.cuda._is_in_bad_fork() else 0)\n"
+                                "print('fork of the kernel:', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+                                "kernel_events.clear()")
+        assert "fork of the kernel: 7" in cell.text, cell.shown()
         client.kernel_pid = km.provisioner.process.pid
         yield client
 
@@ -85,7 +94,8 @@ def _check_ranks(kc, ranks: list[dict], world_size: int, fork_server: bool = Tru
     """Each rank started clean: not a fork of the kernel (which would carry ``_initialized``), and, where a fork
     server starts them, not the kernel's child at all (the spawn launcher's fresh interpreters are, by exec)."""
     assert sorted(r["rank"] for r in ranks) == list(range(world_size)), ranks
-    assert [r for r in ranks if r["cuda_initialized"] or fork_server and r["parent"] == kc.kernel_pid] == [], (
+    assert [r for r in ranks if r["cuda_initialized"] or r["bad_fork"] or fork_server and r["parent"] == kc.kernel_pid
+            ] == [], (
         f"a rank was forked from the kernel (pid {kc.kernel_pid}), after CUDA was initialised there: {ranks}")
 
 

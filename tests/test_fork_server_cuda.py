@@ -5,7 +5,9 @@ re-initialize CUDA in forked subprocess"), which is ``notebook_launcher``'s best
 No GPU here, so a ``sitecustomize`` (on PYTHONPATH, which every process a launcher starts inherits) wraps, in each
 process, the ``torch.cuda`` functions that would: ``is_available``, ``device_count`` (NVML first, else
 cudaGetDeviceCount), ``init`` and ``_lazy_init``. A forked rank inherits what its fork server recorded before the
-fork, and reports it: the first ranks (forked before the server's preload of torch._dynamo) and later ones.
+fork, and reports it: the first ranks (forked before the server's preload of torch._dynamo) and later ones. Each
+also reports torch's own verdict, ``torch.cuda._is_in_bad_fork()``: torch here is a CUDA build, whose
+cudaGetDeviceCount arms the fork poisoning even without a driver, as it does on a GPU machine.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def inherited_cuda_calls(rank, world_size):
     worker.py, may ask CUDA: it is the process that will use it)."""
     import os
 
-    return [call for call in torch.cuda.ppkit_test_calls if call[1] != os.getpid()]
+    inherited = [call for call in torch.cuda.ppkit_test_calls if call[1] != os.getpid()]
+    return inherited + (["torch.cuda._is_in_bad_fork()"] if torch.cuda._is_in_bad_fork() else [])
 
 
 def print_inherited(i):
@@ -72,4 +75,5 @@ def test_a_fork_server_that_asked_cuda_is_caught(recorded, tmp_path, monkeypatch
         assert cluster.run(inherited_cuda_calls) == [[], []]  # forked before the preload
         cluster.restart()
         second = cluster.run(inherited_cuda_calls)
-    assert all(calls and calls[0][0] == "is_available" and "asks_cuda.py" in str(calls[0]) for calls in second)
+    assert all(calls[0][0] == "is_available" and "asks_cuda.py" in str(calls[0]) for calls in second), second
+    assert all(calls[-1] == "torch.cuda._is_in_bad_fork()" for calls in second), second  # torch's own verdict

@@ -91,3 +91,29 @@ def test_backend_auto_counts_gpus_without_cuda_in_the_kernel(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("is_available in the kernel"))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert worker_setup.resolve_backend("auto", 2) == "nccl" and worker_setup.resolve_backend("auto", 4) == "gloo"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ppkit
+
+    with ppkit.Cluster(2, "gloo", timeout=120) as started:
+        yield started
+
+
+def test_the_gpu_lessons_run_on_cpu_ranks_without_gpus(cluster):
+    """02's and 03's GPU cells on this machine: each rank finds no GPU and stays on gloo and the CPU."""
+    assert cluster.run(gpus.all_reduce_here) == ["gloo on cpu: [3.0, 3.0]"] * 2
+    assert cluster.run(gpus.ddp_step_here) == ["gloo on cpu, gradients equal on every rank: True"] * 2
+
+
+def test_08cs_gpu_measurements_say_plainly_that_there_is_no_gpu():
+    from ppkit.lessons import gpu_speed
+
+    for measure in (gpu_speed.step_mfu, gpu_speed.fp8_matmul):
+        with pytest.raises(ConfigError, match="no GPU here"):
+            measure()
+    with pytest.raises(ConfigError, match="'step_mfu' or 'fp8_matmul', not 'mfu'"):
+        gpu_speed.measure("mfu")
+    with pytest.raises(ConfigError, match="step_mfu\\(\\) in a fresh Python .* no GPU here"):  # asked outside
+        gpu_speed.measure("step_mfu", seq_len=16)

@@ -107,12 +107,14 @@ def devices(timeout_s: float = 120.0) -> list[dict]:
     return in_fresh_process("ppkit.lessons.gpus", "devices_in_this_process", timeout_s=timeout_s)
 
 
-def in_fresh_process(module: str, function: str, timeout_s: float = 120.0):
-    """``module.function()`` run in a fresh interpreter (exec'd, not forked: it may initialise CUDA), its JSON
-    result returned; a failure raises ConfigError with the interpreter's last words."""
-    code = f"import json, {module} as m; print('PPKIT-RESULT ' + json.dumps(m.{function}()))"
+def in_fresh_process(module: str, function: str, timeout_s: float = 120.0, **kwargs):
+    """``module.function(**kwargs)`` run in a fresh interpreter (exec'd, not forked: it may initialise CUDA), its
+    JSON result returned; a failure raises ConfigError with the interpreter's last words."""
+    code = (f"import json, sys, {module} as m; "
+            f"print('PPKIT-RESULT ' + json.dumps(m.{function}(**json.loads(sys.argv[1]))))")
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True,
+                              timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         raise ConfigError(f"{module}.{function}() in a fresh Python did not finish within {timeout_s:.0f} s. "
                           "A busy machine may need more: pass timeout_s.") from exc
@@ -122,3 +124,42 @@ def in_fresh_process(module: str, function: str, timeout_s: float = 120.0):
         raise ConfigError(f"{module}.{function}() in a fresh Python ({sys.executable}) failed with code "
                           f"{done.returncode}: {said}. Run it in a terminal to see all of it.")
     return json.loads(lines[-1].removeprefix("PPKIT-RESULT "))
+
+
+# -- what a rank runs: the GPU lessons of 02 and 03, on GPUs where each rank has one, else on the CPU -------------
+
+def all_reduce_here(rank: int, world_size: int) -> str:
+    """02 on GPUs: an all_reduce over ``rank_backend``'s choice, made in this rank (nccl: its GPU's tensor, else a
+    CPU tensor over gloo); says which, and the sum."""
+    import torch.distributed as dist
+
+    backend = rank_backend(world_size)  # every rank of these lessons is on this machine
+    device = rank_device(rank, backend)
+    group = dist.new_group(backend=backend)
+    t = torch.full((2,), float(rank + 1), device=device)
+    dist.all_reduce(t, group=group)
+    dist.destroy_process_group(group)
+    return f"{backend} on {device.type}: {t.tolist()}"
+
+
+def ddp_step_here(rank: int, world_size: int) -> str:
+    """03 on GPUs: one DDP step of the lesson's model on this rank's GPU (``device_ids=[rank]``, nccl) where each
+    rank has one, else on the CPU over gloo; says where, and whether the ranks' gradients came out equal."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ppkit.lessons import data_parallel as dp
+
+    backend = rank_backend(world_size)
+    device = rank_device(rank, backend)
+    group = dist.new_group(backend=backend)
+    model = DDP(dp.make_model(0).to(device), device_ids=[rank] if device.type == "cuda" else None,
+                process_group=group)
+    x, y = dp.make_batch(8 * world_size)
+    shard = slice(rank * 8, rank * 8 + 8)
+    torch.nn.functional.cross_entropy(model(x[shard].to(device)), y[shard].to(device)).backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(grads) for _ in range(world_size)]
+    dist.all_gather(gathered, grads, group=group)
+    dist.destroy_process_group(group)
+    return f"{backend} on {device.type}, gradients equal on every rank: {all(torch.equal(g, grads) for g in gathered)}"
