@@ -124,6 +124,8 @@ def test_the_missing_all_reduce_in_a_tensor_parallel_backward_is_named(cluster2)
     assert (first.step, first.kind, first.name, first.rank) == (0, "grad", "inp.bias", 0)
     assert not any(d.step == 0 and (d.kind == "loss" or d.name.startswith(("mlp.", "head."))) for d in
                    report.differences)  # the forward and the block's own gradients are right at step 0
+    assert "each of ranks [0, 1] holds only its own part of the gradient of inp.bias: their sum is the reference" \
+        in str(report)
     assert "all_reduce is missing in backward" in str(report) and "copy_to_parallel" in str(report)
     fixed = ppkit.compare_runs(ref, [run for run, _ in cluster2.run(parity_tp.train, fixed_tp_mlp)])
     assert fixed.equal, str(fixed)

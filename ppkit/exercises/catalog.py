@@ -37,6 +37,7 @@ from ppkit.exercises import (
     check_memory,
     check_moe,
     check_overlap,
+    check_parity,
     check_pipeline,
     check_sequence,
     check_sharding,
@@ -107,6 +108,7 @@ _CODE = {
     "dispatch_splits": (check_moe.check_dispatch_splits, solutions.dispatch_splits),
     "choose_mesh": (check_composition.check_choose_mesh, solutions.choose_mesh),
     "predict_step": (check_throughput.check_predict_step, solutions.predict_step),
+    "tp_mlp": (check_parity.check_tp_mlp, solutions.tp_mlp),
 }
 
 

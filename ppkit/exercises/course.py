@@ -297,4 +297,17 @@ EXERCISES = (
             "step, added after, not stretched.",
         ),
     },
+    {
+        "name": "tp_mlp",
+        "notebook": "14_capstone",
+        "signature": "tp_mlp(x, fc1, fc2, log)",
+        "hints": (
+            "Read the parity report of the planted block: which gradient differs first, at which step, and do the "
+            "ranks' values of it add up to the reference's? The loss at step 0 is right: the forward is not the bug.",
+            "Every rank uses all of x, so the gradient of x is the sum of every rank's part. Megatron's f is the "
+            "identity in forward and an all_reduce in backward: ppkit.lessons.tensor_parallel.copy_to_parallel.",
+            "Make `x = copy_to_parallel(x, log, \"fc1\")` the block's first line and change nothing else: no "
+            "all_reduce in forward (x is whole on every rank already) and no division by world_size.",
+        ),
+    },
 )

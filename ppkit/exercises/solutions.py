@@ -234,3 +234,15 @@ def predict_mfu(size, seq_len, tokens_per_step, recompute, step_seconds, peak_fl
     n = size.layers * 12 * h * h + h * size.vocab     # weights that multiply: qkv, proj, MLP per layer; the head
     per_token = 6 * n + 12 * size.layers * seq_len * h  # forward 2, backward 4; attention's Q K^T and weights x V
     return per_token * tokens_per_step / step_seconds / peak_flops  # recomputation is not the model's work
+
+
+def tp_mlp(x, fc1, fc2, log):
+    """Notebook 14's planted bug fixed: the block's input goes through Megatron's f (all_reduce in backward)."""
+    import torch.nn.functional as F
+
+    from ppkit.lessons.tensor_parallel import copy_to_parallel, reduce_from_parallel
+
+    x = copy_to_parallel(x, log, "fc1")                        # identity forward; backward: every rank's part summed
+    hidden = F.gelu(fc1(x))                                    # my hidden features only
+    partial = F.linear(hidden, fc2.weight)                     # my share of the block's output
+    return reduce_from_parallel(partial, log, "fc2") + fc2.bias  # summed over ranks, the bias added once

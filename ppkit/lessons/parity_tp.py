@@ -1,6 +1,6 @@
 """Notebook 14's exercise: a tensor-parallel MLP block with a planted bug, found by ``ppkit.compare_runs``.
 
-    Net             the model: a Linear in, a residual MLP block, a Linear head (what one process runs)
+    Net             the model: a Linear in, an MLP block, a Linear head (what one process runs)
     planted_tp_mlp  the block as the notebook hands it over: Megatron's MLP on this rank's shards, whose input's
                     gradient is never all_reduced (Megatron's f is missing)
     train           on each rank: the model with its block computed by a block function, SGD steps, recorded
@@ -34,7 +34,7 @@ def planted_tp_mlp(x, fc1, fc2, log):
 
 
 class Net(nn.Module):
-    """inp -> tanh -> h + mlp(h) -> head. ``block``: None for one process, else a block function run on this
+    """inp -> tanh -> mlp -> head. ``block``: None for one process, else a block function run on this
     rank's shards ``fc1``, ``fc2`` of the MLP (``tp`` = (rank, world_size))."""
 
     def __init__(self, seed: int = 0, block=None, tp: tuple[int, int] = (0, 1)):
@@ -49,8 +49,8 @@ class Net(nn.Module):
     def forward(self, x):
         h = torch.tanh(self.inp(x))
         if self.block is None:
-            return self.head(h + self.mlp(h))
-        return self.head(h + self.block(h, self.mlp.fc1, self.mlp.fc2, self.log))
+            return self.head(self.mlp(h))
+        return self.head(self.block(h, self.mlp.fc1, self.mlp.fc2, self.log))
 
 
 def _shards(full: MLP, rank: int, world_size: int) -> nn.Module:

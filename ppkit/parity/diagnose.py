@@ -115,6 +115,8 @@ def diagnose(case: Case) -> Diagnosis:
 def _partial(case: Case, got, want, peers) -> Diagnosis | None:
     if len(peers) < 2 or any(v.shape != want.shape for v in peers.values()):
         return None
+    if all(_fits(v, got) for v in peers.values()):
+        return None  # the ranks agree: a sum of equal parts is a scale (1/world_size each), not parts
     ranks = sorted(peers)
     total = sum(peers.values())
     if _fits(total, want):
@@ -122,11 +124,14 @@ def _partial(case: Case, got, want, peers) -> Diagnosis | None:
             return Diagnosis(f"the ranks' losses add up to the reference's (ranks {ranks})",
                              "each rank's loss was divided by the number of ranks, and then not all_reduced",
                              "record the loss before dividing it, with mean_over=the data-parallel group")
+        missing = ("the forward is right (the loss equals the reference's), so an all_reduce is missing in "
+                   "backward: in a tensor-parallel block, the backward of its input (Megatron's f, identity forward "
+                   "and all_reduce backward)") if case.earlier_equal else (
+                   "an all_reduce is missing: in a tensor-parallel block, the backward of its input (Megatron's f, "
+                   "identity forward and all_reduce backward) or the forward of its output (g)")
         return Diagnosis(f"each of ranks {ranks} holds only its own part of the {_noun(case)}: their sum is "
                          "the reference",
-                         "an all_reduce is missing: in a tensor-parallel block, the backward of its input (Megatron's "
-                         "f, identity forward and all_reduce backward) or the forward of its output (g); in data "
-                         "parallel, the ranks' gradients were never summed",
+                         f"{missing}; in data parallel, the ranks' gradients were never summed",
                          "the block's entry: the input must go through an all_reduce-in-backward function "
                          "(copy_to_parallel) so that every rank gets the full gradient of what it shares")
     if _fits(total / len(peers), want):
