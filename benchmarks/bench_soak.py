@@ -66,10 +66,21 @@ def snapshot() -> dict:
             pass
     fds.pop(spare.pipe_fd(), None)
     waiting = spare.pid()
-    return {"children": {p.pid: " ".join(p.cmdline()[:4]) for p in psutil.Process().children(recursive=True)
-                         if waiting is None or waiting not in (p.pid, _parent(p))},
+    children = {p.pid: _command(p) for p in psutil.Process().children(recursive=True)
+                if waiting is None or waiting not in (p.pid, _parent(p))}
+    return {"children": {pid: command for pid, command in children.items() if command is not None},
             "threads": {t.ident: t.name for t in threading.enumerate()},
             "fds": fds}
+
+
+def _command(process) -> str | None:
+    """Its command line; None if it is gone meanwhile."""
+    try:
+        return " ".join(process.cmdline()[:4])
+    except psutil.ZombieProcess:  # ended, not reaped yet: still a leftover, and named as one
+        return "(a zombie: ended, not reaped)"
+    except psutil.Error:
+        return None
 
 
 def _parent(process) -> int | None:

@@ -61,6 +61,20 @@ def _free_module_garbage():
     gc.collect()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _close_spawns_kept_clusters():
+    """Stop the fork servers that ``ppkit.spawn`` and ``%%torchrun`` keep between calls (a failed call's cluster
+    too, kept for ``%debug``) at the end of each test module, as the kernel's exit does.
+
+    Kept, they outlived the module that made them and were found by the next module's leftover check: the
+    2026-11-29 CI runs failed test_rpc_world, test_pipelining_failures and notebook 02 for a fork server that
+    test_flight_record's timed-out ``ppkit.spawn`` had left (a test process, 44 s old, its cluster "broken")."""
+    yield
+    from ppkit.cluster.spawn import call as spawn_call
+
+    spawn_call.close()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _mark_owner():
     # children inherit this, so leftovers from *this* run can be told from other runs' processes
@@ -93,7 +107,7 @@ def _rpc_first_world(request):
 
 # Clusters that module-scoped fixtures keep open across tests: no_leftovers looks past their processes.
 _shared: list[ppkit.Cluster] = []
-LEFTOVER_WAIT_S = 15.0
+LEFTOVER_WAIT_S = 5.0  # a leak never ends, a slow exit does
 
 
 @pytest.fixture
@@ -102,9 +116,6 @@ def no_leftovers():
     it left is then killed, so that the next test's check does not fail for it too."""
     yield
     kept = {p.pid for cluster in _shared for p in cluster.processes()}
-    # LEFTOVER_WAIT_S: a leak never ends, a slow exit does. The 2026-11-29 fresh-clone run found a fork server still
-    # there after 5 s in three tests that failed a job and restarted (each passes alone and under load); whether
-    # they would have ended is not known, so the wait is longer and a process still there after it still fails
     left = end_leftovers([p.pid for p in ppkit_children() if p.pid not in kept], timeout=LEFTOVER_WAIT_S)
     assert not left, f"leftover ppkit processes (now killed): {left}"
 

@@ -61,11 +61,25 @@ def end_leftovers(pids, timeout: float = 5.0) -> list[str]:
     for pid in wait_gone(pids, timeout):
         try:
             proc = psutil.Process(pid)
-            described.append(f"{pid} ({' '.join(proc.cmdline())[:120]})")
+            described.append(f"{pid} ({' '.join(proc.cmdline())[:120]}; {_whose(proc)})")
             proc.kill()
         except psutil.Error:
             continue
     return described
+
+
+def _whose(proc: psutil.Process) -> str:
+    """Where a leftover came from: its age, state, threads, and its parent (a fork server's workers keep its
+    command line, so the parent tells a worker from a fork server)."""
+    try:
+        parent = proc.parent()
+        said = (f"{proc.status()}, {time.time() - proc.create_time():.0f} s old, {proc.num_threads()} threads, "
+                f"parent {proc.ppid()}")
+        if parent is not None:
+            said += " (this test process)" if parent.pid == os.getpid() else f" ({' '.join(parent.cmdline())[:80]})"
+        return said
+    except psutil.Error as exc:
+        return f"no more known: {exc}"
 
 
 def wait_gone(pids, timeout: float = 5.0, *, spare_too: bool = False) -> list[int]:

@@ -83,6 +83,22 @@ def test_plain_output_is_as_before_and_a_run_hides_and_prefixes_what_it_asks(cap
     assert capsys.readouterr().out == "<0> shown\n"
 
 
+def test_a_message_between_ranks_lines_leaves_another_ranks_half_written_line_whole(capsys):
+    """A rank stopped at a breakpoint, or the hang watch, prints its message while another rank is halfway through
+    a line (print's pieces reach the pipe apart under load): that line is not cut in two around the message (the
+    2026-11-29 CI run showed "[rank 0] after the breakpoint" and "[rank 0]  40" apart). The stopped rank's own
+    half line comes before its prompt."""
+    printer = RankPrinter(world_size=2)
+    with printer.use(OutputSettings(collapse=True)):
+        printer.write(0, "stdout", "after the breakpoint")
+        printer.write(1, "stdout", "about to stop: ")
+        printer.interject(1)
+        print("[ppkit] rank 1 stopped")
+        printer.write(0, "stdout", " 40\n")
+    assert capsys.readouterr().out == ("[rank 1] about to stop: \n[ppkit] rank 1 stopped\n"
+                                       "[rank 0] after the breakpoint 40\n")
+
+
 def test_output_beyond_the_limit_goes_to_a_file_named_in_the_cell(capsys):
     printer = RankPrinter(world_size=1)
     inbox = Inbox(lambda item: printer.write(item.source, item.msg.stream, item.msg.text) or True,

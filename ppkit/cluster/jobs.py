@@ -72,7 +72,7 @@ class Job:
         self._printer = printer
         self._on_break = on_break  # on_break(reason): the cluster needs a restart
         self._restart = restart  # restart(): new workers, after a pdb quit left ranks blocked
-        self.debug = Sessions(send, printer.flush, world_size=world_size)  # breakpoints on ranks
+        self.debug = Sessions(send, printer.interject, world_size=world_size)  # breakpoints on ranks
         self.results: dict[int, Result | Cancelled] = {}
         self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
         self.records: dict[int, dict] = {}  # rank -> its flight record's last words, as it aborted (hang_doctor/)
@@ -200,7 +200,7 @@ class Job:
         diagnosis = self._diagnosis()
         message = self.watch.look(stacks, diagnosis.records, diagnosis if diagnosis.problem else None)
         if message:
-            self._printer.flush()
+            self._printer.interject()
             print(message, end="", flush=True)
 
     def _stop_debugging(self, ended: Ended) -> None:

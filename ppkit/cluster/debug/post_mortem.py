@@ -35,7 +35,7 @@ class PostMortems:
         if not links.send(rank, PostMortem()):
             raise ClusterStateError(f"rank {rank} is gone (its process ended): there is no traceback to look "
                                     "at. cluster.restart(), run the job again, then cluster.debug().")
-        sessions = Sessions(links.send, links.printer.flush)  # world_size 0: no other ranks to mention
+        sessions = Sessions(links.send, links.printer.interject)  # world_size 0: no other ranks to mention
         others = []
         try:
             while True:

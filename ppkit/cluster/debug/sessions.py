@@ -32,9 +32,10 @@ class Ended:
 
 
 class Sessions:
-    """The pdb sessions of one job (or one post-mortem). ``send(rank, msg)`` reaches a rank;
-    ``flush()`` prints what ranks wrote so far; ``ask(prompt)`` reads the learner's line (default:
-    ``input``, looked up when asking: ipykernel puts its own in ``builtins`` for each cell)."""
+    """The pdb sessions of one job (or one post-mortem). ``send(rank, msg)`` reaches a rank; ``flush(rank)``
+    prints what ranks wrote so far (RankPrinter.interject: ``rank``'s half line ended, the others' kept);
+    ``ask(prompt)`` reads the learner's line (default: ``input``, looked up when asking: ipykernel puts its own in
+    ``builtins`` for each cell)."""
 
     def __init__(self, send, flush, ask=None, world_size: int = 0):
         self._send, self._flush = send, flush
@@ -79,7 +80,7 @@ class Sessions:
     def switch(self) -> None:
         """The active rank is busy (blocked): ask the next waiting rank meanwhile."""
         busy = self.active
-        self._flush()
+        self._flush(None)
         print(f"[ppkit] rank {busy} is busy (probably in a collective, waiting for a rank stopped at a "
               f"breakpoint): over to rank {min(self.waiting)}; rank {busy}'s next prompt comes after.")
         self._next()
@@ -91,7 +92,7 @@ class Sessions:
             self._answer(rank, self.waiting.pop(rank))
 
     def _answer(self, rank: int, prompt: DebugPrompt) -> None:
-        self._flush()
+        self._flush(rank)
         if self.active is None:
             self.active = rank
             others = [r for r in range(self.world_size) if r != rank and r not in self.waiting and r not in self._where]

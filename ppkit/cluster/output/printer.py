@@ -101,9 +101,25 @@ class RankPrinter:
         self.metrics.tick()
 
     def flush(self) -> None:
-        partial, self._partial = self._partial, {}  # write() would prepend it a second time
-        for (rank, stream), rest in sorted(partial.items()):
+        """Everything ranks wrote, a half-written line ended as a line: the run is over."""
+        self._end_partial_lines(lambda rank: True)
+        self._flush_shown()
+
+    def interject(self, rank: int | None = None) -> None:
+        """Show what ranks wrote so far, before ppkit prints a message while the run goes on (a rank stopped at a
+        breakpoint, the hang watch). ``rank``'s half-written line is ended (it comes before that rank's prompt);
+        other ranks' stay open, so a line whose pieces arrive apart is not cut in two around the message."""
+        self._end_partial_lines(lambda r: r == rank)
+        self._flush_shown()
+
+    def _end_partial_lines(self, which) -> None:
+        ending = {key: rest for key, rest in self._partial.items() if which(key[0])}
+        for key in ending:  # write() would prepend it a second time
+            del self._partial[key]
+        for (rank, stream), rest in sorted(ending.items()):
             self.write(rank, stream, rest + "\n")
+
+    def _flush_shown(self) -> None:
         if self._collapser is not None:
             self._emit(self._collapser.flush())
         self._flush_streams()
