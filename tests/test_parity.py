@@ -247,3 +247,73 @@ def test_one_rank_s_wrong_shard_names_that_rank(cluster2, ref):
     assert (first.step, first.name, first.rank) == (0, "2.weight", 1)
     assert not [d for d in report.differences if d.step == 0 and d.rank == 0]
     assert "all zeros on rank 1" in str(report)
+
+
+# -- DTensor tensor parallel with sequence parallel ---------------------------------------------------
+
+def sp_model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+
+
+def sp_data(step: int):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 16, generator=g)
+
+
+def sp_reference(steps: int = 2) -> ppkit.ParityRun:
+    model, rec = sp_model(), ppkit.ParityRecorder()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = sp_data(step)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        rec.record(step, model, loss)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+def sp_train(rank, world_size, sharded_loss=False, steps=2):
+    """LayerNorm under SequenceParallel (each rank its half of the tokens), fc1 column-, fc2 row-parallel.
+    sharded_loss: fc2's output stays sharded by tokens and each rank takes the mean of its own tokens' loss,
+    so backward adds world_size means: the gradients are world_size x the reference."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    out = Shard(1) if sharded_loss else Replicate()
+    model = parallelize_module(sp_model(), mesh, {"0": SequenceParallel(), "1": ColwiseParallel(input_layouts=Shard(1)),
+                                                  "3": RowwiseParallel(output_layouts=out)})
+    rec, opt = ppkit.ParityRecorder(), torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = sp_data(step)
+        target = y.chunk(world_size, dim=1)[rank] if sharded_loss else y
+        loss = F.mse_loss(model(x.chunk(world_size, dim=1)[rank]), target)
+        loss.backward()
+        rec.record(step, model, loss, mean_over=dist.group.WORLD if sharded_loss else None)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+def test_dtensor_tensor_and_sequence_parallel_pieces_are_found_and_compared(cluster2):
+    runs = cluster2.run(sp_train)
+    pieces = runs[1].tensors[0]
+    assert (pieces["1.weight"].offset, pieces["3.weight"].offset, pieces["0.weight"].offset) == ((16, 0), (0, 16), (0,))
+    report = ppkit.compare_runs(sp_reference(), runs)  # LayerNorm's Partial gradients summed by the recorder
+    assert report.equal, str(report)
+
+
+def test_a_loss_averaged_over_each_rank_s_own_tokens_is_named(cluster2):
+    report = ppkit.compare_runs(sp_reference(), cluster2.run(sp_train, True))
+    first = report.first
+    assert (first.step, first.kind, first.name, first.rank) == (0, "grad", "3.bias", 0)
+    assert "the gradient of 3.bias is 2x the reference on every rank" in str(report)
+    assert not [d for d in report.differences if d.kind == "loss" and d.step == 0]
