@@ -227,3 +227,13 @@ def test_a_run_in_a_lower_precision_is_compared_within_that_precision():
     run.dtype = "torch.int64"
     with pytest.raises(ppkit.ConfigError, match="no default tolerance for torch.int64.*pass rtol= and atol="):
         ppkit.compare_runs(ref, [run])
+
+
+def test_the_report_says_what_it_compared():
+    losses_only = recorded()
+    losses_only.tensors.clear()
+    report = ppkit.compare_runs(recorded(), [losses_only])
+    assert report.equal and report.names == [] and "(1 step(s), the loss, ranks 0)" in str(report)
+    tensors_only = recorded()
+    tensors_only.losses.clear()
+    assert "(1 step(s), 4 gradients by name, ranks 0)" in str(ppkit.compare_runs(recorded(), [tensors_only]))

@@ -41,8 +41,10 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
             differences.append(diff)
             first_case = first_case or case
     diagnosis = diagnose(first_case) if first_case else None
-    names = list(ref.tensors.get(steps[0], {})) if steps else []
-    return ParityReport(differences, diagnosis, tolerance, steps, names, sorted(ranks), ref.kind)
+    held = {n for run in ranks.values() for step in steps for n in run.tensors.get(step, {})}
+    names = [n for n in dict.fromkeys(n for step in steps for n in ref.tensors.get(step, {})) if n in held]
+    losses = any(run.losses for run in ranks.values())
+    return ParityReport(differences, diagnosis, tolerance, steps, names, sorted(ranks), ref.kind, losses)
 
 
 def _as_run(obj, label: str) -> ParityRun:

@@ -78,6 +78,9 @@ class ParityRecorder:
     ``shards``: {name: (dim, index, count)} for a tensor split by hand (rank r of a tensor-parallel group of n
     holding rows r: ``(0, r, n)``); ``rename``: a dict or a function from this model's names to the
     reference's (a pipeline stage that numbers its layers from 0, say). DTensors need neither.
+
+    Every recorded tensor travels back to the kernel with the run: for a large model, record the loss at every step
+    (``record(step, None, loss)``) and the tensors at a few steps only.
     """
 
     def __init__(self, what: str = "grads", shards: Mapping | None = None,

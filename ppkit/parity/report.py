@@ -41,10 +41,11 @@ class ParityReport:
     ``differences`` lists them all. ``raise_if_different()`` raises ``ppkit.ParityError`` with the same text."""
 
     def __init__(self, differences: list[Difference], diagnosis: Diagnosis | None, tolerance: Tolerance,
-                 steps: list[int], names: list[str], ranks: list[int], kind: str):
+                 steps: list[int], names: list[str], ranks: list[int], kind: str, losses: bool = True):
         self.differences = list(differences)
         self.diagnosis = diagnosis
         self.tolerance, self.steps, self.names, self.ranks, self.kind = tolerance, steps, names, ranks, kind
+        self.losses = losses  # whether any rank recorded a loss
 
     @property
     def equal(self) -> bool:
@@ -59,8 +60,8 @@ class ParityReport:
 
     def __str__(self) -> str:
         kind = {"grads": "gradients", "params": "parameters"}.get(self.kind, self.kind)
-        compared = (f"{len(self.steps)} step(s), the loss and {len(self.names)} {kind} by name, "
-                    f"ranks {_ranges(self.ranks)}")
+        what = [w for w, on in (("the loss", self.losses), (f"{len(self.names)} {kind} by name", self.names)) if on]
+        compared = f"{len(self.steps)} step(s), {' and '.join(what)}, ranks {_ranges(self.ranks)}"
         if self.equal:
             return f"parity: the parallel run equals the reference ({compared}), within {self.tolerance}."
         first, d = self.first, self.diagnosis
