@@ -56,6 +56,9 @@ def recorded(tmp_path, monkeypatch):
 
 
 def test_the_fork_server_asks_no_cuda_before_it_forks(recorded, capfd):
+    from ppkit.cluster.spawn import call as spawn_call
+
+    spawn_call.close()  # ppkit.spawn's kept fork servers, if any, were started without the recorder
     with ppkit.Cluster(2, "gloo", timeout=120) as cluster:
         assert cluster.run(inherited_cuda_calls) == [[], []]
         cluster.restart()  # a second generation of forks, after the server's first ones
