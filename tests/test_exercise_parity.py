@@ -18,6 +18,7 @@ from ppkit.lessons import parity_tp
 from ppkit.lessons.tensor_parallel import copy_to_parallel, reduce_from_parallel
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.slow  # every check runs ranks
 
 
 def _rest(x, fc1, fc2, log):
