@@ -109,10 +109,12 @@ def loss_fn(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def shapes(world_size: int, size: Size = SIZE) -> list[tuple[int, int, int]]:
-    """Every (dp, pp, tp) with dp x pp x tp = world_size that the model and batch can take."""
+def shapes(world_size: int, size: Size = SIZE, problem=None) -> list[tuple[int, int, int]]:
+    """Every (dp, pp, tp) with dp x pp x tp = world_size that the model and batch can take (``problem(world_size,
+    mesh, size)``: what is wrong with a mesh, or None; default: this lesson's model's)."""
+    problem = problem or _problem
     return [(dp, pp, world_size // (dp * pp)) for dp in range(1, world_size + 1) for pp in range(1, world_size + 1)
-            if world_size % (dp * pp) == 0 and _problem(world_size, (dp, pp, world_size // (dp * pp)), size) is None]
+            if world_size % (dp * pp) == 0 and problem(world_size, (dp, pp, world_size // (dp * pp)), size) is None]
 
 
 def _problem(world_size: int, mesh, size: Size) -> str | None:
@@ -144,13 +146,14 @@ def check_world(world_size, available: int) -> int:
     return world_size
 
 
-def check_mesh(world_size: int, mesh, size: Size = SIZE) -> tuple[int, int, int]:
-    """``mesh`` as a (dp, pp, tp) tuple, or a ConfigError saying what is wrong and which meshes would work."""
+def check_mesh(world_size: int, mesh, size: Size = SIZE, problem=None) -> tuple[int, int, int]:
+    """``mesh`` as a (dp, pp, tp) tuple, or a ConfigError saying what is wrong and which meshes would work
+    (``problem`` as in ``shapes``)."""
     mesh = tuple(mesh) if isinstance(mesh, (tuple, list)) else (mesh,)
-    problem = _problem(world_size, mesh, size)
-    if problem:
-        ok = ", ".join("x".join(map(str, s)) for s in shapes(world_size, size)) or "none"
-        raise ConfigError(f"{problem}. Meshes (dp x pp x tp) that work for {world_size} ranks: {ok}.")
+    wrong = (problem or _problem)(world_size, mesh, size)
+    if wrong:
+        ok = ", ".join("x".join(map(str, s)) for s in shapes(world_size, size, problem)) or "none"
+        raise ConfigError(f"{wrong}. Meshes (dp x pp x tp) that work for {world_size} ranks: {ok}.")
     return mesh
 
 

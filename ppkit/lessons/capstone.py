@@ -1,0 +1,270 @@
+"""Lesson 14, the capstone: a small Llama (ppkit.models.llama) trained on shipped text (ppkit.data), first in one
+process, then on a device mesh composed with torch's own APIs, as notebooks 09-13 taught them.
+
+    Run           the run's settings: model sizes, sequences per step, micro-batches, learning rate, seed
+    batch_at      step ``step``'s sequences and next-byte targets, the same on every machine
+    reference     the one-process run: fp32, Adam, a loss per step
+    TOLERANCE     how far a parallel run's loss may be from the reference's (relative): see ``tolerance``
+    check_mesh    refuses a (dp, pp, tp) mesh the world or the model cannot take, saying what would work
+    parallelize   this rank's stage: tensor parallel with sequence parallel over "tp" (DTensor), FSDP2 over "dp"
+    train         (on every rank) steps ``start`` .. ``start + steps`` on the mesh, pipelined over "pp"; can save
+                  and load a torch.distributed.checkpoint (capstone_checkpoint)
+    run_mesh      ``train`` on a cluster, its losses combined into one per step
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ppkit import data
+from ppkit.lessons import capstone_checkpoint as ckpt
+from ppkit.lessons import composition as comp
+from ppkit.models import llama
+from ppkit.pipeline.schedules.stage import step_once
+
+
+@dataclass(frozen=True)
+class Run:
+    config: llama.Config = field(default_factory=llama.Config)
+    batch: int = 8            # sequences per step, over all dp ranks
+    microbatches: int = 2     # per dp rank, through the pipeline (when pp > 1)
+    lr: float = 3e-3
+    seed: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens trained on per step."""
+        return self.batch * self.config.seq
+
+
+RUN = Run()
+_TOKENS: list[torch.Tensor] = []  # the shipped text, encoded once per process
+
+
+def batch_at(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``run.batch`` windows of the text at offsets drawn from (seed, step): ids and the next bytes."""
+    if not _TOKENS:
+        _TOKENS.append(data.encode(data.text()))
+    tokens, seq = _TOKENS[0], run.config.seq
+    g = torch.Generator().manual_seed(1_000_003 * run.seed + step)
+    starts = torch.randint(0, len(tokens) - seq - 1, (run.batch,), generator=g)
+    window = torch.stack([tokens[s:s + seq + 1] for s in starts.tolist()])
+    return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+
+def loss_fn(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def optimizer(params, run: Run) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=run.lr, foreach=False)  # foreach=False: one DTensor at a time
+
+
+def reference(run: Run = RUN, steps: int = 8) -> list[float]:
+    """The one-process run: the whole batch each step, fp32, Adam; the loss of each step."""
+    model = llama.Llama(run.config, run.seed)
+    opt = optimizer(model.parameters(), run)
+    losses = []
+    for step in range(steps):
+        x, y = batch_at(run, step)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+# fp32's unit roundoff is 2^-24 = 6e-8. A sum of n terms in another order may differ by up to about n u of the sum
+# of their magnitudes (Higham, Accuracy and Stability of Numerical Algorithms, ch. 4). The deepest sums of a step
+# here are the loss's mean over 256 tokens and the gradients' sums over 256 tokens (and over dp ranks and
+# micro-batches, which only split them): 256 u = 1.5e-5 of the loss per step. Adam divides each gradient by its own
+# size, so a rounding difference is not damped from step to step: the differences add up, by at most that much a
+# step. Over a run of up to ten steps the bound is ten times it, 1.5e-4; TOLERANCE rounds it up to 2e-4.
+# Measured (docs/capstone.md): a few 1e-7 to 1e-6, far inside it; a real bug (a missing all_reduce) moves the loss
+# by 1e-2 and more.
+TOLERANCE = 2e-4
+
+
+def tolerance(run: Run = RUN, steps: int = 10) -> float:
+    """The bound TOLERANCE is rounded from: steps x (tokens per step) x fp32's unit roundoff."""
+    return steps * run.tokens * 2.0 ** -24
+
+
+def _problem(world_size: int, mesh, run: Run) -> str | None:
+    if len(mesh) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) for n in mesh):
+        return f"the mesh must be three whole numbers (dp, pp, tp), got {mesh!r}"
+    dp, pp, tp = mesh
+    c = run.config
+    if min(mesh) < 1:
+        return f"every degree must be at least 1, got dp={dp}, pp={pp}, tp={tp}"
+    if dp * pp * tp != world_size:
+        return f"mesh {dp}x{pp}x{tp} has {dp * pp * tp} ranks, but {world_size} run it: dp x pp x tp must equal it"
+    if c.layers % pp:
+        return f"pp={pp} cannot split {c.layers} blocks evenly into stages"
+    if c.heads % tp or c.hidden % tp or c.seq % tp:
+        return (f"tp={tp} must divide the {c.heads} heads, the MLP's {c.hidden} and (sequence parallel) the "
+                f"{c.seq} tokens of a sequence")
+    m = run.microbatches if pp > 1 else 1
+    if run.batch % (dp * m):
+        return f"dp={dp} x {m} micro-batches must divide the batch of {run.batch} sequences"
+    return None
+
+
+def shapes(world_size: int, run: Run = RUN) -> list[tuple[int, int, int]]:
+    """Every (dp, pp, tp) of ``world_size`` ranks that the model and batch can take."""
+    return comp.shapes(world_size, run, _problem)
+
+
+def check_mesh(world_size: int, mesh, run: Run = RUN) -> tuple[int, int, int]:
+    """``mesh`` as a (dp, pp, tp) tuple, or a ConfigError saying what is wrong and which meshes work."""
+    return comp.check_mesh(world_size, mesh, run, _problem)
+
+
+def tp_plan(first: bool, last: bool) -> dict:
+    """Tensor parallel with sequence parallel (torchtitan's Llama plan): between blocks the activations are split on
+    the sequence (Shard(1)); each attention and MLP all_gathers them (PrepareModuleInput), runs its heads or its slice
+    of the MLP (Colwise), and reduce_scatters its output back onto the sequence (Rowwise, output Shard(1))."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    gather = {"input_layouts": (Shard(1),), "desired_input_layouts": (Replicate(),)}
+    block = {"attention_norm": SequenceParallel(), "attention": PrepareModuleInput(**gather),
+             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+             "ffn_norm": SequenceParallel(), "feed_forward": PrepareModuleInput(**gather),
+             "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1))}
+    outer = {}
+    if first:  # each rank looks up its slice of the embedding's columns, the sum reduce_scattered onto the sequence
+        outer["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if last:
+        outer["norm"] = SequenceParallel()
+        outer["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+    return {"block": block, "outer": outer}
+
+
+def parallelize(mesh3d, run: Run = RUN) -> llama.Llama:
+    """This rank's stage of the model: tensor and sequence parallel over "tp", then FSDP2 over "dp" (a degree of 1
+    is left out)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    pp, stage_index = mesh3d["pp"].size(), mesh3d["pp"].get_local_rank()
+    stage = llama.Llama(run.config, run.seed).keep_stage(stage_index, pp)
+    if mesh3d["tp"].size() > 1:
+        plan = tp_plan(stage_index == 0, stage_index == pp - 1)
+        for block in stage.layers.values():
+            parallelize_module(block, mesh3d["tp"], plan["block"])
+        parallelize_module(stage, mesh3d["tp"], plan["outer"])
+    if mesh3d["dp"].size() > 1:
+        for block in stage.layers.values():
+            fully_shard(block, mesh=mesh3d["dp"])
+        fully_shard(stage, mesh=mesh3d["dp"])
+    return stage
+
+
+def _my_batch(mesh3d, run: Run, step: int):
+    x, y = batch_at(run, step)
+    per = run.batch // mesh3d["dp"].size()
+    mine = slice(mesh3d["dp"].get_local_rank() * per, (mesh3d["dp"].get_local_rank() + 1) * per)
+    return x[mine].clone(), y[mine].clone()
+
+
+def _schedule(mesh3d, stage, run: Run, per_rank: int):
+    """This rank's PipelineStage and its GPipe schedule over "pp" (torch.distributed.pipelining), the activations'
+    shapes given up front: a stage's hidden state is its sequence-parallel slice, seq / tp tokens."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    pp, s, c = mesh3d["pp"].size(), mesh3d["pp"].get_local_rank(), run.config
+    mb = per_rank // run.microbatches
+    hidden = torch.empty(mb, c.seq // mesh3d["tp"].size(), c.dim, requires_grad=True)
+    logits = torch.empty(mb, c.seq, c.vocab, requires_grad=True)
+    tokens = torch.zeros(mb, c.seq, dtype=torch.long)
+    pipe = PipelineStage(stage, s, pp, torch.device("cpu"), input_args=tokens if s == 0 else hidden,
+                         output_args=logits if s == pp - 1 else hidden, group=mesh3d["pp"].get_group())
+    return pipe, ScheduleGPipe(pipe, n_microbatches=run.microbatches, loss_fn=loss_fn)
+
+
+def _step(mesh3d, stage, pipeline, run: Run, step: int) -> float | None:
+    x, y = _my_batch(mesh3d, run, step)
+    if pipeline is None:
+        loss = loss_fn(stage(x), y)
+        loss.backward()
+        return loss.item()
+    losses = step_once(*pipeline, x, y)  # notebook 08's: each stage feeds what it holds
+    return torch.stack(losses).mean().item() if losses else None
+
+
+def train(rank, world_size, mesh=(2, 1, 2), run: Run = RUN, steps: int = 4, start: int = 0, ranks: int | None = None,
+          load: str | None = None, save: str | None = None) -> dict | None:
+    """Steps ``start`` .. ``start + steps - 1`` on ``mesh`` (dp, pp, tp) over ranks 0 .. ``ranks`` - 1 (default:
+    all; the others return None). ``load``: first restore model and Adam from that checkpoint (any mesh's);
+    ``save``: afterwards save them there. Returns this rank's coordinates, loss per step (last stage; else None)
+    and seconds per step."""
+    ranks = world_size if ranks is None else comp.check_world(ranks, world_size)
+    mesh = check_mesh(ranks, mesh, run)
+    mesh3d = comp.device_mesh(mesh)  # every rank of the world takes part in making its groups
+    group = _ranks_group(ranks, world_size) if load or save else None
+    if rank >= ranks:
+        return None
+    stage = parallelize(mesh3d, run)
+    opt = optimizer(stage.parameters(), run)
+    if load:
+        ckpt.load(load, stage, opt, group)
+    pipeline = _schedule(mesh3d, stage, run, run.batch // mesh[0]) if mesh[1] > 1 else None
+    losses, seconds = [], []
+    # FSDP2 warns that the root returns a view (the logits, made local by the output's plan): harmless here, the
+    # loss reads them out of place
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    for step in range(start, start + steps):
+        began = time.perf_counter()
+        losses.append(_step(mesh3d, stage, pipeline, run, step))
+        opt.step()
+        opt.zero_grad()
+        seconds.append(time.perf_counter() - began)
+    if save:
+        ckpt.save(save, stage, opt, group)
+    return {"rank": rank, "coords": tuple(mesh3d[d].get_local_rank() for d in comp.DIMS), "losses": losses,
+            "seconds": seconds}
+
+
+def _ranks_group(ranks: int, world_size: int):
+    """The process group of ranks 0 .. ``ranks`` - 1 (None: the whole world), made once per worker by every rank of
+    the world: DCP's collectives (planning, the final barrier) run on it, and ranks outside the mesh never join."""
+    import torch.distributed as dist
+
+    if ranks == world_size:
+        return None
+    if ranks not in _GROUPS:
+        _GROUPS[ranks] = dist.new_group(list(range(ranks)))
+    return _GROUPS[ranks]
+
+
+_GROUPS: dict = {}
+
+
+def combine(results: list) -> list[float]:
+    """One loss per step from the ranks' results: the last stage's, averaged over dp (tp ranks hold the same)."""
+    last = [r["losses"] for r in results if r is not None and r["coords"][2] == 0 and r["losses"][0] is not None]
+    return [sum(step) / len(step) for step in zip(*last)]
+
+
+def run_mesh(cluster, mesh, run: Run = RUN, steps: int = 4, start: int = 0, ranks: int | None = None,
+             load: str | None = None, save: str | None = None, timeout: float = 600) -> list[float]:
+    """``train`` on the cluster's first ``ranks`` ranks (checked here first); the loss of each step."""
+    ranks = comp.check_world(cluster.world_size if ranks is None else ranks, cluster.world_size)
+    check_mesh(ranks, mesh, run)
+    results = cluster.run(train, mesh=tuple(mesh), run=run, steps=steps, start=start, ranks=ranks, load=load,
+                          save=save, timeout=timeout)
+    return combine(results)
