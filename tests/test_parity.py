@@ -337,7 +337,7 @@ def fsdp_tp_train(rank, world_size, steps=2):
         x, y = sp_data(step)
         loss = F.mse_loss(model(x.chunk(2)[dp]), y.chunk(2)[dp])
         loss.backward()
-        rec.record(step, model, loss, mean_over=mesh["dp"].get_group())
+        rec.record(step, model, loss, mean_over=mesh["dp"])  # a 1-D mesh: its group
         opt.step()
         opt.zero_grad()
     return rec.run

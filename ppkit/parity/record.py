@@ -97,8 +97,9 @@ class ParityRecorder:
     def record(self, step: int, model=None, loss=None, *, mean_over=None) -> None:
         """Record ``step``: ``loss`` (a tensor or a number; None on a rank that has none, such as a pipeline's
         first stage) and the tensors of ``model`` (a module, several modules such as a stage's chunks, or a
-        dict of name -> tensor). ``mean_over``: a process group (or ``dist.group.WORLD``) whose ranks each hold
-        their own batch's loss; the recorder records its mean, which every rank of it must then ask for."""
+        dict of name -> tensor). ``mean_over``: a process group (``dist.group.WORLD``) or a 1-D DeviceMesh
+        (``mesh["dp"]``) whose ranks each hold their own batch's loss; the recorder records its mean, which every
+        rank of it must then ask for."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ConfigError(f"record(step={step!r}): a step is a whole number from 0, the same on every rank "
                               "and in the reference.")
@@ -163,6 +164,8 @@ def _loss_value(loss, group) -> float:
     else:
         raise ConfigError(f"record(loss=...) got {type(loss).__name__}: give a tensor or a number.")
     if group is not None:
+        if hasattr(group, "get_group"):  # a 1-D DeviceMesh, such as mesh["dp"]
+            group = group.get_group()
         loss = loss.clone()
         dist.all_reduce(loss, group=group)  # SUM then divide: gloo has no AVG
         loss /= dist.get_world_size(group)
