@@ -256,3 +256,13 @@ def test_preflight_says_where_the_docs_it_names_are_just_before_its_summary():
     checker.checks.clear()
     checker.run()
     assert lines[-1] == checker.summary() and ppkit.course.where_docs() not in lines  # nothing named docs/
+
+
+# -- the notebook-only start (tests/test_course_wheel.py runs the cell where ppkit is missing) --------------------
+def test_notebook_00_first_installs_this_versions_wheel_and_only_where_ppkit_is_missing():
+    version = ppkit.__version__
+    first = next(c for c in nbformat.read(NOTEBOOKS[0], as_version=4).cells if c.cell_type == "code")
+    assert NOTEBOOKS[0].name == "00_start_here.ipynb"
+    assert f'"ppkit-{version}-py3-none-any.whl"' in first.source  # the name `python -m build` gives this version
+    assert 'if importlib.util.find_spec("ppkit") is None:' in first.source
+    assert "    %pip install {PPKIT_SOURCE}" in first.source and "Restart the kernel once" in first.source
