@@ -98,15 +98,27 @@ def test_a_missing_checkpoint_is_refused(tmp_path):
 # -- on the cluster ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_4_rank_dp2_tp2_run_equals_one_process(cluster8, reference):
-    _within(cap.run_mesh(cluster8, (2, 1, 2), steps=STEPS, ranks=4), reference)
+    results = cluster8.run(cap.train, mesh=(2, 1, 2), steps=STEPS, ranks=4, metrics=True)
+    assert results[4:] == [None] * 4
+    _within(cap.combine(results), reference)
+    # every rank reported tokens/s each step, the ranks that hold a loss (all four: no pipeline) their loss
+    rows = ppkit.metrics()
+    assert sorted({(r["rank"], r["step"]) for r in rows}) == [(k, i) for k in range(4) for i in range(STEPS)]
+    assert all(r["tokens_per_s"] > 0 and "loss" in r for r in rows)
 
 
 @pytest.mark.slow
 def test_an_8_rank_3d_run_equals_one_process(cluster8, reference):
-    results = cluster8.run(cap.train, mesh=(2, 2, 2), steps=STEPS)
+    recorder = ppkit.ParityRecorder()
+    cap.reference(steps=STEPS, recorder=recorder)
+    results = cluster8.run(cap.train, mesh=(2, 2, 2), steps=STEPS, parity=True)
     assert [r["coords"] for r in results] == [(i // 4, i // 2 % 2, i % 2) for i in range(8)]
     assert all((r["losses"][0] is None) == (r["coords"][1] == 0) for r in results)  # only the last stage has a loss
     _within(cap.combine(results), reference)
+    # every gradient, gathered from its DTensor shards (FSDP2 over dp, TP over tp) and pipeline stages, by name
+    report = ppkit.compare_runs(recorder, [r["parity"] for r in results])
+    assert report.equal, report
+    assert str(report).count("39 gradients") == 1  # 4 blocks x 9 tensors, embedding, norm, output
     # the tolerance tells runs apart: a learning rate 1 % higher is outside it (2e-3 after 4 steps, when written)
     other = cap.reference(cap.Run(lr=cap.RUN.lr * 1.01), steps=STEPS)
     assert max(abs(a - b) / abs(b) for a, b in zip(other, reference)) > 5 * cap.TOLERANCE

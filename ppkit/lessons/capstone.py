@@ -25,7 +25,9 @@ from ppkit import data
 from ppkit.lessons import capstone_checkpoint as ckpt
 from ppkit.lessons import composition as comp
 from ppkit.models import llama
+from ppkit.parity import ParityRecorder
 from ppkit.pipeline.schedules.stage import step_once
+from ppkit.transport.metrics import log_metrics
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,9 @@ def optimizer(params, run: Run) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=run.lr, foreach=False)  # foreach=False: one DTensor at a time
 
 
-def reference(run: Run = RUN, steps: int = 8) -> list[float]:
-    """The one-process run: the whole batch each step, fp32, Adam; the loss of each step."""
+def reference(run: Run = RUN, steps: int = 8, recorder=None) -> list[float]:
+    """The one-process run: the whole batch each step, fp32, Adam; the loss of each step. ``recorder``: a
+    ``ppkit.ParityRecorder`` that records each step's loss and gradients."""
     model = llama.Llama(run.config, run.seed)
     opt = optimizer(model.parameters(), run)
     losses = []
@@ -74,6 +77,8 @@ def reference(run: Run = RUN, steps: int = 8) -> list[float]:
         x, y = batch_at(run, step)
         loss = loss_fn(model(x), y)
         loss.backward()
+        if recorder is not None:
+            recorder.record(step, model, loss)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
@@ -207,11 +212,13 @@ def _step(mesh3d, stage, pipeline, run: Run, step: int) -> float | None:
 
 
 def train(rank, world_size, mesh=(2, 1, 2), run: Run = RUN, steps: int = 4, start: int = 0, ranks: int | None = None,
-          load: str | None = None, save: str | None = None) -> dict | None:
+          load: str | None = None, save: str | None = None, metrics: bool = False, parity: bool = False) -> dict | None:
     """Steps ``start`` .. ``start + steps - 1`` on ``mesh`` (dp, pp, tp) over ranks 0 .. ``ranks`` - 1 (default:
     all; the others return None). ``load``: first restore model and Adam from that checkpoint (any mesh's);
-    ``save``: afterwards save them there. Returns this rank's coordinates, loss per step (last stage; else None)
-    and seconds per step."""
+    ``save``: afterwards save them there. ``metrics``: report loss and tokens/s each step (``ppkit.log_metrics``:
+    a live plot under the cell); ``parity``: record each step's loss and gradients (``ppkit.ParityRecorder``).
+    Returns this rank's coordinates, loss per step (last stage; else None), seconds per step and the recorded
+    run (None without ``parity``)."""
     ranks = world_size if ranks is None else comp.check_world(ranks, world_size)
     mesh = check_mesh(ranks, mesh, run)
     mesh3d = comp.device_mesh(mesh)  # every rank of the world takes part in making its groups
@@ -227,16 +234,27 @@ def train(rank, world_size, mesh=(2, 1, 2), run: Run = RUN, steps: int = 4, star
     # FSDP2 warns that the root returns a view (the logits, made local by the output's plan): harmless here, the
     # loss reads them out of place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    recorder = ParityRecorder() if parity else None
     for step in range(start, start + steps):
         began = time.perf_counter()
         losses.append(_step(mesh3d, stage, pipeline, run, step))
+        if recorder is not None:  # the loss of a dp rank's own sequences: their mean over dp is the step's
+            recorder.record(step, stage, losses[-1], mean_over=_last_stage_dp(mesh3d))
         opt.step()
         opt.zero_grad()
         seconds.append(time.perf_counter() - began)
+        if metrics:
+            loss = {} if losses[-1] is None else {"loss": losses[-1]}
+            log_metrics(step=step, tokens_per_s=run.tokens / seconds[-1], **loss)
     if save:
         ckpt.save(save, stage, opt, group)
     return {"rank": rank, "coords": tuple(mesh3d[d].get_local_rank() for d in comp.DIMS), "losses": losses,
-            "seconds": seconds}
+            "seconds": seconds, "parity": recorder.run if recorder else None}
+
+
+def _last_stage_dp(mesh3d):
+    """The dp group of a last stage (its ranks each hold their sequences' loss), None on other stages."""
+    return mesh3d["dp"].get_group() if mesh3d["pp"].get_local_rank() == mesh3d["pp"].size() - 1 else None
 
 
 def _ranks_group(ranks: int, world_size: int):
