@@ -237,3 +237,15 @@ def test_the_report_says_what_it_compared():
     tensors_only = recorded()
     tensors_only.losses.clear()
     assert "(1 step(s), 4 gradients by name, ranks 0)" in str(ppkit.compare_runs(recorded(), [tensors_only]))
+
+
+def test_without_a_loss_the_report_does_not_claim_the_forward_is_right():
+    """Two ranks' different parts of a gradient: with the loss recorded and equal, the words say the forward is
+    right; without a loss they do not claim it."""
+    ref = recorded()
+    parts = [as_rank(recorded(scale=0.25), 0), as_rank(recorded(scale=0.75), 1)]
+    assert "the forward is right" in str(ppkit.compare_runs(ref, parts))
+    for run in parts:
+        run.losses.clear()
+    report = ppkit.compare_runs(ref, parts)
+    assert "their sum is the reference" in str(report) and "the forward is right" not in str(report)

@@ -97,11 +97,12 @@ def _span(steps: list[int]) -> str:
 
 
 def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerance: Tolerance):
-    loss_ok = True
+    loss_ok = False  # a loss was compared at this step and every rank's equals the reference's
     if step in ref.losses:
         want = torch.tensor(ref.losses[step], dtype=torch.float64)
         losses = {r: torch.tensor(run.losses[step], dtype=torch.float64)
                   for r, run in ranks.items() if step in run.losses}
+        loss_ok = bool(losses)
         for rank, got in losses.items():
             diff = _difference("loss", "loss", step, rank, got, want, tolerance)
             if diff:
