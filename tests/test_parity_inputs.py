@@ -249,3 +249,11 @@ def test_without_a_loss_the_report_does_not_claim_the_forward_is_right():
         run.losses.clear()
     report = ppkit.compare_runs(ref, parts)
     assert "their sum is the reference" in str(report) and "the forward is right" not in str(report)
+
+
+def test_a_gradient_the_reference_has_not_is_named():
+    ref = recorded()
+    ref.tensors[0]["2.bias"] = Piece(None)
+    report = ppkit.compare_runs(ref, [recorded()])
+    assert (report.first.name, report.first.note) == ("2.bias", "a gradient the reference has not")
+    assert "rank 0 has a gradient of 2.bias, which the reference has not" in str(report)

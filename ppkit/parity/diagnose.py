@@ -72,6 +72,11 @@ def diagnose(case: Case) -> Diagnosis:
                          "that the stage's output keeps its graph (no .detach() before the send), that the next "
                          "stage sends the gradient of its input back, and that this stage calls "
                          "torch.autograd.backward(output, received_gradient)")
+    if case.want is None:
+        return Diagnosis(f"rank {case.rank} has a gradient of {case.name}, which the reference has not",
+                         "the parameter takes part in the parallel run's graph but not in the reference's: frozen "
+                         "(requires_grad=False) or unused there",
+                         "that both models use the same layers and freeze the same parameters")
     got, want = case.got.double(), case.want.double()
     if not torch.isfinite(got).all():
         return Diagnosis(f"the {thing} holds NaN or inf on rank {case.rank}",
