@@ -14,10 +14,10 @@ all_reduce its peer never made, reported by the hang watch). Exits non-zero on t
 
 The course's GPU paths (issue 49): this process initialises CUDA first (torch.cuda.get_device_name below), as a
 learner's kernel may, and then starts ranks; the kernel-safe GPU list with each GPU's datasheet peak
-(ppkit.lessons.gpus.devices); 02's and 03's GPU cells (all_reduce_here, ddp_step_here: nccl on each rank's GPU);
-08c's MFU against the datasheet bf16 peak and FP8 against bf16 matmuls (ppkit.lessons.gpu_speed). With --course,
-then every notebook under nbval, one at a time: its time, its result and whether any process used a GPU while it
-ran (nvidia-smi, sampled), written as a table to $PPKIT_GPU_OUT/course_on_gpu.md (or printed).
+(ppkit.lessons.gpus.devices); 02's and 03's GPU cells (gpus.all_reduce_here, data_parallel.ddp_step_here: nccl on
+each rank's GPU); 08c's MFU against the datasheet bf16 peak and FP8 against bf16 matmuls (ppkit.lessons.gpu_speed).
+With --course, then every notebook under nbval, one at a time: its time, its result and whether any process used a
+GPU while it ran (nvidia-smi, sampled), written as a table to $PPKIT_GPU_OUT/course_on_gpu.md (or printed).
 """
 
 from __future__ import annotations
@@ -214,14 +214,14 @@ def doctor_on_nccl(case: str, says: tuple[str, ...]) -> str:
 
 def course_paths() -> None:
     """The lessons' GPU paths, as the notebooks call them (see the module docstring)."""
-    from ppkit.lessons import gpu_speed, gpus
+    from ppkit.lessons import data_parallel, gpu_speed, gpus
 
     step("CUDA initialised in this process before any rank starts", torch.cuda.is_initialized)
     step("ppkit.lessons.gpus.devices (asked in a fresh Python)", gpus.devices)
     ranks = min(2, torch.cuda.device_count())
     with ppkit.Cluster(ranks, "gloo") as cluster:
         for name, fn, wanted in (("02: all_reduce_here", gpus.all_reduce_here, "nccl on cuda"),
-                                 ("03: ddp_step_here", gpus.ddp_step_here, "nccl on cuda, gradients equal")):
+                                 ("03: ddp_step_here", data_parallel.ddp_step_here, "nccl on cuda, gradients equal")):
             said = cluster.run(fn)
             if not all(line.startswith(wanted) for line in said):
                 raise AssertionError(f"{name} on {ranks} GPU rank(s) said {said}, not {wanted!r}")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ppkit.errors import ConfigError
-from ppkit.lessons import gpus
+from ppkit.lessons import data_parallel, gpus
 
 
 @pytest.mark.parametrize(("name", "gpu", "bf16_tflops", "fp8_tflops"), [
@@ -104,7 +104,7 @@ def cluster():
 def test_the_gpu_lessons_run_on_cpu_ranks_without_gpus(cluster):
     """02's and 03's GPU cells on this machine: each rank finds no GPU and stays on gloo and the CPU."""
     assert cluster.run(gpus.all_reduce_here) == ["gloo on cpu: [3.0, 3.0]"] * 2
-    assert cluster.run(gpus.ddp_step_here) == ["gloo on cpu, gradients equal on every rank: True"] * 2
+    assert cluster.run(data_parallel.ddp_step_here) == ["gloo on cpu, gradients equal on every rank: True"] * 2
 
 
 def test_08cs_gpu_measurements_say_plainly_that_there_is_no_gpu():

@@ -26,6 +26,7 @@ from torch.utils.data import DistributedSampler
 from ppkit.cluster import worker_setup
 from ppkit.cluster.worker_setup import free_port  # noqa: F401 (the lessons' and notebooks' name)
 from ppkit.errors import ConfigError
+from ppkit.lessons import gpus
 from ppkit.transport import ifaces
 
 IN_FEATURES, HIDDEN, CLASSES = 4, 16, 3
@@ -219,8 +220,6 @@ def data_parallel_here() -> dict:
     """What ``nn.DataParallel`` does on this machine: which devices it would split the batch over. Asked in a
     fresh Python (``data_parallel_in_this_process``): with GPUs, DataParallel moves the model to cuda:0, and the
     kernel keeps no CUDA context of its own (issue 49)."""
-    from ppkit.lessons import gpus
-
     return gpus.in_fresh_process("ppkit.lessons.data_parallel", "data_parallel_in_this_process")
 
 
@@ -236,3 +235,23 @@ def data_parallel_in_this_process() -> dict:
     same = torch.allclose(out.cpu(), plain, rtol=1e-4, atol=1e-5)
     return {"cuda_available": torch.cuda.is_available(), "device_ids": list(wrapped.device_ids),
             "output_device": str(out.device), "output_equals_plain_model": same}
+
+
+def ddp_step_here(rank: int, world_size: int) -> str:
+    """03 on GPUs: one DDP step of the lesson's model on this rank's GPU (``device_ids=[rank]``, nccl) where each
+    rank has one, else on the CPU over gloo; says where, and whether the ranks' gradients came out equal."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    backend = gpus.rank_backend(world_size)
+    device = gpus.rank_device(rank, backend)
+    group = dist.new_group(backend=backend)
+    model = DDP(make_model(0).to(device), device_ids=[rank] if device.type == "cuda" else None,
+                process_group=group)
+    x, y = make_batch(8 * world_size)
+    shard = slice(rank * 8, rank * 8 + 8)
+    F.cross_entropy(model(x[shard].to(device)), y[shard].to(device)).backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(grads) for _ in range(world_size)]
+    dist.all_gather(gathered, grads, group=group)
+    dist.destroy_process_group(group)
+    return f"{backend} on {device.type}, gradients equal on every rank: {all(torch.equal(g, grads) for g in gathered)}"

@@ -126,7 +126,7 @@ def in_fresh_process(module: str, function: str, timeout_s: float = 120.0, **kwa
     return json.loads(lines[-1].removeprefix("PPKIT-RESULT "))
 
 
-# -- what a rank runs: the GPU lessons of 02 and 03, on GPUs where each rank has one, else on the CPU -------------
+# -- what a rank runs: 02's all_reduce on GPUs where each rank has one, else on the CPU (03's: data_parallel.py) ---
 
 def all_reduce_here(rank: int, world_size: int) -> str:
     """02 on GPUs: an all_reduce over ``rank_backend``'s choice, made in this rank (nccl: its GPU's tensor, else a
@@ -141,25 +141,3 @@ def all_reduce_here(rank: int, world_size: int) -> str:
     dist.destroy_process_group(group)
     return f"{backend} on {device.type}: {t.tolist()}"
 
-
-def ddp_step_here(rank: int, world_size: int) -> str:
-    """03 on GPUs: one DDP step of the lesson's model on this rank's GPU (``device_ids=[rank]``, nccl) where each
-    rank has one, else on the CPU over gloo; says where, and whether the ranks' gradients came out equal."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ppkit.lessons import data_parallel as dp
-
-    backend = rank_backend(world_size)
-    device = rank_device(rank, backend)
-    group = dist.new_group(backend=backend)
-    model = DDP(dp.make_model(0).to(device), device_ids=[rank] if device.type == "cuda" else None,
-                process_group=group)
-    x, y = dp.make_batch(8 * world_size)
-    shard = slice(rank * 8, rank * 8 + 8)
-    torch.nn.functional.cross_entropy(model(x[shard].to(device)), y[shard].to(device)).backward()
-    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-    gathered = [torch.empty_like(grads) for _ in range(world_size)]
-    dist.all_gather(gathered, grads, group=group)
-    dist.destroy_process_group(group)
-    return f"{backend} on {device.type}, gradients equal on every rank: {all(torch.equal(g, grads) for g in gathered)}"
