@@ -166,3 +166,27 @@ def test_a_long_line_is_thinned_to_at_most_max_points_keeping_the_last():
     svg = metrics_plot.svg({"loss": {0: (steps, [float(s) for s in steps])}})
     points = svg.split(' points="')[1].split('"')[0].split()
     assert len(points) <= metrics_plot.MAX_POINTS and points[-1].startswith(f"{metrics_plot.WIDTH - 8}.0,")
+
+
+class _Counted(list):
+    """A line's steps or values that counts what the plot reads of them."""
+
+    read = 0
+
+    def __getitem__(self, index):
+        _Counted.read += 1
+        return super().__getitem__(index)
+
+    def __iter__(self):
+        _Counted.read += len(self)
+        return super().__iter__()
+
+
+def test_a_redraw_reads_only_the_points_it_draws_however_long_the_run():
+    """The kernel redraws twice a second while ranks train: a redraw that read every value logged so far cost
+    444 ms at 100 000 steps on this VM (2 ms now), time taken from the ranks on the same cores."""
+    n = 100_000
+    lines = {"loss": {r: (_Counted(range(n)), _Counted(float(s) for s in range(n))) for r in (0, 1)}}
+    _Counted.read = 0
+    metrics_plot.svg(lines)
+    assert _Counted.read <= 2 * 2 * (metrics_plot.MAX_POINTS + 1), _Counted.read

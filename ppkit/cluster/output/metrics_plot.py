@@ -3,7 +3,8 @@
 SVG written here rather than a matplotlib figure: the kernel redraws it every half second while the ranks
 train, on the same cores; a matplotlib PNG costs tens of milliseconds of the kernel's CPU per frame, this a
 fraction of one (docs/benchmarks.md). Nothing is fetched and no port is opened: the front end shows the
-image it is sent. A line keeps at most ``MAX_POINTS`` points (every n-th step, and always the last).
+image it is sent. A line keeps at most ``MAX_POINTS`` points (every n-th step, and always the last), and the
+axes span the points drawn.
 """
 
 from __future__ import annotations
@@ -32,45 +33,43 @@ def svg(lines: dict[str, dict[int, tuple[list, list]]]) -> str:
 
 
 def _panel(name: str, by_rank: dict[int, tuple[list, list]], x0: int, y0: int) -> str:
-    finite = [(s, v) for steps, values in by_rank.values() for s, v in zip(steps, values) if math.isfinite(v)]
+    # only the points drawn are read (at most MAX_POINTS a rank): a redraw costs the same at step 100 and 100 000
+    drawn = {rank: [(steps[j], v) for j in _thin(len(steps)) if math.isfinite(v := values[j])]
+             for rank, (steps, values) in sorted(by_rank.items())}
+    finite = [point for points in drawn.values() for point in points]
     title = html.escape(name)
     out = [f'<g transform="translate({x0},{y0})" class="ppkit-metric" data-name="{title}">',
            f'<text x="{PAD}" y="12" font-weight="bold">{title}</text>']
     if finite:
         s_lo, s_hi = min(s for s, _ in finite), max(s for s, _ in finite)
         v_lo, v_hi = min(v for _, v in finite), max(v for _, v in finite)
-        s_span, v_span = (s_hi - s_lo) or 1, (v_hi - v_lo) or (abs(v_hi) or 1.0)
         left, top, right, bottom = PAD, 18, WIDTH - 8, HEIGHT - 20
-
-        def xy(s, v):
-            return (left + (s - s_lo) / s_span * (right - left), bottom - (v - v_lo) / v_span * (bottom - top))
-
+        x_scale = (right - left) / ((s_hi - s_lo) or 1)
+        y_scale = (bottom - top) / ((v_hi - v_lo) or (abs(v_hi) or 1.0))
         out.append(f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" '
                    'stroke="#ccc"/>')
         out.append(f'<text x="{left - 2}" y="{top + 8}" text-anchor="end">{_num(v_hi)}</text>'
                    f'<text x="{left - 2}" y="{bottom}" text-anchor="end">{_num(v_lo)}</text>'
                    f'<text x="{left}" y="{HEIGHT - 6}">{s_lo}</text>'
                    f'<text x="{right}" y="{HEIGHT - 6}" text-anchor="end">step {s_hi}</text>')
-        for rank in sorted(by_rank):
-            steps, values = by_rank[rank]
-            kept = _thin(len(steps))
-            points = " ".join("{:.1f},{:.1f}".format(*xy(steps[j], values[j])) for j in kept
-                              if math.isfinite(values[j]))
-            out.append(f'<polyline class="ppkit-rank" data-rank="{rank}" data-points="{len(kept)}" fill="none" '
-                       f'stroke="{COLORS[rank % len(COLORS)]}" stroke-width="1.5" points="{points}"/>')
-        legend = " ".join(f'<tspan fill="{COLORS[r % len(COLORS)]}">■</tspan> {r}' for r in sorted(by_rank)[:8])
-        more = " …" if len(by_rank) > 8 else ""
+        for rank, points in drawn.items():
+            xy = " ".join(f"{left + (s - s_lo) * x_scale:.1f},{bottom - (v - v_lo) * y_scale:.1f}" for s, v in points)
+            out.append(f'<polyline class="ppkit-rank" data-rank="{rank}" data-points="{len(points)}" fill="none" '
+                       f'stroke="{COLORS[rank % len(COLORS)]}" stroke-width="1.5" points="{xy}"/>')
+        legend = " ".join(f'<tspan fill="{COLORS[r % len(COLORS)]}">■</tspan> {r}' for r in list(drawn)[:8])
+        more = " …" if len(drawn) > 8 else ""
         out.append(f'<text x="{right}" y="12" text-anchor="end">rank {legend}{more}</text>')
     out.append("</g>")
     return "".join(out)
 
 
-def _thin(n: int) -> list[int]:
+def _thin(n: int):
     """The indexes drawn of ``n`` points: every one up to ``MAX_POINTS``, else evenly spread, the last kept."""
     if n <= MAX_POINTS:
-        return list(range(n))
-    stride = n / (MAX_POINTS - 1)
-    return sorted({min(n - 1, int(i * stride)) for i in range(MAX_POINTS - 1)} | {n - 1})
+        return range(n)
+    stride = -(-n // (MAX_POINTS - 1))  # rounded up: at most MAX_POINTS - 1 of them, then the last
+    kept = list(range(0, n - 1, stride))
+    return kept + [n - 1]
 
 
 def _num(value: float) -> str:
