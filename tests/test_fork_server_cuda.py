@@ -12,12 +12,15 @@ cudaGetDeviceCount arms the fork poisoning even without a driver, as it does on 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import ppkit
 
 pytestmark = pytest.mark.slow  # fork servers of their own
+TESTS = os.path.dirname(__file__)
 
 RECORDER = '''
 import os, traceback
@@ -38,8 +41,6 @@ if os.environ.get("PPKIT_TEST_CUDA_CALLS"):
 def inherited_cuda_calls(rank, world_size):
     """What this rank's process recorded before its own code ran: its fork server's calls (a rank's own start,
     worker.py, may ask CUDA: it is the process that will use it)."""
-    import os
-
     inherited = [call for call in torch.cuda.ppkit_test_calls if call[1] != os.getpid()]
     return inherited + (["torch.cuda._is_in_bad_fork()"] if torch.cuda._is_in_bad_fork() else [])
 
@@ -51,7 +52,7 @@ def print_inherited(i):
 @pytest.fixture
 def recorded(tmp_path, monkeypatch):
     (tmp_path / "sitecustomize.py").write_text(RECORDER)
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.setenv("PPKIT_TEST_CUDA_CALLS", "1")
 
 
@@ -80,3 +81,25 @@ def test_a_fork_server_that_asked_cuda_is_caught(recorded, tmp_path, monkeypatch
         second = cluster.run(inherited_cuda_calls)
     assert all(calls[0][0] == "is_available" and "asks_cuda.py" in str(calls[0]) for calls in second), second
     assert all(calls[-1] == "torch.cuda._is_in_bad_fork()" for calls in second), second  # torch's own verdict
+
+
+def test_the_remote_agent_asks_no_cuda_before_it_forks(recorded):
+    """``ppkit worker`` (the agent on another machine, here this one) forks its ranks as the fork server does."""
+    import subprocess
+    import sys
+
+    from ppkit.cluster.worker_setup import free_port
+
+    port, key = free_port(), os.urandom(32).hex()
+    agent = subprocess.Popen([sys.executable, "-m", "ppkit", "worker", "--connect", f"127.0.0.1:{port}",
+                              "--name", "worker1"], env={**os.environ, "PPKIT_KEY": key,  # + this module, by name
+                                                         "PYTHONPATH": f"{os.environ['PYTHONPATH']}:{TESTS}"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with ppkit.Cluster(1, "gloo", listen=f"127.0.0.1:{port}", remote=["worker1"], key=key,
+                           start_timeout=90, timeout=120) as cluster:
+            assert cluster.run(inherited_cuda_calls) == [[]]
+        agent.wait(timeout=30)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
