@@ -38,8 +38,9 @@ def check_world_size(world_size) -> int:
 
 
 def gpu_count() -> int:
-    """GPUs visible here, asked as the kernel may ask: ``device_count`` counts through NVML and leaves CUDA alone,
-    where ``is_available`` calls cudaGetDeviceCount, which runs cuInit in the kernel (torch 2.14's torch/cuda)."""
+    """GPUs visible here, asked as the kernel may ask: ``device_count`` counts through NVML and leaves CUDA alone
+    (falling back to cudaGetDeviceCount only where NVML fails), where ``is_available`` always calls
+    cudaGetDeviceCount, which runs cuInit in the kernel and arms torch's fork poisoning (torch 2.14's torch/cuda)."""
     import torch
 
     return torch.cuda.device_count()

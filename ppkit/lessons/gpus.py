@@ -100,8 +100,10 @@ def devices_in_this_process() -> list[dict]:
 
 
 def devices(timeout_s: float = 120.0) -> list[dict]:
-    """The GPUs of this machine, asked as the kernel may ask: none (an empty list, at once) where NVML counts
-    none, else ``devices_in_this_process`` run in a fresh interpreter, whose CUDA context ends with it."""
+    """The GPUs of this machine, asked as the kernel may ask: none (an empty list, at once) where
+    ``torch.cuda.device_count()`` says none (NVML's count; torch falls back to cudaGetDeviceCount, a cuInit without
+    a context, only where NVML fails), else ``devices_in_this_process`` run in a fresh interpreter, whose CUDA
+    context ends with it."""
     if torch.cuda.device_count() == 0:
         return []
     return in_fresh_process("ppkit.lessons.gpus", "devices_in_this_process", timeout_s=timeout_s)
