@@ -15,7 +15,6 @@ process, then on a device mesh composed with torch's own APIs, as notebooks 09-1
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from ppkit import data
 from ppkit.lessons import capstone_checkpoint as ckpt
 from ppkit.lessons import composition as comp
+from ppkit.lessons.composition_measure import _quiet as quiet
 from ppkit.models import llama
 from ppkit.parity import ParityRecorder
 from ppkit.pipeline.schedules.stage import step_once
@@ -231,25 +231,28 @@ def train(rank, world_size, mesh=(2, 1, 2), run: Run = RUN, steps: int = 4, star
         ckpt.load(load, stage, opt, group)
     pipeline = _schedule(mesh3d, stage, run, run.batch // mesh[0]) if mesh[1] > 1 else None
     losses, seconds = [], []
-    # FSDP2 warns that the root returns a view (the logits, made local by the output's plan): harmless here, the
-    # loss reads them out of place
-    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     recorder = ParityRecorder() if parity else None
-    for step in range(start, start + steps):
-        began = time.perf_counter()
-        losses.append(_step(mesh3d, stage, pipeline, run, step))
-        if recorder is not None:  # the loss of a dp rank's own sequences: their mean over dp is the step's
-            recorder.record(step, stage, losses[-1], mean_over=_last_stage_dp(mesh3d))
-        opt.step()
-        opt.zero_grad()
-        seconds.append(time.perf_counter() - began)
-        if metrics:
-            loss = {} if losses[-1] is None else {"loss": losses[-1]}
-            log_metrics(step=step, tokens_per_s=run.tokens / seconds[-1], **loss)
+    with quiet():  # lesson 13's: FSDP2's notice that the root returns a view, DTensor's about two all_gathers
+        for step in range(start, start + steps):
+            _train_step(mesh3d, stage, opt, pipeline, run, step, recorder, losses, seconds, metrics)
     if save:
         ckpt.save(save, stage, opt, group)
     return {"rank": rank, "coords": tuple(mesh3d[d].get_local_rank() for d in comp.DIMS), "losses": losses,
             "seconds": seconds, "parity": recorder.run if recorder else None}
+
+
+def _train_step(mesh3d, stage, opt, pipeline, run: Run, step: int, recorder, losses: list, seconds: list,
+                metrics: bool) -> None:
+    began = time.perf_counter()
+    losses.append(_step(mesh3d, stage, pipeline, run, step))
+    if recorder is not None:  # the loss of a dp rank's own sequences: their mean over dp is the step's
+        recorder.record(step, stage, losses[-1], mean_over=_last_stage_dp(mesh3d))
+    opt.step()
+    opt.zero_grad()
+    seconds.append(time.perf_counter() - began)
+    if metrics:
+        loss = {} if losses[-1] is None else {"loss": losses[-1]}
+        log_metrics(step=step, tokens_per_s=run.tokens / seconds[-1], **loss)
 
 
 def _last_stage_dp(mesh3d):
