@@ -14,7 +14,7 @@ import math
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
           "#17becf")  # matplotlib's tab10, so that rank r has the colour it has in the course's other plots
-WIDTH, HEIGHT, PAD = 300, 150, 36
+WIDTH, HEIGHT, PAD = 300, 150, 48  # PAD: room for a label such as 0.02564 left of the axis
 PER_ROW = 3
 MAX_POINTS = 400
 
