@@ -76,4 +76,5 @@ MEASURED: tuple[NotebookMemory, ...] = (
     NotebookMemory("11_context_parallel.ipynb", 3671, 1822, 748, 6, 1764, 0, 187.3),
     NotebookMemory("12_expert_parallel.ipynb", 3293, 1454, 743, 6, 1399, 0, 55.4),  # --timeout 60 (docs/memory.md)
     NotebookMemory("13_composition.ipynb", 5523, 2144, 806, 10, 1996, 0, 30.0),  # with activations, --timeout 60
+    NotebookMemory("14_capstone.ipynb", 6233, 2706, 786, 13, 2577, 0, 109.0),  # 2026-11-29, load average ~15
 )
