@@ -56,7 +56,7 @@ def test_outside_a_ppkit_rank_the_process_keeps_what_it_logged():
 def test_a_rank_sends_one_message_per_interval_not_one_per_step(monkeypatch):
     """1000 calls within one interval are one message; flush sends the rest; nothing is lost or reordered."""
     sent = []
-    saved = (rank_metrics._log.send, rank_metrics._log.pending, rank_metrics._log.sent_at)
+    saved = (rank_metrics._log.send, rank_metrics._log.pending, rank_metrics._log.sent_at, rank_metrics._log.pid)
     try:
         rank_metrics.attach(sent.append)
         clock = [1000.0]
@@ -75,7 +75,7 @@ def test_a_rank_sends_one_message_per_interval_not_one_per_step(monkeypatch):
         assert [r["step"] for r in rows] == list(range(1001))
         assert all(r["loss"] == r["step"] and r["tokens_per_s"] == 2 * r["step"] for r in rows)
     finally:
-        rank_metrics._log.send, rank_metrics._log.pending, rank_metrics._log.sent_at = saved
+        rank_metrics._log.send, rank_metrics._log.pending, rank_metrics._log.sent_at, rank_metrics._log.pid = saved
 
 
 # -- a run's records -------------------------------------------------------------------------------
@@ -105,6 +105,30 @@ def test_a_run_that_logs_nothing_leaves_the_last_records_and_each_run_starts_emp
     cluster.run(_train, 5)
     cluster.run(lambda rank, world_size: None)
     assert sorted({r["step"] for r in ppkit.metrics()}) == list(range(5))  # the last run that logged
+
+
+def _forks_a_child_that_logs(rank, world_size):
+    import multiprocessing
+    import time
+
+    import ppkit
+
+    def child():  # a DataLoader worker, say: forked by the rank, with the rank's state
+        time.sleep(0.3)  # past the send interval: its call would send
+        ppkit.log_metrics(step=0, from_the_child=1.0)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join()
+    ppkit.log_metrics(step=0, loss=float(rank))
+    return process.exitcode
+
+
+def test_a_process_the_rank_forks_keeps_its_metrics_off_the_ranks_channel(cluster):
+    """Without the check the child wrote its message on the rank's own connection to the kernel."""
+    assert cluster.run(_forks_a_child_that_logs) == [0, 0]
+    assert [(r["rank"], r["loss"], "from_the_child" in r) for r in ppkit.metrics()] == [(0, 0.0, False),
+                                                                                      (1, 1.0, False)]
 
 
 def test_a_frame_without_pandas_says_how_to_get_one():

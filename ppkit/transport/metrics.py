@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -43,25 +44,32 @@ class _Log:
 
     def __init__(self):
         self.send = None  # a worker's send(msg); None: keep everything here
+        self.pid = 0  # the worker's: a process it forks (a DataLoader's) must not write on its channel
         self.pending: dict[str, tuple[list, list, list]] = {}  # name -> steps, times, values
         self.sent_at = 0.0
         self.calls = 0  # the step of a call that names none
+        self.lock = threading.Lock()  # a rank's threads may log at once: a step's three lists stay aligned
 
     def add(self, step: int, now: float, values: dict[str, float]) -> None:
-        for name, value in values.items():
-            series = self.pending.get(name)
-            if series is None:
-                series = self.pending[name] = ([], [], [])
-            series[0].append(step)
-            series[1].append(now)
-            series[2].append(value)
+        with self.lock:
+            for name, value in values.items():
+                series = self.pending.get(name)
+                if series is None:
+                    series = self.pending[name] = ([], [], [])
+                series[0].append(step)
+                series[1].append(now)
+                series[2].append(value)
         if self.send is not None and now - self.sent_at >= SEND_EVERY_S:
             self.flush(now)
 
     def flush(self, now: float | None = None) -> None:
         if self.send is None or not self.pending:
             return
-        pending, self.pending = self.pending, {}
+        if os.getpid() != self.pid:  # forked by the rank: its parent's channel is not its own; keep them here
+            self.send = None
+            return
+        with self.lock:
+            pending, self.pending = self.pending, {}
         self.sent_at = time.time() if now is None else now
         self.send(Metrics(tuple(MetricSeries(name, tuple(s), tuple(t), tuple(v))
                                 for name, (s, t, v) in pending.items())))
@@ -103,7 +111,7 @@ def log_metrics(step: int | None = None, **values) -> None:
 
 def attach(send) -> None:
     """A ppkit worker's metrics go to the kernel through ``send(msg)`` (worker.py's setup)."""
-    _log.send, _log.pending, _log.sent_at = send, {}, 0.0
+    _log.send, _log.pid, _log.pending, _log.sent_at = send, os.getpid(), {}, 0.0
 
 
 def flush() -> None:
