@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import slurm_session
 from faultlog import FaultLog
-from leftovers import end_leftovers, ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
+from leftovers import LEFTOVER_WAIT_S, end_leftovers, ppkit_children, wait_gone  # noqa: F401  (re-exported for tests/browser)
 from slurm_testbed import SlurmMissing, SlurmTestbedError
 
 import ppkit
@@ -66,9 +66,10 @@ def _close_spawns_kept_clusters():
     """Stop the fork servers that ``ppkit.spawn`` and ``%%torchrun`` keep between calls (a failed call's cluster
     too, kept for ``%debug``) at the end of each test module, as the kernel's exit does.
 
-    Kept, they outlived the module that made them and were found by the next module's leftover check: the
-    2026-11-29 CI runs failed test_rpc_world, test_pipelining_failures and notebook 02 for a fork server that
-    test_flight_record's timed-out ``ppkit.spawn`` had left (a test process, 44 s old, its cluster "broken")."""
+    Kept, they outlived the module that made them (any in-process ``ppkit.spawn`` leaves one, a timed-out call's
+    cluster "broken") and were found by the next module's leftover check: the 2026-11-29 CI runs failed
+    test_rpc_world, test_pipelining_failures and notebook 02 for fork servers that test_flight_record and
+    test_hang_watch_output had left."""
     yield
     from ppkit.cluster.spawn import call as spawn_call
 
@@ -107,7 +108,6 @@ def _rpc_first_world(request):
 
 # Clusters that module-scoped fixtures keep open across tests: no_leftovers looks past their processes.
 _shared: list[ppkit.Cluster] = []
-LEFTOVER_WAIT_S = 5.0  # a leak never ends, a slow exit does
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from ppkit.cluster.launchers import spare
 from ppkit.cluster.launchers.base import LAUNCHED_BY_ENV
 
 SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd", "slurmscriptd")
+LEFTOVER_WAIT_S = 5.0  # how long the leftover checks wait for a process to end: a leak never ends, a slow exit does
 
 
 def runs_ppkit(argv: list[str]) -> bool:
@@ -72,14 +73,16 @@ def _whose(proc: psutil.Process) -> str:
     """Where a leftover came from: its age, state, threads, and its parent (a fork server's workers keep its
     command line, so the parent tells a worker from a fork server)."""
     try:
-        parent = proc.parent()
         said = (f"{proc.status()}, {time.time() - proc.create_time():.0f} s old, {proc.num_threads()} threads, "
                 f"parent {proc.ppid()}")
-        if parent is not None:
-            said += " (this test process)" if parent.pid == os.getpid() else f" ({' '.join(parent.cmdline())[:80]})"
-        return said
     except psutil.Error as exc:
         return f"no more known: {exc}"
+    if proc.ppid() == os.getpid():
+        return said + " (this test process)"
+    try:
+        return said + f" ({' '.join(psutil.Process(proc.ppid()).cmdline())[:80]})"
+    except psutil.Error:
+        return said + " (gone, or a zombie)"
 
 
 def wait_gone(pids, timeout: float = 5.0, *, spare_too: bool = False) -> list[int]:

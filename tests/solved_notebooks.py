@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from leftovers import end_leftovers, ppkit_children
+from leftovers import LEFTOVER_WAIT_S, end_leftovers, ppkit_children
 from nbval.plugin import IPyNbFile
 
 from ppkit.exercises import catalog, workbook
@@ -105,7 +105,7 @@ class ExercisesPassed(pytest.Item):
             f"{name} with its solutions filled in: {outcome}")
         if notebook.kernel is not None and notebook.kernel.is_alive():
             notebook.kernel.stop()
-        left = end_leftovers([p.pid for p in ppkit_children()], timeout=5.0)  # as conftest.LEFTOVER_WAIT_S
+        left = end_leftovers([p.pid for p in ppkit_children()], timeout=LEFTOVER_WAIT_S)
         assert not left, f"{name}: ppkit processes outlived its kernel (now killed): {left}"
 
     def reportinfo(self):

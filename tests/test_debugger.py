@@ -165,6 +165,21 @@ def test_pdb_set_trace_and_torch_distributed_breakpoint_open_a_session(kc, how):
     assert cell.text.rstrip().endswith("[100, 101]")
 
 
+def test_a_half_line_the_stopped_rank_printed_comes_before_its_prompt(kc):
+    code = """
+    def half_line_then_stop(rank, world_size):
+        if rank == 1:
+            print("x =", 7, end="", flush=True)
+            breakpoint()
+        return rank
+    print(cluster.run(half_line_then_stop))
+    """
+    cell = run_cell(kc, code, ["c"])
+    assert cell.error is None, cell.text
+    assert "[rank 1] x = 7\n" in cell.text, cell.text
+    assert cell.text.index("[rank 1] x = 7") < cell.text.index("rank 1 stopped at"), cell.text
+
+
 def test_two_ranks_stopped_take_turns_and_each_prompt_says_who_waits(kc):
     code = """
     def both_stop(rank, world_size):

@@ -97,6 +97,12 @@ def test_a_message_between_ranks_lines_leaves_another_ranks_half_written_line_wh
         printer.write(0, "stdout", " 40\n")
     assert capsys.readouterr().out == ("[rank 1] about to stop: \n[ppkit] rank 1 stopped\n"
                                        "[rank 0] after the breakpoint 40\n")
+    with printer.use(OutputSettings(collapse=False)):  # the two ranks' lines of one shape stay apart too
+        printer.write(0, "stdout", "after the breakpoint")
+        printer.interject(1)
+        printer.write(1, "stdout", "after the breakpoint 41\n")
+        printer.write(0, "stdout", " 40\n")
+    assert capsys.readouterr().out == "[rank 1] after the breakpoint 41\n[rank 0] after the breakpoint 40\n"
 
 
 def test_output_beyond_the_limit_goes_to_a_file_named_in_the_cell(capsys):

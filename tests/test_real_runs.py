@@ -147,9 +147,10 @@ def test_import_ppkit_in_a_kernel_prestarts_the_fork_server_and_in_a_script_does
 
 
 def test_pdb_Pdb_set_trace_on_a_rank_works_as_breakpoint_does_without_ppkit_frames(kernel):
+    # --no-collapse: each rank's line as it printed it (collapsed, the two lines of one shape may fold into one)
     _, kc = kernel
     cell = run_cell(kc, """
-        %%torchrun --nproc-per-node 2
+        %%torchrun --nproc-per-node 2 --no-collapse
         import os, pdb
         secret = 40 + int(os.environ["RANK"])
         if os.environ["RANK"] == "1":

@@ -200,7 +200,7 @@ class Job:
         diagnosis = self._diagnosis()
         message = self.watch.look(stacks, diagnosis.records, diagnosis if diagnosis.problem else None)
         if message:
-            self._printer.interject()
+            self._printer.flush()  # every rank has been silent for the watch's time: a half line is whole
             print(message, end="", flush=True)
 
     def _stop_debugging(self, ended: Ended) -> None:

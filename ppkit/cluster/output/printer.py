@@ -107,8 +107,8 @@ class RankPrinter:
 
     def interject(self, rank: int | None = None) -> None:
         """Show what ranks wrote so far, before ppkit prints a message while the run goes on (a rank stopped at a
-        breakpoint, the hang watch). ``rank``'s half-written line is ended (it comes before that rank's prompt);
-        other ranks' stay open, so a line whose pieces arrive apart is not cut in two around the message."""
+        breakpoint). ``rank``'s half-written line is ended (it comes before that rank's prompt); other ranks' stay
+        open, so a line whose pieces arrive apart is not cut in two around the message."""
         self._end_partial_lines(lambda r: r == rank)
         self._flush_shown()
 
