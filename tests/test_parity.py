@@ -204,7 +204,8 @@ def test_a_stage_that_drops_the_gradient_sent_back_is_named(cluster2, ref):
 
 def fsdp_train(rank, world_size, bug=None):
     """FSDP2 over both ranks; bug "sum": gradients summed, not averaged; "zero": rank 1 zeroes its shard of
-    2.weight's gradient after backward (a zero_grad in the wrong place, on one rank)."""
+    2.weight's gradient after backward (a zero_grad in the wrong place, on one rank); "scale": rank 1's half of
+    every gradient 5x."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -226,6 +227,9 @@ def fsdp_train(rank, world_size, bug=None):
         loss.backward()
         if bug == "zero" and rank == 1:
             model[2].weight.grad.to_local().zero_()
+        if bug == "scale" and rank == 1:
+            for p in model.parameters():
+                p.grad.to_local().mul_(5)
         rec.record(step, model, loss, mean_over=dist.group.WORLD)
         opt.step()
         opt.zero_grad()
@@ -239,6 +243,17 @@ def test_fsdp2_shards_are_compared_where_they_lie(cluster2, ref):
     summed = ppkit.compare_runs(ref, cluster2.run(fsdp_train, "sum"))
     assert (summed.first.step, summed.first.name, summed.first.rank) == (0, "4.bias", 0)
     assert "2x the reference" in str(summed)
+
+
+def test_a_run_only_rank_0_returned_is_refused_not_passed(cluster2, ref):
+    def rank0_only(rank, world_size):  # rank 1's half of every gradient is 5x, and only rank 0 returns its run
+        run = fsdp_train(rank, world_size, "scale")
+        return run if rank == 0 else None
+
+    runs = cluster2.run(rank0_only)
+    with pytest.raises(ppkit.ConfigError, match=r"rank 0 recorded pieces of 4.bias at step 0 that cover 2 of its 4 "
+                                                r"elements.*Return recorder.run from every rank"):
+        ppkit.compare_runs(ref, runs)
 
 
 def test_one_rank_s_wrong_shard_names_that_rank(cluster2, ref):
@@ -274,10 +289,11 @@ def sp_reference(steps: int = 2) -> ppkit.ParityRun:
     return rec.run
 
 
-def sp_train(rank, world_size, sharded_loss=False, steps=2):
+def sp_train(rank, world_size, sharded_loss=False, steps=2, bad_rank=None):
     """LayerNorm under SequenceParallel (each rank its half of the tokens), fc1 column-, fc2 row-parallel.
     sharded_loss: fc2's output stays sharded by tokens and each rank takes the mean of its own tokens' loss,
-    so backward adds world_size means: the gradients are world_size x the reference."""
+    so backward adds world_size means: the gradients are world_size x the reference. bad_rank: that rank's
+    piece of fc1's weight gradient is 3x at step 0."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -297,6 +313,8 @@ def sp_train(rank, world_size, sharded_loss=False, steps=2):
         target = y.chunk(world_size, dim=1)[rank] if sharded_loss else y
         loss = F.mse_loss(model(x.chunk(world_size, dim=1)[rank]), target)
         loss.backward()
+        if step == 0 and rank == bad_rank:
+            model[1].weight.grad.to_local().mul_(3)
         rec.record(step, model, loss, mean_over=dist.group.WORLD if sharded_loss else None)
         opt.step()
         opt.zero_grad()
@@ -311,6 +329,12 @@ def test_dtensor_tensor_and_sequence_parallel_pieces_are_found_and_compared(clus
     assert report.equal, str(report)
 
 
+def test_one_tensor_parallel_rank_s_wrong_piece_names_that_rank(cluster2):
+    report = ppkit.compare_runs(sp_reference(1), cluster2.run(sp_train, steps=1, bad_rank=1))
+    assert [(d.step, d.name, d.rank) for d in report.differences] == [(0, "1.weight", 1)]
+    assert "the gradient of 1.weight is 3x the reference on rank 1" in str(report)
+
+
 def test_a_loss_averaged_over_each_rank_s_own_tokens_is_named(cluster2):
     report = ppkit.compare_runs(sp_reference(), cluster2.run(sp_train, True))
     first = report.first
@@ -321,9 +345,10 @@ def test_a_loss_averaged_over_each_rank_s_own_tokens_is_named(cluster2):
 
 # -- FSDP2 x tensor parallel on a 2 x 2 mesh ------------------------------------------------------------
 
-def fsdp_tp_train(rank, world_size, steps=2):
+def fsdp_tp_train(rank, world_size, steps=2, bad=None):
     """dp 2 x tp 2: fc1 column-, fc2 row-parallel over tp, then FSDP2 over dp: fc1's parameters get a strided
-    shard (no box of the full tensor: the recorder gathers them), fc2's weight (Shard(0), Shard(1)): a 2-D box."""
+    shard (rank (dp, tp) holds rows 8 * (2 * tp + dp) onward: still a box), fc2's weight (Shard(0), Shard(1)):
+    a 2-D box. bad: {rank: parameter} whose piece of the gradient is 3x at step 0 on that rank."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -337,17 +362,51 @@ def fsdp_tp_train(rank, world_size, steps=2):
         x, y = sp_data(step)
         loss = F.mse_loss(model(x.chunk(2)[dp]), y.chunk(2)[dp])
         loss.backward()
+        if step == 0 and rank in (bad or {}):
+            model.get_parameter(bad[rank]).grad.to_local().mul_(3)
         rec.record(step, model, loss, mean_over=mesh["dp"])  # a 1-D mesh: its group
         opt.step()
         opt.zero_grad()
     return rec.run
 
 
+def interleaved_reference() -> ppkit.ParityRun:
+    rec = ppkit.ParityRecorder("params")
+    rec.record(0, {"w": torch.arange(8.0).reshape(8, 1)})
+    return rec.run
+
+
+def interleaved_rows(rank, world_size):
+    """Rows 0-7 on a 2 x 2 mesh as (Shard(0), _StridedShard(0, split_factor=2)): rank (i, j) holds rows 4i + j
+    and 4i + j + 2, not consecutive."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    mesh = init_device_mesh("cpu", (2, 2))
+    first = 4 * (rank // 2) + rank % 2
+    local = torch.tensor([[float(first)], [float(first + 2)]])
+    w = DTensor.from_local(local, mesh, [Shard(0), _StridedShard(0, split_factor=2)], run_check=False,
+                           shape=torch.Size([8, 1]), stride=(1, 1))
+    rec = ppkit.ParityRecorder("params")
+    rec.record(0, {"w": w})
+    return rec.run
+
+
 @pytest.mark.slow  # 4 ranks: 20 s of the call on the shared 2-core machine (load 18), most of it imports
-def test_fsdp2_over_tensor_parallel_shards_are_gathered_or_boxed(cluster4):
+def test_fsdp2_over_tensor_parallel_pieces_are_each_rank_s_own(cluster4):
     runs = cluster4.run(fsdp_tp_train)
+    strided = [(runs[r].tensors[0]["1.weight"].offset, tuple(runs[r].tensors[0]["1.weight"].value.shape))
+               for r in range(4)]
+    assert strided == [((0, 0), (8, 16)), ((16, 0), (8, 16)), ((8, 0), (8, 16)), ((24, 0), (8, 16))]
+    assert not any(run.tensors[0]["1.weight"].gathered for run in runs)
     pieces = runs[3].tensors[0]
-    assert pieces["1.weight"].gathered and pieces["1.weight"].value.shape == (32, 16)
     assert (pieces["3.weight"].offset, tuple(pieces["3.weight"].value.shape)) == ((8, 16), (8, 16))
     report = ppkit.compare_runs(sp_reference(), runs)
     assert report.equal and report.ranks == [0, 1, 2, 3], str(report)
+    interleaved = cluster4.run(interleaved_rows)  # rows no box holds: gathered whole, and still compared
+    assert all(run.tensors[0]["w"].gathered for run in interleaved)
+    assert ppkit.compare_runs(interleaved_reference(), interleaved).equal
+    bad = ppkit.compare_runs(sp_reference(1), cluster4.run(fsdp_tp_train, 1, {3: "1.bias", 1: "1.weight"}))
+    assert [(d.step, d.name, d.rank) for d in bad.differences] == [(0, "1.bias", 3), (0, "1.weight", 1)]
+    assert "the gradient of 1.bias is 3x the reference on rank 3" in str(bad)

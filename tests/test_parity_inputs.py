@@ -98,19 +98,37 @@ def test_a_declared_piece_that_does_not_fit_is_refused():
         ppkit.compare_runs(recorded(), [run])
 
 
+def row_halves(rank: int) -> ppkit.ParityRun:
+    """Rank ``rank`` of 2 holding its half of 0.weight's rows, declared with shards=."""
+    run = as_rank(recorded(), rank)
+    grad = run.tensors[0]["0.weight"].value
+    run.tensors[0]["0.weight"] = Piece(grad.chunk(2)[rank].clone(), chunk=(0, rank, 2))
+    return run
+
+
 def test_declared_pieces_are_compared_with_their_part_of_the_reference():
     ref = recorded()
-    halves = []
-    for rank in (0, 1):
-        run = as_rank(recorded(), rank)
-        grad = run.tensors[0]["0.weight"].value
-        run.tensors[0]["0.weight"] = Piece(grad.chunk(2)[rank].clone(), chunk=(0, rank, 2))
-        halves.append(run)
+    halves = [row_halves(rank) for rank in (0, 1)]
     assert ppkit.compare_runs(ref, halves).equal
     halves[1].tensors[0]["0.weight"].value.mul_(3)
     report = ppkit.compare_runs(ref, halves)
     assert (report.first.name, report.first.rank) == ("0.weight", 1)
     assert "3x the reference on rank 1" in str(report)
+
+
+def test_pieces_that_do_not_cover_a_tensor_are_refused():
+    ref = recorded()
+    halves = [row_halves(rank) for rank in (0, 1)]
+    with pytest.raises(ppkit.ConfigError, match=r"rank 0 recorded pieces of 0.weight at step 0 that cover 12 of its "
+                                                r"24 elements.*Return recorder.run from every rank"):
+        ppkit.compare_runs(ref, [halves[0], None])  # `return rec.run if rank == 0 else None`
+    box = halves[1].tensors[0]["0.weight"]
+    halves[1].tensors[0]["0.weight"] = Piece(box.value, offset=(2, 0), full_shape=(6, 4))  # rows 2-4, not 3-5
+    with pytest.raises(ppkit.ConfigError, match=r"ranks 0, 1 recorded pieces of 0.weight at step 0 that cover 20 of "
+                                                "its 24 elements"):
+        ppkit.compare_runs(ref, halves)
+    halves[1].tensors[0]["0.weight"] = Piece(box.value, offset=(3, 0), full_shape=(6, 4))
+    assert ppkit.compare_runs(ref, halves).equal
 
 
 def test_steps_the_reference_did_not_record_are_refused():

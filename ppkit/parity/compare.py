@@ -118,6 +118,7 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
         full = ref.tensors[step][name].value
         held = {r: run.tensors[step][name] for r, run in ranks.items() if name in run.tensors.get(step, {})}
         wanted = {r: _wanted(full, piece, name, r) for r, piece in held.items()}
+        _check_covered(full, held, name, step)
         for rank, piece in held.items():
             diff = _difference(kind, name, step, rank, piece.value, wanted[rank], tolerance)
             if diff:
@@ -183,6 +184,30 @@ def _wanted(full: torch.Tensor | None, piece: Piece, name: str, rank: int) -> to
                           f"rank holds a piece of it, say which: ParityRecorder(shards={{{name!r}: (dim, index, "
                           "count)}}); a DTensor says it by itself.")
     return full
+
+
+def _check_covered(full: torch.Tensor | None, held: dict[int, Piece], name: str, step: int) -> None:
+    """Refuse pieces that leave part of the reference's tensor unchecked: a rank that returned nothing (``if rank
+    == 0: return rec.run``) would otherwise hide a bug in its piece behind a report that says "equal"."""
+    if full is None or any(p.value is None or p.gathered or (p.offset is None and p.chunk is None)
+                           for p in held.values()):
+        return  # some rank holds the whole tensor (or says it has no gradient, which is compared as such)
+    covered = torch.zeros(full.shape, dtype=torch.bool)
+    for piece in held.values():
+        if piece.offset is not None:
+            covered[tuple(slice(o, o + s) for o, s in zip(piece.offset, piece.value.shape))] = True
+        else:
+            dim, index, count = piece.chunk
+            chunks = torch.chunk(covered, count, dim)  # views: filling one fills its part of covered
+            if index < len(chunks):
+                chunks[index].fill_(True)
+    done = int(covered.sum())
+    if done < full.numel():
+        ranks = sorted(held)
+        raise ConfigError(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} recorded pieces of "
+                          f"{name} at step {step} that cover {done} of its {full.numel()} elements: the rest was "
+                          "not compared. Return recorder.run from every rank (not only from rank 0: each rank "
+                          "records its own piece), and check the offsets or shards= the pieces were recorded with.")
 
 
 def _same_place(a: Piece, b: Piece) -> bool:

@@ -2,15 +2,18 @@
 piece of the full tensor this rank holds, with where that piece lies.
 
 A piece's place comes from what the rank has: a DTensor says it (its mesh coordinate and placements, read
-here with public APIs only: no collective for Shard and Replicate), a tensor the learner split by hand says
-it through ``shards={name: (dim, index, count)}``, and anything else is the whole tensor. The recorder makes
-no collective call except where the learner asks for one (``mean_over``) or a DTensor's placement cannot be
-read as a box of the full tensor (Partial, FSDP2 x TP's strided shard): then every rank of its mesh calls
-``redistribute`` or ``full_tensor`` at the same record call, as ranks that record the same model do.
+with the function torch's checkpointing uses, ``compute_local_shape_and_global_offset``: no collective for
+Shard, Replicate and FSDP2 x TP's strided shard), a tensor the learner split by hand says it through
+``shards={name: (dim, index, count)}``, and anything else is the whole tensor. The recorder makes no
+collective call except where the learner asks for one (``mean_over``) or a DTensor's placement cannot be read
+as a box of the full tensor (Partial; a strided shard whose rows are not consecutive): then every rank of its
+mesh calls ``redistribute`` or ``full_tensor`` at the same record call, as ranks that record the same model do.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -179,24 +182,41 @@ def _is_dtensor(tensor) -> bool:
 
 
 def _dtensor_piece(tensor) -> Piece:
-    """This rank's box of a DTensor, found from its coordinate; Partial parts summed first (a collective over
-    those mesh dims), a placement that is no box (a strided shard) gathered whole."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
+    """This rank's box of a DTensor, where torch's checkpointing (DCP) says it lies; Partial parts summed first
+    (a collective over those mesh dims). A strided shard (FSDP2 over TP) is a box too wherever the boxes of all
+    ranks tile the tensor; where they do not, the tensor is gathered whole."""
+    from torch.distributed.tensor import Partial, Replicate
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     placements = list(tensor.placements)
     if any(isinstance(p, Partial) for p in placements):
         placements = [Replicate() if isinstance(p, Partial) else p for p in placements]
         tensor = tensor.redistribute(tensor.device_mesh, placements)
-    if not all(type(p) in (Shard, Replicate) for p in placements):
+    full, mesh = tuple(tensor.shape), tensor.device_mesh
+    if not _boxes_tile(full, tuple(mesh.shape), tuple(placements)):  # the same answer on every rank of the mesh
         return Piece(tensor.full_tensor().detach().cpu().clone(), gathered=True)
-    full = tuple(tensor.shape)
-    offset, size = [0] * len(full), list(full)
-    coordinate = tensor.device_mesh.get_coordinate()
-    for mesh_dim, placement in enumerate(placements):
-        if isinstance(placement, Shard):  # torch.chunk's pieces, as DTensor cuts them: ceil-sized, the last smaller
-            dim, n, c = placement.dim, tensor.device_mesh.size(mesh_dim), coordinate[mesh_dim]
-            step = math.ceil(size[dim] / n)
-            start = min(c * step, size[dim])
-            offset[dim] += start
-            size[dim] = max(0, min(step, size[dim] - start))
-    return Piece(tensor.to_local().detach().cpu().clone(), offset=tuple(offset), full_shape=full)
+    size, offset = compute_local_shape_and_global_offset(full, mesh, placements)
+    local = tensor.to_local()
+    if tuple(size) != tuple(local.shape):
+        raise ConfigError(f"a DTensor of shape {list(full)} with placements {placements} holds a local tensor of "
+                          f"shape {list(local.shape)} on rank {dist.get_rank()}, where torch expects "
+                          f"{list(size)}: record it as its placements say, or gather it (full_tensor()) first.")
+    return Piece(local.detach().cpu().clone(), offset=tuple(offset), full_shape=full)
+
+
+@functools.lru_cache(maxsize=256)
+def _boxes_tile(full: tuple[int, ...], mesh_shape: tuple[int, ...], placements: tuple) -> bool:
+    """Whether every mesh coordinate's piece is the box torch's offset and size say: the distinct boxes must not
+    overlap and must cover the tensor. Torch gives a strided shard's first offset only; where the rows a rank
+    holds are not consecutive (rows 0 and 2, say), its box overlaps another's."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    boxes = set()
+    for coordinate in itertools.product(*(range(n) for n in mesh_shape)):
+        size, offset = _compute_local_shape_and_global_offset(full, mesh_shape, list(coordinate), placements)
+        if math.prod(size):
+            boxes.add((tuple(offset), tuple(size)))
+    if sum(math.prod(size) for _, size in boxes) != math.prod(full):
+        return False
+    return not any(all(oa < ob + sb and ob < oa + sa for oa, sa, ob, sb in zip(*a, *b))
+                   for a, b in itertools.combinations(boxes, 2))
