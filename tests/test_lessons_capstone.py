@@ -28,6 +28,14 @@ def cluster8():
 
 
 @pytest.fixture(scope="module")
+def recorded():
+    """The one-process run with every step's loss and gradients recorded (ppkit.ParityRecorder)."""
+    recorder = ppkit.ParityRecorder()
+    cap.reference(steps=STEPS, recorder=recorder)
+    return recorder
+
+
+@pytest.fixture(scope="module")
 def reference():
     return cap.reference(steps=STEPS)
 
@@ -37,6 +45,18 @@ def _within(losses, want):
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
     assert worst <= cap.TOLERANCE, (losses, want, worst)
     return worst
+
+
+def _same_gradients(recorded, results, steps):
+    """Every gradient by name equals the one-process run's (compare_runs): the loss alone misses a gradient scaled
+    by a constant, which Adam divides out (a dp sum instead of a mean moves the loss by ~1e-6)."""
+    report = ppkit.compare_runs(recorded, [r["parity"] for r in results if r is not None])
+    assert report.equal, report
+    assert report.steps == steps
+    return report
+
+
+TP_ROWS = "Shard(dim=0)"  # a column-parallel weight over tp: each rank its heads' rows
 
 
 # -- the pieces ----------------------------------------------------------------------------------------------------
@@ -96,11 +116,43 @@ def test_a_missing_checkpoint_is_refused(tmp_path):
 
 
 # -- on the cluster ------------------------------------------------------------------------------------------------
+def test_machine_peak_counts_the_cpu_budget_not_every_core(monkeypatch):
+    monkeypatch.setenv("PPKIT_CPU_BUDGET", "0.001")  # a hub pod's quota, far below the machine's cores
+    assert cs.machine_peak() < cs.machine_peak(1) / 10
+
+
+def test_an_unknown_pipeline_schedule_is_refused():
+    with pytest.raises(ConfigError, match="schedule='zigzag' is not one of gpipe, 1f1b"):
+        cap.check_mesh(4, (1, 2, 2), cap.Run(schedule="zigzag"))
+
+
+class _NoRanks:
+    """A cluster of 8 whose ranks must not be reached: train_on refuses a bad mesh in the kernel."""
+    world_size = 8
+
+    def run(self, *args, **kwargs):
+        raise AssertionError("a bad mesh reached the ranks")
+
+
+@pytest.mark.parametrize("mesh, ranks, words", [((1, 1, 4), None, "ranks=8 of this cluster's 8"),
+                                                ((2, 2, 2), 4, "has 8 ranks, but 4 run it.*ranks=4")])
+def test_train_on_refuses_a_bad_mesh_once_in_the_kernel(mesh, ranks, words):
+    with pytest.raises(ConfigError, match=words):
+        cap.train_on(_NoRanks(), mesh, ranks=ranks, steps=1)
+    with pytest.raises(ConfigError, match="world size 9"):
+        cap.train_on(_NoRanks(), (1, 1, 1), ranks=9)
+
+
 @pytest.mark.slow
-def test_a_4_rank_dp2_tp2_run_equals_one_process(cluster8, reference):
-    results = cluster8.run(cap.train, mesh=(2, 1, 2), steps=STEPS, ranks=4, metrics=True)
+def test_a_4_rank_dp2_tp2_run_equals_one_process(cluster8, reference, recorded):
+    results = cap.train_on(cluster8, (2, 1, 2), steps=STEPS, ranks=4, metrics=True, parity=True)
     assert results[4:] == [None] * 4
     _within(cap.combine(results), reference)
+    _same_gradients(recorded, results, list(range(STEPS)))
+    # tensor parallel is really there: wq (64 x 64) is split by rows over tp, and again by FSDP2 over dp
+    for r in results[:4]:
+        assert r["layout"]["placements"]["tp"] == TP_ROWS and "Shard(dim=0" in r["layout"]["placements"]["dp"]
+        assert r["layout"]["local"] == (16, 64)
     # every rank reported tokens/s each step, the ranks that hold a loss (all four: no pipeline) their loss
     rows = ppkit.metrics()
     assert sorted({(r["rank"], r["step"]) for r in rows}) == [(k, i) for k in range(4) for i in range(STEPS)]
@@ -108,16 +160,13 @@ def test_a_4_rank_dp2_tp2_run_equals_one_process(cluster8, reference):
 
 
 @pytest.mark.slow
-def test_an_8_rank_3d_run_equals_one_process(cluster8, reference):
-    recorder = ppkit.ParityRecorder()
-    cap.reference(steps=STEPS, recorder=recorder)
-    results = cluster8.run(cap.train, mesh=(2, 2, 2), steps=STEPS, parity=True)
+def test_an_8_rank_3d_run_equals_one_process(cluster8, reference, recorded):
+    results = cap.train_on(cluster8, (2, 2, 2), steps=STEPS, parity=True)
     assert [r["coords"] for r in results] == [(i // 4, i // 2 % 2, i % 2) for i in range(8)]
     assert all((r["losses"][0] is None) == (r["coords"][1] == 0) for r in results)  # only the last stage has a loss
     _within(cap.combine(results), reference)
     # every gradient, gathered from its DTensor shards (FSDP2 over dp, TP over tp) and pipeline stages, by name
-    report = ppkit.compare_runs(recorder, [r["parity"] for r in results])
-    assert report.equal, report
+    report = _same_gradients(recorded, results, list(range(STEPS)))
     assert str(report).count("39 gradients") == 1  # 4 blocks x 9 tensors, embedding, norm, output
     # the tolerance tells runs apart: a learning rate 1 % higher is outside it (2e-3 after 4 steps, when written)
     other = cap.reference(cap.Run(lr=cap.RUN.lr * 1.01), steps=STEPS)
@@ -125,7 +174,7 @@ def test_an_8_rank_3d_run_equals_one_process(cluster8, reference):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_of_dp2_tp2_resumes_on_tp4_and_on_pp2_dp2(cluster8, reference, tmp_path):
+def test_a_checkpoint_of_dp2_tp2_resumes_on_tp4_and_on_pp2_dp2(cluster8, reference, recorded, tmp_path):
     path = str(tmp_path / "step2")
     first = cap.run_mesh(cluster8, (2, 1, 2), steps=2, ranks=4, save=path)
     stored = ckpt.stored(path)
@@ -135,9 +184,16 @@ def test_a_checkpoint_of_dp2_tp2_resumes_on_tp4_and_on_pp2_dp2(cluster8, referen
     assert stored.sizes[wq] == (64, 64)
     assert sorted(stored.chunks[wq]) == [((16 * i, 0), (16, 64)) for i in range(4)]
     assert "optim.state.layers.0.attention.wq.weight.exp_avg" in stored.chunks
-    for mesh in ((1, 1, 4), (2, 2, 1)):
-        resumed = cap.run_mesh(cluster8, mesh, steps=STEPS - 2, start=2, ranks=4, load=path)
-        _within(first + resumed, reference)
+    # resumed: losses and every gradient of steps 2-3 as one process's (the pipeline through 1F1B, the same math)
+    for mesh, run in (((1, 1, 4), cap.RUN), ((2, 2, 1), cap.Run(schedule="1f1b"))):
+        results = cap.train_on(cluster8, mesh, run, ranks=4, steps=STEPS - 2, start=2, load=path, parity=True)
+        _within(first + cap.combine(results), reference)
+        _same_gradients(recorded, results, list(range(2, STEPS)))
+        layouts = [r["layout"] for r in results[:4]]
+        if mesh == (1, 1, 4):  # tp 4 alone: 16 of wq's 64 rows on each rank
+            assert all(w == {"placements": {"tp": TP_ROWS}, "local": (16, 64)} for w in layouts), layouts
+        else:  # FSDP2 over dp 2 on each stage: 32 rows
+            assert all(w == {"placements": {"dp": TP_ROWS}, "local": (32, 64)} for w in layouts), layouts
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Lesson 14, the capstone: a small Llama (ppkit.models.llama) trained on shipped text (ppkit.data), first in one
 process, then on a device mesh composed with torch's own APIs, as notebooks 09-13 taught them.
 
-    Run           the run's settings: model sizes, sequences per step, micro-batches, learning rate, seed
+    Run           the run's settings: model sizes, sequences per step, micro-batches and schedule, lr, seed
     batch_at      step ``step``'s sequences and next-byte targets, the same on every machine
     reference     the one-process run: fp32, Adam, a loss per step
     TOLERANCE     how far a parallel run's loss may be from the reference's (relative): see ``tolerance``
@@ -9,7 +9,9 @@ process, then on a device mesh composed with torch's own APIs, as notebooks 09-1
     parallelize   this rank's stage: tensor parallel with sequence parallel over "tp" (DTensor), FSDP2 over "dp"
     train         (on every rank) steps ``start`` .. ``start + steps`` on the mesh, pipelined over "pp"; can save
                   and load a torch.distributed.checkpoint (capstone_checkpoint)
-    run_mesh      ``train`` on a cluster, its losses combined into one per step
+    layout        how this rank holds its first block's wq: each mesh dimension's placement, the local shape
+    train_on      ``train`` on a cluster, the mesh checked once in the kernel first; each rank's result
+    run_mesh      ``train_on``'s losses combined into one per step
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from ppkit import data
+from ppkit.errors import ConfigError
 from ppkit.lessons import capstone_checkpoint as ckpt
 from ppkit.lessons import composition as comp
 from ppkit.lessons.composition_measure import _quiet as quiet
 from ppkit.models import llama
 from ppkit.parity import ParityRecorder
-from ppkit.pipeline.schedules.stage import step_once
+from ppkit.pipeline.schedules.stage import SCHEDULES, step_once
 from ppkit.transport.metrics import log_metrics
 
 
@@ -35,6 +38,7 @@ class Run:
     config: llama.Config = field(default_factory=llama.Config)
     batch: int = 8            # sequences per step, over all dp ranks
     microbatches: int = 2     # per dp rank, through the pipeline (when pp > 1)
+    schedule: str = "gpipe"   # the pipeline's schedule (when pp > 1): "gpipe" or "1f1b", the same losses
     lr: float = 3e-3
     seed: int = 0
 
@@ -85,14 +89,12 @@ def reference(run: Run = RUN, steps: int = 8, recorder=None) -> list[float]:
     return losses
 
 
-# fp32's unit roundoff is 2^-24 = 6e-8. A sum of n terms in another order may differ by up to about n u of the sum
-# of their magnitudes (Higham, Accuracy and Stability of Numerical Algorithms, ch. 4). The deepest sums of a step
-# here are the loss's mean over 256 tokens and the gradients' sums over 256 tokens (and over dp ranks and
-# micro-batches, which only split them): 256 u = 1.5e-5 of the loss per step. Adam divides each gradient by its own
-# size, so a rounding difference is not damped from step to step: the differences add up, by at most that much a
-# step. Over a run of up to ten steps the bound is ten times it, 1.5e-4; TOLERANCE rounds it up to 2e-4.
-# Measured (docs/capstone.md): a few 1e-7 to 1e-6, far inside it; a real bug (a missing all_reduce) moves the loss
-# by 1e-2 and more.
+# A rough worst case, not a proof (notebook 14, section 4): fp32 rounds each addition by up to u = 2^-24; a sum of n
+# terms in another order moves by up to n u (Higham, ch. 4), 256 u = 1.5e-5 for a step's 256 tokens; Adam does not
+# damp the differences, so ten steps give 1.5e-4, rounded up. Runs longer than ten steps are measured, not derived.
+# The loss cannot see a gradient scaled by a constant (a dp sum where a mean belongs): Adam divides it out, and the
+# loss moves by about 1e-6 (2x the gradients: 1.5e-6 over ten steps). The gradients are compared for that, by name
+# (ppkit.compare_runs, with its own tolerance per tensor).
 TOLERANCE = 2e-4
 
 
@@ -118,6 +120,8 @@ def _problem(world_size: int, mesh, run: Run) -> str | None:
     m = run.microbatches if pp > 1 else 1
     if run.batch % (dp * m):
         return f"dp={dp} x {m} micro-batches must divide the batch of {run.batch} sequences"
+    if run.schedule not in SCHEDULES:
+        return f"schedule={run.schedule!r} is not one of {', '.join(SCHEDULES)}"
     return None
 
 
@@ -151,7 +155,8 @@ def tp_plan(first: bool, last: bool) -> dict:
              "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
              "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1))}
     outer = {}
-    if first:  # each rank looks up its slice of the embedding's columns, the sum reduce_scattered onto the sequence
+    if first:  # each rank holds a slice of the vocabulary (rows, Shard(0)): a token not in it looks up zeros, and
+        # the partial sums are reduce_scattered onto the sequence
         outer["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
     if last:
         outer["norm"] = SequenceParallel()
@@ -187,9 +192,9 @@ def _my_batch(mesh3d, run: Run, step: int):
 
 
 def _schedule(mesh3d, stage, run: Run, per_rank: int):
-    """This rank's PipelineStage and its GPipe schedule over "pp" (torch.distributed.pipelining), the activations'
-    shapes given up front: a stage's hidden state is its sequence-parallel slice, seq / tp tokens."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    """This rank's PipelineStage and its schedule over "pp" (``run.schedule``, torch.distributed.pipelining), the
+    activations' shapes given up front: a stage's hidden state is its sequence-parallel slice, seq / tp tokens."""
+    from torch.distributed.pipelining import PipelineStage
 
     pp, s, c = mesh3d["pp"].size(), mesh3d["pp"].get_local_rank(), run.config
     mb = per_rank // run.microbatches
@@ -198,7 +203,7 @@ def _schedule(mesh3d, stage, run: Run, per_rank: int):
     tokens = torch.zeros(mb, c.seq, dtype=torch.long)
     pipe = PipelineStage(stage, s, pp, torch.device("cpu"), input_args=tokens if s == 0 else hidden,
                          output_args=logits if s == pp - 1 else hidden, group=mesh3d["pp"].get_group())
-    return pipe, ScheduleGPipe(pipe, n_microbatches=run.microbatches, loss_fn=loss_fn)
+    return pipe, SCHEDULES[run.schedule](pipe, n_microbatches=run.microbatches, loss_fn=loss_fn)
 
 
 def _step(mesh3d, stage, pipeline, run: Run, step: int) -> float | None:
@@ -217,12 +222,12 @@ def train(rank, world_size, mesh=(2, 1, 2), run: Run = RUN, steps: int = 4, star
     all; the others return None). ``load``: first restore model and Adam from that checkpoint (any mesh's);
     ``save``: afterwards save them there. ``metrics``: report loss and tokens/s each step (``ppkit.log_metrics``:
     a live plot under the cell); ``parity``: record each step's loss and gradients (``ppkit.ParityRecorder``).
-    Returns this rank's coordinates, loss per step (last stage; else None), seconds per step and the recorded
-    run (None without ``parity``)."""
+    Returns this rank's coordinates, loss per step (last stage; else None), seconds per step, its ``layout`` and
+    the recorded run (None without ``parity``)."""
     ranks = world_size if ranks is None else comp.check_world(ranks, world_size)
     mesh = check_mesh(ranks, mesh, run)
     mesh3d = comp.device_mesh(mesh)  # every rank of the world takes part in making its groups
-    group = _ranks_group(ranks, world_size) if load or save else None
+    group = ckpt.ranks_group(ranks, world_size) if load or save else None
     if rank >= ranks:
         return None
     stage = parallelize(mesh3d, run)
@@ -238,7 +243,17 @@ def train(rank, world_size, mesh=(2, 1, 2), run: Run = RUN, steps: int = 4, star
     if save:
         ckpt.save(save, stage, opt, group)
     return {"rank": rank, "coords": tuple(mesh3d[d].get_local_rank() for d in comp.DIMS), "losses": losses,
-            "seconds": seconds, "parity": recorder.run if recorder else None}
+            "seconds": seconds, "layout": layout(stage), "parity": recorder.run if recorder else None}
+
+
+def layout(stage) -> dict:
+    """How this rank holds its first block's ``attention.wq`` weight: ``placements`` by mesh dimension (tp's
+    ``Shard(dim=0)``: its heads' rows; FSDP2's over dp) and the ``local`` shape (a plain tensor: {} and all of it)."""
+    weight = next(iter(stage.layers.values())).attention.wq.weight
+    if not hasattr(weight, "placements"):
+        return {"placements": {}, "local": tuple(weight.shape)}
+    names = weight.device_mesh.mesh_dim_names
+    return {"placements": dict(zip(names, map(repr, weight.placements))), "local": tuple(weight.to_local().shape)}
 
 
 def _train_step(mesh3d, stage, opt, pipeline, run: Run, step: int, recorder, losses: list, seconds: list,
@@ -260,32 +275,26 @@ def _last_stage_dp(mesh3d):
     return mesh3d["dp"].get_group() if mesh3d["pp"].get_local_rank() == mesh3d["pp"].size() - 1 else None
 
 
-def _ranks_group(ranks: int, world_size: int):
-    """The process group of ranks 0 .. ``ranks`` - 1 (None: the whole world), made once per worker by every rank of
-    the world: DCP's collectives (planning, the final barrier) run on it, and ranks outside the mesh never join."""
-    import torch.distributed as dist
-
-    if ranks == world_size:
-        return None
-    if ranks not in _GROUPS:
-        _GROUPS[ranks] = dist.new_group(list(range(ranks)))
-    return _GROUPS[ranks]
-
-
-_GROUPS: dict = {}
-
-
 def combine(results: list) -> list[float]:
     """One loss per step from the ranks' results: the last stage's, averaged over dp (tp ranks hold the same)."""
     last = [r["losses"] for r in results if r is not None and r["coords"][2] == 0 and r["losses"][0] is not None]
     return [sum(step) / len(step) for step in zip(*last)]
 
 
+def train_on(cluster, mesh, run: Run = RUN, ranks: int | None = None, timeout: float = 600, **options) -> list:
+    """``train`` on the cluster's first ``ranks`` ranks (default: all), ``options`` passed on (steps, start, load,
+    save, metrics, parity); each rank's result. The mesh is checked here, once, before any rank starts: a bad one
+    is one ConfigError in the kernel, not a traceback from every rank."""
+    ranks = comp.check_world(cluster.world_size if ranks is None else ranks, cluster.world_size)
+    try:
+        check_mesh(ranks, mesh, run)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (ranks={ranks} of this cluster's {cluster.world_size}: give ranks= the mesh's "
+                          "dp x pp x tp to run it on the first that many)") from err
+    return cluster.run(train, mesh=tuple(mesh), run=run, ranks=ranks, timeout=timeout, **options)
+
+
 def run_mesh(cluster, mesh, run: Run = RUN, steps: int = 4, start: int = 0, ranks: int | None = None,
              load: str | None = None, save: str | None = None, timeout: float = 600) -> list[float]:
-    """``train`` on the cluster's first ``ranks`` ranks (checked here first); the loss of each step."""
-    ranks = comp.check_world(cluster.world_size if ranks is None else ranks, cluster.world_size)
-    check_mesh(ranks, mesh, run)
-    results = cluster.run(train, mesh=tuple(mesh), run=run, steps=steps, start=start, ranks=ranks, load=load,
-                          save=save, timeout=timeout)
-    return combine(results)
+    """``train_on`` the cluster's first ``ranks`` ranks; the loss of each step."""
+    return combine(train_on(cluster, mesh, run, ranks, timeout, steps=steps, start=start, load=load, save=save))

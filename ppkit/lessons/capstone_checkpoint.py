@@ -3,6 +3,7 @@
     save      (on every rank of a mesh) the model's and Adam's state, each rank writing its own shards
     load      (on every rank of another mesh) the same state, each rank reading the pieces of the shards it now holds
     stored    what DCP wrote: its files (one per rank, and .metadata) and, per FQN, the chunks saved
+    ranks_group  the process group DCP runs on when the mesh is the cluster's first ranks only
 
 Why resharding works: ``get_state_dict`` names every tensor by its FQN in the whole model (``layers.2.attention.wq.
 weight``; a pipeline stage keeps the whole model's names) and keeps each one a DTensor, whose placements say which
@@ -43,6 +44,21 @@ def load(path: str, model, opt, process_group=None) -> None:
     # fills the DTensors in place, each rank its own slices
     dcp.load(state, checkpoint_id=path, process_group=process_group)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def ranks_group(ranks: int, world_size: int):
+    """The process group of ranks 0 .. ``ranks`` - 1 (None: the whole world), made once per worker by every rank of
+    the world: DCP's collectives (planning, the final barrier) run on it, and ranks outside the mesh never join."""
+    import torch.distributed as dist
+
+    if ranks == world_size:
+        return None
+    if ranks not in _GROUPS:
+        _GROUPS[ranks] = dist.new_group(list(range(ranks)))
+    return _GROUPS[ranks]
+
+
+_GROUPS: dict = {}
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
     step_flops    the model FLOPs of one step: (6 N + 12 L s d) per token (lesson 08c: Kaplan's 6N, PaLM's attention)
     Speed         one mesh's step: seconds (median of the timed steps, slowest rank), tokens/s, MFU
     measure       each mesh trained for ``warmup`` + ``steps`` steps on the cluster, the timed steps' median
-    machine_peak  lesson 08c's achievable fp32 matmul rate of one core, times the cores the ranks share
+    machine_peak  lesson 08c's achievable fp32 matmul rate of one core, times the cores the ranks share (the
+                  learner's CPU budget: a hub's quota or CPU_LIMIT, not every core the machine has)
 
 MFU here is the model's FLOPs per second over the whole machine's peak (every core the ranks share), since all
 ranks of a mesh run on the same cores: one number per mesh, comparable between meshes.
@@ -11,10 +12,10 @@ ranks of a mesh run on the same cores: one number per mesh, comparable between m
 
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import dataclass
 
+from ppkit.cluster.budget import read_budget
 from ppkit.lessons import capstone as cap
 from ppkit.lessons import step_flops as sf
 from ppkit.models import llama
@@ -26,9 +27,11 @@ def step_flops(run: cap.Run = cap.RUN) -> int:
     return (6 * llama.matmul_params(c) + 12 * c.layers * c.seq * c.dim) * run.tokens
 
 
-def machine_peak(cores: int | None = None) -> float:
-    """FLOPs per second the machine can reach: one thread's best fp32 matmul (08c) times ``cores`` (default: all)."""
-    return sf.measure_peak(512, 5).flops_per_s * (cores or os.cpu_count() or 1)
+def machine_peak(cores: float | None = None) -> float:
+    """FLOPs per second the ranks can reach: one thread's best fp32 matmul (08c) times ``cores`` (default: the CPU
+    budget, ``ppkit.cluster.budget.read_budget``: a cgroup quota, the hub's CPU_LIMIT, the cores this process may
+    run on, whichever is fewest; ``os.cpu_count()`` would count a whole shared server's cores)."""
+    return sf.measure_peak(512, 5).flops_per_s * (cores or read_budget().cores)
 
 
 @dataclass(frozen=True)
