@@ -131,6 +131,23 @@ def test_the_missing_all_reduce_in_a_tensor_parallel_backward_is_named(cluster2)
     assert fixed.equal, str(fixed)
 
 
+def rank1_backward_tp_mlp(x, fc1, fc2, log):
+    """The fixed block, but rank 1 triples the gradient of its fc1 output in backward: a bug on one rank only."""
+    h = fc1(copy_to_parallel(x, log, "fc1"))
+    if dist.get_rank() == 1:
+        h.register_hook(lambda grad: grad * 3)
+    return reduce_from_parallel(F.linear(F.gelu(h), fc2.weight), log, "fc2") + fc2.bias
+
+
+def test_a_bug_on_one_tensor_parallel_rank_names_that_rank(cluster2):
+    report = ppkit.compare_runs(parity_tp.reference(1), [run for run, _ in cluster2.run(
+        parity_tp.train, rank1_backward_tp_mlp, steps=1)])
+    first = report.first
+    assert (first.step, first.kind, first.name, first.rank) == (0, "grad", "mlp.fc1.bias", 1)
+    assert "the gradient of mlp.fc1.bias is 3x the reference on rank 1" in str(report)
+    assert not [d for d in report.differences if d.name.startswith("mlp.") and d.rank == 0]
+
+
 def test_swapped_tensor_parallel_shards_name_whose_piece_a_rank_holds(cluster2):
     def swapped(rank, world_size):
         run, _ = parity_tp.train(rank, world_size, fixed_tp_mlp, steps=1)
