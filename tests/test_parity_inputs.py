@@ -113,7 +113,8 @@ def test_declared_pieces_are_compared_with_their_part_of_the_reference():
     halves[1].tensors[0]["0.weight"].value.mul_(3)
     report = ppkit.compare_runs(ref, halves)
     assert (report.first.name, report.first.rank) == ("0.weight", 1)
-    assert "3x the reference on rank 1" in str(report)
+    assert "3x the reference on rank 1 only" in str(report)  # not "the sum of 3 ranks' values": 2 ranks, one wrong
+    assert "rank 0's piece equals the reference" in str(report) and "summed where it should average" not in str(report)
 
 
 def test_pieces_that_do_not_cover_a_tensor_are_refused():

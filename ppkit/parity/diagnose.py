@@ -163,6 +163,16 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
     k, inverse = _whole(c), _whole(1 / c) if c else None
     if want.numel() == 1 and not (k or inverse):
         return None  # any number is some multiple of another: a scale says nothing about one value
+    others = [r for r, (g, w) in held.items() if r != case.rank]
+    if others and all(g is not None and w is not None and _fits(g.double(), w.double())
+                      for r, (g, w) in held.items() if r != case.rank):
+        factor = f"{k}x" if k else f"1/{inverse}" if inverse else f"{c:.3g}x"
+        return Diagnosis(f"the {thing} is {factor} the reference on rank {case.rank} only",
+                         f"{_ranks_pieces(others)} the reference, so no collective is at "
+                         "fault (a sum or an average over ranks would touch every rank's piece): something rank "
+                         f"{case.rank} alone did to it",
+                         f"code that runs on rank {case.rank} only (a branch on the rank or on a mesh coordinate), "
+                         "and a backward or gradient accumulation that ran more (or fewer) times there")
     if k:
         also = "; or the ranks' losses were summed, not averaged" if case.kind != "param" else ""
         return Diagnosis(f"the {thing} is {k}x the reference on {on}",
@@ -180,6 +190,12 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
                      "a scale differs: the learning rate, the loss's normalisation (a sum over tokens where the "
                      "reference takes the mean), gradient accumulation's division, or a loss scale",
                      "every factor applied to the loss and the gradients, against the reference's")
+
+
+def _ranks_pieces(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}'s piece equals"
+    return f"ranks {', '.join(map(str, ranks))}' pieces equal"
 
 
 def _swapped(case: Case, got, thing: str) -> Diagnosis | None:
