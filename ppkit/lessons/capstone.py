@@ -289,8 +289,8 @@ def train_on(cluster, mesh, run: Run = RUN, ranks: int | None = None, timeout: f
     try:
         check_mesh(ranks, mesh, run)
     except ConfigError as err:
-        raise ConfigError(f"{err} (ranks={ranks} of this cluster's {cluster.world_size}: give ranks= the mesh's "
-                          "dp x pp x tp to run it on the first that many)") from err
+        raise ConfigError(f"{err} (ranks={ranks} of this cluster's {cluster.world_size}: ranks= says how many of "
+                          f"its first ranks run the mesh, dp x pp x tp of them, at most {cluster.world_size})") from err
     return cluster.run(train, mesh=tuple(mesh), run=run, ranks=ranks, timeout=timeout, **options)
 
 
