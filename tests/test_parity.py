@@ -395,7 +395,8 @@ def interleaved_reference() -> ppkit.ParityRun:
 
 def interleaved_rows(rank, world_size):
     """Rows 0-7 on a 2 x 2 mesh as (Shard(0), _StridedShard(0, split_factor=2)): rank (i, j) holds rows 4i + j
-    and 4i + j + 2, not consecutive."""
+    and 4i + j + 2, not consecutive. Also what recording a DTensor whose local tensor is not the size its
+    placements say raises."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
@@ -407,7 +408,13 @@ def interleaved_rows(rank, world_size):
                            shape=torch.Size([8, 1]), stride=(1, 1))
     rec = ppkit.ParityRecorder("params")
     rec.record(0, {"w": w})
-    return rec.run
+    odd = DTensor.from_local(torch.zeros(3, 1), mesh, [Shard(0), Shard(0)], run_check=False,
+                             shape=torch.Size([8, 1]), stride=(1, 1))  # 2 rows each, says torch: not 3
+    try:
+        ppkit.ParityRecorder("params").record(0, {"odd": odd})
+    except ppkit.ConfigError as e:
+        return rec.run, str(e)
+    return rec.run, ""
 
 
 @pytest.mark.slow  # 4 ranks: 20 s of the call on the shared 2-core machine (load 18), most of it imports
@@ -421,7 +428,8 @@ def test_fsdp2_over_tensor_parallel_pieces_are_each_rank_s_own(cluster4):
     assert (pieces["3.weight"].offset, tuple(pieces["3.weight"].value.shape)) == ((8, 16), (8, 16))
     report = ppkit.compare_runs(sp_reference(), runs)
     assert report.equal and report.ranks == [0, 1, 2, 3], str(report)
-    interleaved = cluster4.run(interleaved_rows)  # rows no box holds: gathered whole, and still compared
+    interleaved, refused = zip(*cluster4.run(interleaved_rows))  # rows no box holds: gathered whole, compared
+    assert "holds a local tensor of shape [3, 1] on rank 0, where torch expects [2, 1]" in refused[0]
     assert all(run.tensors[0]["w"].gathered for run in interleaved)
     assert ppkit.compare_runs(interleaved_reference(), interleaved).equal
     bad = ppkit.compare_runs(sp_reference(1), cluster4.run(fsdp_tp_train, 1, {3: "1.bias", 1: "1.weight"}))
