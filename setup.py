@@ -8,6 +8,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).resolve().parent
 
@@ -30,9 +31,25 @@ class BuildPyWithCourse(build_py):
             raise RuntimeError(f"no notebooks under {ROOT / 'notebooks'}: a wheel without the course would be "
                                "built. Build from a clone or from the sdist (MANIFEST.in grafts notebooks/ and docs/).")
         target = Path(self.build_lib) / "ppkit" / "course"
+        for folder in {name.split("/")[0] for name in wanted}:  # an earlier build's copy: a file removed since
+            shutil.rmtree(target / folder, ignore_errors=True)  # from the clone must not ship (build/ is reused)
         for name in wanted:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ROOT / name, target / name)
 
 
-setup(cmdclass={"build_py": BuildPyWithCourse})
+class SdistOfTrackedCourse(sdist):
+    """MANIFEST.in grafts notebooks/ and docs/ whole; in a git checkout, keep only the course files git tracks
+    (course_files), so a scratch notebook reaches neither the sdist nor the wheel built from it."""
+
+    def make_release_tree(self, base_dir, files):
+        module = _course_files_module()
+        course = set(module.course_files(ROOT) + module.lab_settings_files(ROOT))
+        folders = (*module.FOLDERS, module.LAB_SETTINGS)
+        kept = [name for name in files
+                if not Path(name).as_posix().startswith(tuple(f"{f}/" for f in folders))
+                or Path(name).as_posix() in course]
+        super().make_release_tree(base_dir, kept)
+
+
+setup(cmdclass={"build_py": BuildPyWithCourse, "sdist": SdistOfTrackedCourse})
