@@ -175,7 +175,7 @@ def test_a_ppkit_without_course_files_says_how_to_get_them(tmp_path, monkeypatch
     with pytest.raises(CourseError, match="carries no notebooks"):
         source()
     code, out = run_cli(str(tmp_path / "course"), capsys=capsys)
-    assert code == 1 and "pip install --force-reinstall ppkit" in out
+    assert code == 1 and "pip install --force-reinstall ppkit-*.whl" in out
     assert not (tmp_path / "course").exists()
 
 
@@ -266,3 +266,19 @@ def test_notebook_00_first_installs_this_versions_wheel_and_only_where_ppkit_is_
     assert f'"ppkit-{version}-py3-none-any.whl"' in first.source  # the name `python -m build` gives this version
     assert 'if importlib.util.find_spec("ppkit") is None:' in first.source
     assert "    %pip install {PPKIT_SOURCE}" in first.source and "Restart the kernel once" in first.source
+
+
+# -- what messages tell a learner to install --------------------------------------------------------
+PIP_INSTALL_PPKIT = re.compile(r"(?P<before>.{0,5})pip install(?:\s+--?[\w-]+)*\s+['\"]?ppkit\b(?![-.\w])")
+
+
+def test_no_message_says_pip_install_ppkit_the_name_of_another_project_on_pypi():
+    """`pip install ppkit` (or --upgrade ppkit) installs another project from PyPI; the course's wheel is a file
+    (ppkit-0.1.0-...whl) or a clone. Only a warning against it ("Not `pip install ppkit`") may name it."""
+    found = []
+    for path in [*sorted((REPO / "ppkit").rglob("*.py")), *NOTEBOOKS, *sorted((REPO / "docs").glob("*.md"))]:
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            for match in PIP_INSTALL_PPKIT.finditer(text):
+                if not match.group("before").lower().endswith("not `"):
+                    found.append(f"{path.relative_to(REPO)}:{number}: {match.group(0).strip()}")
+    assert not found, "messages that would install PyPI's other ppkit:\n" + "\n".join(found)

@@ -37,8 +37,10 @@ def source() -> Path:
             return root
     raise CourseError(
         f"this ppkit ({_PACKAGED.parent}) carries no notebooks: neither {_PACKAGED / 'notebooks'} (a wheel built "
-        f"by setup.py) nor {_CLONE / 'notebooks'} (a clone) exists. Reinstall ppkit from a wheel or an sdist "
-        "(`pip install --force-reinstall ppkit`), not from a copy of the ppkit/ folder alone.")
+        f"by setup.py) nor {_CLONE / 'notebooks'} (a clone) exists. Reinstall ppkit from the course's wheel "
+        "(`pip install --force-reinstall ppkit-*.whl`), or from a clone (`pip install /path/to/the/clone`, or "
+        "`pip install -e .` in it), not from a copy of the ppkit/ folder alone; not `pip install ppkit`: that "
+        "name on PyPI is another project.")
 
 
 def docs_folder() -> Path:

@@ -42,7 +42,8 @@ def install(user: bool = False, prefix: str | None = None, sys_prefix: bool = Fa
         raise ConfigError(
             f"Jupyter does not know ppkit's kernel provisioner ({PROVISIONER!r}, an entry point of ppkit's "
             "pyproject.toml): this ppkit was not installed with it. Reinstall it (pip install -e . in its "
-            "checkout, or pip install --upgrade ppkit), then run this again.")
+            "checkout, or pip install --force-reinstall ppkit-*.whl, the course's wheel; not PyPI's `ppkit`, "
+            "another project), then run this again.")
     refused = private_net._trial() if sys.platform.startswith("linux") else f"this is {sys.platform}"
     if refused is not None:
         raise ConfigError(

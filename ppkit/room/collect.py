@@ -61,7 +61,8 @@ def row_from_answer(user: str, stdout: str) -> RoomRow:
         err = answer["stderr"].strip().splitlines()
         last = err[-1] if err else "(nothing on stderr)"
         if "No module named ppkit" in answer["stderr"]:
-            last = "ppkit is not installed in the learner's kernel (pip install ppkit in the hub's user environment)"
+            last = ("ppkit is not installed in the learner's kernel: install the course's wheel (pip install "
+                    "ppkit-*.whl, not PyPI's `ppkit`) in the hub's user environment")
         return RoomRow(user, "not ready", f"ppkit preflight --json exited {answer['returncode']}: {last}")
 
 
