@@ -15,9 +15,12 @@ all_reduce its peer never made, reported by the hang watch). Exits non-zero on t
 The course's GPU paths (issue 49): this process initialises CUDA first (torch.cuda.get_device_name below), as a
 learner's kernel may, and then starts ranks; the kernel-safe GPU list with each GPU's datasheet peak
 (ppkit.lessons.gpus.devices); 02's and 03's GPU cells (gpus.all_reduce_here, data_parallel.ddp_step_here: nccl on
-each rank's GPU); 08c's MFU against the datasheet bf16 peak and FP8 against bf16 matmuls (ppkit.lessons.gpu_speed).
-With --course, then every notebook under nbval, one at a time: its time, its result and whether any process used a
-GPU while it ran (nvidia-smi, sampled), written as a table to $PPKIT_GPU_OUT/course_on_gpu.md (or printed).
+each rank's GPU); 08c's MFU against the datasheet peak (bf16, or fp16 on a GPU without bf16 tensor cores) and
+FP8 against 16-bit matmuls, on each GPU (ppkit.lessons.gpu_speed).
+With --course, then every notebook under nbval, one at a time: its time, its result and what says a process used a
+GPU while it ran (nvidia-smi sampled every 2 s: the compute apps' pids where it sees them, else, as in a container
+whose PID namespace hides them, each GPU's memory.used against before the notebook; the row says which), written as
+a table to $PPKIT_GPU_OUT/course_on_gpu.md (or printed).
 """
 
 from __future__ import annotations
@@ -217,7 +220,8 @@ def course_paths() -> None:
     from ppkit.lessons import data_parallel, gpu_speed, gpus
 
     step("CUDA initialised in this process before any rank starts", torch.cuda.is_initialized)
-    step("ppkit.lessons.gpus.devices (asked in a fresh Python)", gpus.devices)
+    found = gpus.devices()
+    step("ppkit.lessons.gpus.devices (asked in a fresh Python)", lambda: found)
     ranks = min(2, torch.cuda.device_count())
     with ppkit.Cluster(ranks, "gloo") as cluster:
         for name, fn, wanted in (("02: all_reduce_here", gpus.all_reduce_here, "nccl on cuda"),
@@ -226,27 +230,69 @@ def course_paths() -> None:
             if not all(line.startswith(wanted) for line in said):
                 raise AssertionError(f"{name} on {ranks} GPU rank(s) said {said}, not {wanted!r}")
             step(name, lambda said=said: said)
-    step("08c: step MFU against the datasheet bf16 peak", lambda: gpu_speed.measure("step_mfu"))
-    step("08c: FP8 and bf16 matmuls against the datasheet peaks", lambda: gpu_speed.measure("fp8_matmul"))
+    for gpu in found:  # as 08c's cell: each GPU measured on itself, in its 16-bit type (bf16, else fp16)
+        i = gpu["index"]
+        step(f"08c: step MFU on GPU {i} against its datasheet peak", lambda i=i: gpu_speed.measure("step_mfu", i))
+        step(f"08c: FP8 and 16-bit matmuls on GPU {i} against the datasheet peaks",
+             lambda i=i: gpu_speed.measure("fp8_matmul", i))
 
 
-def _gpu_users(seen: set, stop) -> None:
+MEMORY_RISE_MIB = 64  # below this, a rise of memory.used is not taken as a notebook's use of the GPU
+
+
+def memory_used_mib(csv: str) -> dict[int, int]:
+    """{GPU index: MiB used} from ``nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits``."""
+    used = {}
+    for line in csv.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            used[int(fields[0])] = int(fields[1])
+    return used
+
+
+def _memory_used() -> dict[int, int]:
+    done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True)
+    return memory_used_mib(done.stdout)
+
+
+def gpu_evidence(apps: set, before: dict[int, int], peak: dict[int, int]) -> str:
+    """What says a notebook used a GPU, and which evidence it is: the compute apps nvidia-smi lists (pid, memory),
+    or, where it lists none (a container's own PID namespace hides every pid from it), each GPU's memory.used at
+    its highest against before the notebook."""
+    if apps:
+        return "pids (nvidia-smi --query-compute-apps): " + "; ".join(sorted(apps))
+    if not peak:
+        return "none seen (no pid; nvidia-smi gave no memory.used)"
+    rose = {i: peak[i] - before.get(i, peak[i]) for i in sorted(peak)}
+    used = [f"GPU {i} rose by {mib} MiB" for i, mib in rose.items() if mib >= MEMORY_RISE_MIB]
+    if not used:
+        return f"none seen (no pid; memory.used rose by less than {MEMORY_RISE_MIB} MiB on every GPU)"
+    return ("memory.used (no pid visible: nvidia-smi --query-compute-apps saw none, as in a container's own PID "
+            "namespace): " + "; ".join(used))
+
+
+def _gpu_users(seen: set, peak: dict, stop) -> None:
     while not stop.wait(2.0):
         done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
                               capture_output=True, text=True)
         seen.update(line.strip() for line in done.stdout.splitlines() if line.strip())
+        for i, mib in _memory_used().items():
+            peak[i] = max(mib, peak.get(i, mib))
 
 
 def course_under_nbval() -> int:
-    """Every notebook under nbval as make test runs it: a row each (seconds, result, GPU users seen)."""
+    """Every notebook under nbval as make test runs it: a row each (seconds, result, what says it used a GPU)."""
     import threading
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    rows, failed = ["| notebook | seconds | nbval | processes seen on a GPU (pid, memory) |", "|---|---|---|---|"], 0
+    rows, failed = ["| notebook | seconds | nbval | GPU use seen (evidence: pids, else memory.used per GPU) |",
+                    "|---|---|---|---|"], 0
     for notebook in sorted((root / "notebooks").glob("[0-9]*.ipynb")):
-        seen, stop = set(), threading.Event()
-        watcher = threading.Thread(target=_gpu_users, args=(seen, stop), daemon=True)
+        seen, before, stop = set(), _memory_used(), threading.Event()
+        peak = dict(before)
+        watcher = threading.Thread(target=_gpu_users, args=(seen, peak, stop), daemon=True)
         watcher.start()
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(notebook),
@@ -256,8 +302,8 @@ def course_under_nbval() -> int:
         watcher.join()
         result = (done.stdout.strip().splitlines() or ["no output"])[-1]
         failed += done.returncode != 0
-        users = "; ".join(sorted(seen)) or "-"
-        rows.append(f"| {notebook.name} | {time.perf_counter() - t0:.0f} | {result} | {users} |")
+        rows.append(f"| {notebook.name} | {time.perf_counter() - t0:.0f} | {result} | "
+                    f"{gpu_evidence(seen, before, peak)} |")
         print(rows[-1], flush=True)
     table = "\n".join(rows) + "\n"
     if os.environ.get("PPKIT_GPU_OUT"):

@@ -117,3 +117,64 @@ def test_08cs_gpu_measurements_say_plainly_that_there_is_no_gpu():
         gpu_speed.measure("mfu")
     with pytest.raises(ConfigError, match="step_mfu\\(\\) in a fresh Python .* no GPU here"):  # asked outside
         gpu_speed.measure("step_mfu", seq_len=16)
+
+
+def _playing_a_gpu(monkeypatch, name: str, capability: tuple[int, int]) -> list:
+    """This CPU process plays a GPU named ``name``: torch.cuda's questions answered, ``.cuda()`` a no-op, and the
+    autocast a step asks for recorded (the list returned) and run as no autocast at all."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, device=None: self)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, device=None, **kwargs: self)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: None)  # Adam asks
+    asked = []
+    monkeypatch.setattr(torch, "autocast", lambda device_type, dtype=None, **kw: asked.append((device_type, dtype))
+                        or contextlib.nullcontext())
+    return asked
+
+
+@pytest.mark.parametrize(("name", "capability", "dtype", "half", "peak"), [
+    ("Tesla T4", (7, 5), torch.float16, "fp16", 65e12),  # Colab's and Kaggle's GPU: no bf16 tensor cores
+    ("NVIDIA H100 80GB HBM3", (9, 0), torch.bfloat16, "bf16", 989.5e12),
+])
+def test_a_step_s_mfu_uses_the_half_type_the_gpu_has(monkeypatch, name, capability, dtype, half, peak):
+    from ppkit.lessons import gpu_speed
+
+    asked = _playing_a_gpu(monkeypatch, name, capability)
+    said = gpu_speed.step_mfu(seq_len=16, microbatch_size=2, repeats=1, d_model=32, heads=2, layers=1)
+    assert asked and set(asked) == {("cuda", dtype)}
+    assert (said["autocast"], said["peak"]) == (half, peak)
+    assert said["MFU"] == pytest.approx(said["model_flops"] / said["seconds"] / peak)
+
+
+@pytest.mark.parametrize(("name", "capability", "half"), [
+    ("Tesla T4", (7, 5), ("fp16", torch.float16, 65e12)),
+    ("NVIDIA A100-SXM4-80GB", (8, 0), ("bf16", torch.bfloat16, 312e12)),
+    ("Tesla V100-SXM2-16GB", (7, 0), ("fp16", torch.float16, None)),  # not in the table: the capability decides
+    ("NVIDIA A10", (8, 6), ("bf16", torch.bfloat16, None)),
+])
+def test_the_half_type_is_bf16_only_where_the_gpu_has_bf16_tensor_cores(name, capability, half):
+    from ppkit.lessons import gpu_speed
+
+    assert gpu_speed.half_precision(name, capability) == half
+
+
+def test_each_gpu_is_measured_in_a_fresh_python_that_sees_only_that_gpu(monkeypatch):
+    """``measure(..., device=i)`` gives the fresh Python the kernel's GPU i alone (CUDA_VISIBLE_DEVICES, mapped
+    through the kernel's own): no GPU here, so its refusal says what it was given."""
+    from ppkit.lessons import gpu_speed
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(ConfigError, match=r"no GPU here .*CUDA_VISIBLE_DEVICES='1'"):
+        gpu_speed.measure("step_mfu", device=1, seq_len=16)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    with pytest.raises(ConfigError, match=r"no GPU here .*CUDA_VISIBLE_DEVICES='6'"):
+        gpu_speed.measure("fp8_matmul", device=1, n=16)
+    with pytest.raises(ConfigError, match=r"device=2\): .* 2 GPUs .*CUDA_VISIBLE_DEVICES='4,6'"):
+        gpu_speed.measure("fp8_matmul", device=2)
+    with pytest.raises(ConfigError, match=r"device=-1"):
+        gpu_speed.measure("fp8_matmul", device=-1)

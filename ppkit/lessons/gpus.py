@@ -9,6 +9,7 @@ initialised) and asks a fresh interpreter for their names, so that no CUDA conte
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -104,19 +105,20 @@ def devices(timeout_s: float = 120.0) -> list[dict]:
     ``torch.cuda.device_count()`` says none (NVML's count; torch falls back to cudaGetDeviceCount, a cuInit without
     a context, only where NVML fails), else ``devices_in_this_process`` run in a fresh interpreter, whose CUDA
     context ends with it."""
-    if torch.cuda.device_count() == 0:
+    if worker_setup.gpu_count() == 0:
         return []
     return in_fresh_process("ppkit.lessons.gpus", "devices_in_this_process", timeout_s=timeout_s)
 
 
-def in_fresh_process(module: str, function: str, timeout_s: float = 120.0, **kwargs):
-    """``module.function(**kwargs)`` run in a fresh interpreter (exec'd, not forked: it may initialise CUDA), its
-    JSON result returned; a failure raises ConfigError with the interpreter's last words."""
+def in_fresh_process(module: str, function: str, timeout_s: float = 120.0, env: dict | None = None, **kwargs):
+    """``module.function(**kwargs)`` run in a fresh interpreter (exec'd, not forked: it may initialise CUDA), with
+    ``env`` added to this process's environment there; its JSON result returned; a failure raises ConfigError with
+    the interpreter's last words."""
     code = (f"import json, sys, {module} as m; "
             f"print('PPKIT-RESULT ' + json.dumps(m.{function}(**json.loads(sys.argv[1]))))")
     try:
         done = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], capture_output=True, text=True,
-                              timeout=timeout_s)
+                              timeout=timeout_s, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired as exc:
         raise ConfigError(f"{module}.{function}() in a fresh Python did not finish within {timeout_s:.0f} s. "
                           "A busy machine may need more: pass timeout_s.") from exc
