@@ -232,10 +232,10 @@ def test_lab_starts_jupyterlab_in_the_course_folder(tmp_path):
 
 
 # -- where docs/ is, for messages that name it ------------------------------------------------------------------
-def test_preflight_says_where_the_docs_it_names_are_just_before_its_summary():
+def _preflight_naming_docs(lines: list):
+    """A preflight whose slow checks are stand-ins and whose ports check warns, naming docs/isolation.md."""
     from ppkit import preflight
 
-    lines = []
     checker = preflight.Preflight(emit=lines.append)
     stand_ins = {"memory": "ok", "cluster": "ok", "rpc_world": "ok", "pipeline": "ok", "ports": "warn"}
     for name, status in stand_ins.items():
@@ -244,9 +244,17 @@ def test_preflight_says_where_the_docs_it_names_are_just_before_its_summary():
             return preflight.Check(name.replace("_", " "), status, detail)
         check.__name__ = name
         setattr(checker, name, check)
+    return checker
+
+
+def test_preflight_says_where_the_docs_it_names_are_just_before_its_summary():
+    from ppkit import preflight
+
+    lines = []
+    checker = _preflight_naming_docs(lines)
     checker.run()
     assert lines[-2] == ppkit.course.where_docs() and lines[-1] == checker.summary()
-    assert f"in {REPO / 'docs'}" in lines[-2] and "./ppkit-course/docs" in lines[-2]
+    assert lines[-2].startswith(f"docs/... named here: {REPO / 'docs'}") and "./ppkit-course/docs" in lines[-2]
 
     def ports():
         return preflight.Check("ports", "ok", "free")
@@ -256,6 +264,16 @@ def test_preflight_says_where_the_docs_it_names_are_just_before_its_summary():
     checker.checks.clear()
     checker.run()
     assert lines[-1] == checker.summary() and ppkit.course.where_docs() not in lines  # nothing named docs/
+
+
+def test_preflight_without_course_files_still_ends_with_its_summary(tmp_path, monkeypatch):
+    monkeypatch.setattr(ppkit.course, "_PACKAGED", tmp_path / "site-packages" / "ppkit" / "course")
+    monkeypatch.setattr(ppkit.course, "_CLONE", tmp_path / "site-packages")
+    lines = []
+    checker = _preflight_naming_docs(lines)
+    checker.run()
+    assert lines[-1] == checker.summary()
+    assert "docs/... named here: not in this ppkit" in lines[-2] and "carries no notebooks" in lines[-2]
 
 
 # -- the notebook-only start (tests/test_course_wheel.py runs the cell where ppkit is missing) --------------------
@@ -282,3 +300,28 @@ def test_no_message_says_pip_install_ppkit_the_name_of_another_project_on_pypi()
                 if not match.group("before").lower().endswith("not `"):
                     found.append(f"{path.relative_to(REPO)}:{number}: {match.group(0).strip()}")
     assert not found, "messages that would install PyPI's other ppkit:\n" + "\n".join(found)
+
+
+def test_a_folder_that_cannot_be_written_is_named_with_what_to_do(fake_course, tmp_path, monkeypatch, capsys):
+    def refused(src, dst):
+        raise PermissionError(13, "Permission denied", str(dst))
+
+    monkeypatch.setattr(ppkit.course.shutil, "copyfile", refused)  # root writes anywhere: refuse as a learner is
+    code, out = run_cli(str(tmp_path / "course"), capsys=capsys)
+    assert code == 1 and f"cannot write the course into {tmp_path / 'course'}" in out
+    assert "Permission denied" in out and "Traceback" not in out and "ppkit course ~/ppkit-course" in out
+
+
+def test_lab_settings_go_only_into_a_python_of_the_learner_s_own(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    target = Path("share", "jupyter", "lab", "settings", "overrides.d", "ppkit-workshop.json")
+    for prefix, base, written in ((tmp_path / "opt" / "conda", tmp_path / "opt" / "conda", False),  # shared base
+                                  (home / "miniconda", home / "miniconda", True),  # an env in their home
+                                  (tmp_path / "venv", tmp_path / "opt" / "conda", True)):  # a venv they own
+        prefix.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setattr(sys, "prefix", str(prefix))
+        monkeypatch.setattr(sys, "base_prefix", str(base))
+        why = course_cli.install_lab_settings()
+        assert (prefix / target).is_file() == written, (prefix, why)
+        assert (why is None) == written and (written or f"{prefix} is not a venv and not in your home" in why)

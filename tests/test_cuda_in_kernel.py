@@ -9,22 +9,32 @@ process forked from the kernel is in torch's "bad fork", as on a GPU machine, wh
 audit hook (``sys.addaudithook``) every ``os.fork``/``os.forkpty``/``os.posix_spawn``/``subprocess.Popen`` of the
 kernel process, and wraps the ``torch.cuda`` functions that initialise CUDA (``_lazy_init``, which every device
 query and ``set_device`` goes through, and ``is_available``, whose ``cudaGetDeviceCount`` runs ``cuInit`` and
-arms torch's fork poisoning) to record the ppkit frame that called them. A rank forked from this kernel would
-inherit ``_initialized = True`` and be in a bad fork: each rank reports both, and its parent's pid.
+arms torch's fork poisoning), and ``device_count`` (NVML's count, cudaGetDeviceCount where NVML fails), under
+every name torch's modules hold for them (``torch.cuda.memory`` and ``torch.cuda.random`` import ``_lazy_init``
+for themselves), to record the ppkit frame (a file under ppkit's package folder) that called them.
+A rank forked from this kernel would inherit ``_initialized = True`` and be in a bad fork: each rank reports
+both, and its parent's pid.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 
 import pytest
 from kernels import kernel_in
 from test_torchrun_output import run_cell
 
+
+def is_ppkit_frame(filename: str, ppkit_dir: str) -> bool:
+    """Whether a stack frame's file is ppkit's own code (``ppkit_dir``: the folder of ppkit's ``__init__.py``)."""
+    return os.path.abspath(filename).startswith(ppkit_dir)
+
 pytestmark = pytest.mark.slow  # a kernel, and four sets of fresh ranks
 
-FAKE_CUDA_IN_KERNEL = r'''
-import json, os, sys, traceback
+FAKE_CUDA_IN_KERNEL = inspect.getsource(is_ppkit_frame) + r'''
+import importlib.util, json, os, sys, traceback
 import torch
 torch.cuda.is_available()  # the learner's own: cudaGetDeviceCount arms torch's fork poisoning in this process
 
@@ -38,19 +48,29 @@ def _audit(event, args):
         kernel_events.append((event, str(args[0] or args[1])[:200]))  # fork+exec in C: safe
 
 sys.addaudithook(_audit)
+PPKIT_DIR = os.path.dirname(importlib.util.find_spec("ppkit").origin) + os.sep  # found, not imported yet
 
 def _recording(name, fn):
     def wrapper(*args, **kwargs):
-        ppkit_frames = [f"{f.filename.split('/ppkit/')[-1]}:{f.lineno} {f.name}"
-                        for f in traceback.extract_stack()[:-1] if "/ppkit/" in f.filename]
+        ppkit_frames = [f"{f.filename.removeprefix(PPKIT_DIR)}:{f.lineno} {f.name}"
+                        for f in traceback.extract_stack()[:-1] if is_ppkit_frame(f.filename, PPKIT_DIR)]
         if ppkit_frames:
             caller = traceback.extract_stack()[-2]
             ppkit_cuda_calls.append((name, ppkit_frames[-1], caller.filename.split("/site-packages/")[-1]))
         return fn(*args, **kwargs)
     return wrapper
 
-for _name in ("_lazy_init", "init", "is_available"):
-    setattr(torch.cuda, _name, _recording(_name, getattr(torch.cuda, _name)))
+# torch.cuda.memory and torch.cuda.random hold their own names for _lazy_init (and random for device_count,
+# from "from . import ..."): every torch module's name for one of these is wrapped, not torch.cuda's alone
+import torch.cuda.memory, torch.cuda.random  # noqa: E401
+for _name in ("_lazy_init", "init", "is_available", "device_count"):
+    _original = getattr(torch.cuda, _name)
+    _wrapped = _recording(_name, _original)
+    for _module in [m for n, m in list(sys.modules.items()) if n.startswith("torch") and m is not None]:
+        if getattr(_module, _name, None) is _original:
+            setattr(_module, _name, _wrapped)
+print("_lazy_init wrapped in:", sorted(n for n, m in sys.modules.items()
+                                      if getattr(m, "_lazy_init", None) is torch.cuda._lazy_init))
 torch.cuda._initialized = True   # as after the learner's torch.cuda.init() on a GPU machine
 print("initialised:", torch.cuda.is_initialized(), "kernel pid", os.getpid())
 %load_ext ppkit
@@ -76,6 +96,8 @@ def kc(tmp_path_factory):
     with kernel_in(tmp_path_factory.mktemp("notebook"), expect_processes=True) as (km, client):
         cell = run_cell(client, FAKE_CUDA_IN_KERNEL + RANK_FACTS)
         assert cell.error is None and "initialised: True" in cell.text, cell.shown()
+        wrapped = cell.text.split("_lazy_init wrapped in:", 1)[1].splitlines()[0]
+        assert "'torch.cuda.memory'" in wrapped and "'torch.cuda.random'" in wrapped, wrapped
         # the kernel is what a GPU machine's would be after torch.cuda.*: a fork of it is in torch's "bad fork"
         cell = run_cell(client, "pid = os.fork()\nif pid == 0: os._exit(7 if torch.cuda._is_in_bad_fork() else 0)\n"
                                 "print('fork of the kernel:', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
@@ -100,13 +122,21 @@ def _check_ranks(kc, ranks: list[dict], world_size: int, fork_server: bool = Tru
         f"a rank was forked from the kernel (pid {kc.kernel_pid}), after CUDA was initialised there: {ranks}")
 
 
+def _counted_gpus(call: list) -> bool:
+    """ppkit's one kernel-side GPU count, ``worker_setup.gpu_count``: ``device_count`` counts through NVML
+    before CUDA is initialised (cudaGetDeviceCount only where NVML fails); any other caller is reported."""
+    return call[0] == "device_count" and call[1].startswith("cluster/worker_setup.py:") and call[1].endswith(
+        " gpu_count")
+
+
 def _no_fork_and_no_cuda(kc, torch_may_ask: str = "") -> None:
     """No fork in the kernel, and no torch.cuda call that initialises CUDA (or runs cuInit) under ppkit's code,
-    but those that ``torch_may_ask``, a torch file, makes itself (then the list is emptied for the next test)."""
+    but ``worker_setup.gpu_count``'s ``device_count`` and those that ``torch_may_ask``, a torch file, makes itself
+    (then the list is emptied for the next test)."""
     events = _value(kc, "kernel_events")
     assert [e for e in events if e[0] != "subprocess.Popen"] == [], f"the kernel forked after CUDA: {events}"
     calls = _value(kc, "ppkit_cuda_calls")
-    assert [c for c in calls if not torch_may_ask or c[2] != torch_may_ask] == [], (
+    assert [c for c in calls if not _counted_gpus(c) and (not torch_may_ask or c[2] != torch_may_ask)] == [], (
         "ppkit's kernel-side code called a torch.cuda function that initialises CUDA (or runs cuInit)")
     if calls:
         run_cell(kc, "ppkit_cuda_calls.clear()")
@@ -169,3 +199,16 @@ def test_start_rpc_after_cuda_in_the_kernel(kc):
     _check_ranks(kc, [{**r, "rank": r["rank"] - 1} for r in ranks], 2)
     # torch's TensorPipe set-up asks torch.accelerator.is_available() in rank 0, the kernel: cuInit, no context
     _no_fork_and_no_cuda(kc, torch_may_ask="torch/accelerator/__init__.py")
+
+
+@pytest.mark.parametrize(("filename", "ppkit_s"), [
+    ("/home/u/ppkit/ppkit/cluster/start.py", True),
+    ("/home/u/ppkit/ppkit/__init__.py", True),
+    # a clone named ppkit with its venv inside: torch's and ipykernel's frames are not ppkit's
+    ("/home/u/ppkit/.venv/lib/python3.11/site-packages/torch/cuda/__init__.py", False),
+    ("/home/u/ppkit/.venv/lib/python3.11/site-packages/ipykernel/ipkernel.py", False),
+    ("/home/u/ppkit/tests/test_cuda_in_kernel.py", False),
+    ("/home/u/ppkit/ppkit_extra/x.py", False),
+])
+def test_a_frame_is_ppkit_s_only_inside_ppkit_s_package(filename, ppkit_s):
+    assert is_ppkit_frame(filename, "/home/u/ppkit/ppkit" + os.sep) is ppkit_s

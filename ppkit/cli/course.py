@@ -34,6 +34,12 @@ def main(args) -> int:
     except CourseError as exc:
         print(f"ppkit course: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a folder the learner cannot write (read-only, another user's, a full disk)
+        where = exc.filename or args.folder
+        print(f"ppkit course: error: cannot write the course into {Path(args.folder).expanduser().resolve()} "
+              f"({exc.strerror or exc} at {where}). Pick a folder you can write, e.g. in your home: "
+              f"ppkit course ~/{DEFAULT_FOLDER}", file=sys.stderr)
+        return 1
     print(describe(report, args.lab))
     return start_lab(report.folder) if args.lab else 0
 
@@ -67,12 +73,29 @@ def lab_command(folder: Path) -> list[str]:
     return argv + ["notebooks/00_start_here.ipynb"]
 
 
+def _owns_this_python() -> str | None:
+    """None when sys.prefix is the learner's own (a venv they own, or an environment inside their home);
+    else why ppkit leaves it alone (a conda base in /opt, a system Python: shared with others)."""
+    prefix = Path(sys.prefix).resolve()
+    if Path.home().resolve() in prefix.parents:
+        return None
+    venv = sys.prefix != sys.base_prefix
+    owner = prefix.stat().st_uid if prefix.exists() else None
+    if venv and (not hasattr(os, "geteuid") or owner == os.geteuid()):
+        return None
+    return f"{prefix} is {'a venv of another user' if venv else 'not a venv'} and not in your home"
+
+
 def install_lab_settings() -> str | None:
-    """Put the course's JupyterLab overrides where this environment's lab reads them, as `make lab` does;
-    returns why not when that folder cannot be written (a system Python): the lab then asks about news once."""
+    """Put the course's JupyterLab overrides where this environment's lab reads them, as `make lab` does,
+    when this Python is the learner's own (a venv, an env in their home); returns why not otherwise (a shared
+    conda base, a system Python, a folder that cannot be written): the lab then may ask about news once."""
     from ppkit.course import lab_settings
 
     target = Path(sys.prefix, "share", "jupyter", "lab", "settings", "overrides.d")
+    shared = _owns_this_python()
+    if shared:
+        return f"{shared}, so {target} is left as it is"
     try:
         target.mkdir(parents=True, exist_ok=True)
         for path in lab_settings():

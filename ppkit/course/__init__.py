@@ -50,9 +50,14 @@ def docs_folder() -> Path:
 
 
 def where_docs() -> str:
-    """One line for messages that name ``docs/...``: where the learner finds those files."""
-    return (f"docs/... named here: in the course folder `ppkit course` makes (./ppkit-course/docs), and in "
-            f"{docs_folder()}")
+    """One line for messages that name ``docs/...``: where the learner finds those files (never raises: a
+    ppkit without its course files says so in the line)."""
+    try:
+        here = docs_folder()
+    except CourseError as exc:
+        return f"docs/... named here: not in this ppkit ({exc})"
+    return (f"docs/... named here: {here} (and DIR/docs in the folder `ppkit course` makes, by default "
+            "./ppkit-course/docs)")
 
 
 def lab_settings() -> list[Path]:
