@@ -1,4 +1,5 @@
-"""08c on a GPU: a training step's MFU against the GPU's datasheet peak, and FP8 matmuls against bf16 ones.
+"""08c on a GPU: a training step's MFU against the GPU's datasheet peak, and FP8 matmuls against 16-bit ones (bf16, or
+fp16 on a GPU without bf16 tensor cores: ``half_precision``).
 
 Each measurement runs in a fresh interpreter (``measure``), never in the kernel: it initialises CUDA, and the
 kernel keeps no CUDA context (issue 49). Without a GPU each says so with a ConfigError; the CPU lesson (an
