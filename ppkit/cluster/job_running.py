@@ -51,7 +51,7 @@ class JobRunner:
             self._check_usable()
             job = Job(next(self._job_ids), links.world_size, links.inbox, links.send, links.launcher,
                       links.printer, self._on_break, links.conns, self._restart)
-            with links.printer.metrics.job():  # what the ranks report with ppkit.log_metrics: a live plot
+            with links.printer.metrics.job(job.job_id):  # ppkit.log_metrics from the ranks: a live plot
                 return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout,
                                self._workers(), last=last, watch=watch)
 

@@ -149,8 +149,7 @@ class Worker:
         NAMESPACE.update(torch=torch, dist=dist)
 
     def _exit_after_output(self, code: int) -> None:
-        """``os._exit`` in a job (a script's last line, a library's abort): what the rank printed is
-        still in the pipes, so send it first; a torchrun worker's output is never lost that way."""
+        """``os._exit`` in a job (a script's last line, a library's abort): first what is in the pipes."""
         try:
             self._sync_output()
         finally:
@@ -232,6 +231,7 @@ class Worker:
                 self._cancelled = {j for j in self._cancelled if j > job.job_id}
                 return Cancelled(job.job_id)
             self._current = job.job_id
+        metrics.start_job(job.job_id)  # its ppkit.log_metrics values: this job's plot only
         return None
 
     def _leave(self) -> None:
