@@ -34,7 +34,9 @@ from ppkit.progress import hooks as progress
 # The versions CI runs the whole course with (constraints.txt). Others may work; they are not tested.
 TESTED = {"python": ("3.10", "3.11", "3.12", "3.13"), "torch": ("2.12.1", "2.14.1"),  # docs/versions.md
           "torchvision": ("0.27.1", "0.29.1")}
-INSTALL_TESTED = "pip install -c constraints.txt -e . (or: make lab) in the ppkit folder"
+# a learner with the wheel has no clone, no constraints.txt, no make: the pinned pip command first
+INSTALL_TESTED = (f"pip install 'torch=={TESTED['torch'][-1]}' 'torchvision=={TESTED['torchvision'][-1]}' "
+                  "(from a clone: pip install -c constraints.txt -e . in it, or make lab)")
 MIN_CORES = 2
 PPKIT_PORT = DEFAULT_PORT  # ppkit's default for two machines (ppkit master / ppkit worker)
 RUN_TIMEOUT_S = 30.0
@@ -103,8 +105,9 @@ class Preflight(Checklist):
     def python(self) -> Check:
         version = platform.python_version()
         self.facts["python"] = version
-        return _against_tested("python", version, "install Python 3.10 to 3.13 and make the course's .venv "
-                               "with it (make lab)")
+        return _against_tested("python", version, "install Python 3.10 to 3.13, make a venv with it "
+                               "(python3.12 -m venv ~/ppkit-venv) and pip install the course's wheel (ppkit-*.whl) "
+                               "there; from a clone: make lab")
 
     def torch(self) -> Check:
         import torch

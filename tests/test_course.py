@@ -325,3 +325,20 @@ def test_lab_settings_go_only_into_a_python_of_the_learner_s_own(tmp_path, monke
         why = course_cli.install_lab_settings()
         assert (prefix / target).is_file() == written, (prefix, why)
         assert (why is None) == written and (written or f"{prefix} is not a venv and not in your home" in why)
+
+
+def test_preflight_s_install_fixes_start_with_a_command_a_pip_learner_can_run(monkeypatch):
+    """A learner with the wheel has no clone, no constraints.txt and no make: the fix leads with pinned pip."""
+    import torch
+
+    from ppkit import preflight
+
+    pins = "pip install 'torch==2.14.1' 'torchvision==0.29.1'"
+    assert (REPO / "constraints.txt").read_text().split() == ["torch==2.14.1", "torchvision==0.29.1"]
+    monkeypatch.setattr(torch, "__version__", "2.9.0")
+    check = preflight.Preflight().torch()
+    assert check.status == "warn" and check.fix.startswith(pins) and "from a clone" in check.fix
+    python = preflight.Preflight()
+    monkeypatch.setattr(preflight.platform, "python_version", lambda: "3.9.18")
+    fix = python.python().fix
+    assert "-m venv" in fix and "ppkit-*.whl" in fix and fix.index("ppkit-*.whl") < fix.index("make lab")

@@ -4,6 +4,7 @@ course's files as they are now, not as an earlier build left them, and only the 
 from __future__ import annotations
 
 import subprocess
+import sys
 import tarfile
 import zipfile
 
@@ -37,3 +38,18 @@ def test_an_in_tree_rebuild_drops_removed_files_and_never_ships_untracked_ones(t
     [second] = build(clone, tmp_path / "dist2", "--wheel")
     assert "ppkit/course/docs/isolation.md" not in _course_in(second)
     assert _course_in(second) == course - {"ppkit/course/docs/isolation.md"}
+
+
+def test_pip_builds_the_course_into_the_wheel_from_a_git_url_and_from_a_clone_s_folder(tmp_path):
+    """What README tells a self-paced learner without the instructor's wheel: `pip install "git+URL"` or
+    `pip install /path/to/clone` (not -e); here with a file:// URL, as pip's git+https:// clones the same way."""
+    clone = tracked_copy(tmp_path / "clone", git=True)
+    for where, source in (("url", f"git+file://{clone}"), ("folder", str(clone))):
+        out = tmp_path / where
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                               "--no-index", "-q", "-w", str(out), source], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        [wheel] = out.glob("ppkit-*.whl")
+        course = _course_in(wheel)
+        assert {"ppkit/course/notebooks/00_start_here.ipynb", "ppkit/course/docs/isolation.md"} <= course, where
