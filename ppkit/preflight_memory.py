@@ -41,7 +41,7 @@ def memory_verdict(limit: MemoryLimit | None = None, shm: ShmSize | None = None,
     detail += "".join(f"; {note}" for note in notes)
     if not measured:
         return MemoryVerdict("warn", detail + ": no notebook's need is measured in this ppkit",
-                             "run benchmarks/bench_memory.py (docs/memory.md)")
+                             "in a clone of the project's repository, run benchmarks/bench_memory.py (docs/memory.md)")
     if not too_big:
         largest = max(measured, key=lambda n: n.need_mib)
         return MemoryVerdict("warn" if notes else "ok", detail + f": every notebook fits (the largest, "
