@@ -18,7 +18,7 @@ WIDTH, HEIGHT, PAD = 300, 160, 48  # PAD: room for a label such as 0.02564 left 
 LEFT, TOP, RIGHT, BOTTOM = PAD, 32, WIDTH - 8, HEIGHT - 20  # the plot area: title, then legend, above it
 PER_ROW = 3
 MAX_BUCKETS = (RIGHT - LEFT) // 2  # a bucket draws its low and its high: about one point a pixel
-TITLE_CHARS = 44  # what fits across a panel at 11 px; a longer name is cut, its whole in the tooltip
+TITLE_CHARS = 40  # what fits across a panel at 11 px; a longer name is cut, its whole in the tooltip
 
 
 class Trace:
@@ -83,13 +83,16 @@ class Trace:
         self.buckets, self.per_bucket = merged, self.per_bucket * 2
 
     def points(self) -> list[tuple[int, float]]:
-        """The points drawn, in step order: a bucket's low and high (one point where they are one)."""
+        """The points drawn, in step order: a bucket's low and high (one point where they are one), and the
+        latest value, so that the line ends at the step the rank is at."""
         out = []
         for low, s_low, high, s_high, _ in self.buckets:
             if s_low == s_high:
                 out.append((s_low, low))
             else:
                 out.extend(sorted(((s_low, low), (s_high, high))))
+        if out and self.last and math.isfinite(self.last[1]) and self.last[0] > out[-1][0]:
+            out.append(self.last)
         return out
 
 
