@@ -4,7 +4,8 @@ no make and no root (issue 49).
 One wheel per module, built as `python -m build` builds it: an sdist first, the wheel from that sdist (so
 MANIFEST.in is checked too), from a copy of the clone's tracked files and with --no-isolation (tests/course_build.py:
 nothing written into the clone, no package index needed). The learner's TMPDIR is in its home, and what it still
-leaves in /tmp, /var/tmp or /dev/shm is removed before the user is. The learner's test then, as a fresh user made with useradd:
+leaves in /tmp, /var/tmp or /dev/shm is removed before the user is. The learner's test then, as a fresh user made
+with useradd:
 
 - makes a venv with the system's Python (pyenv's, under a 0700 /root, is not theirs to run) and installs the
   wheel into it as notebook 00's first code cell does (its ``%pip``, run by IPython in that venv), offline,

@@ -77,8 +77,8 @@ def check_two_by_two(found: dict[int, list[str]], port: int | None = None) -> No
 def test_a_cell_runs_on_two_nodes_two_ranks_each_and_again_on_the_same_port(shell, clean, capsys):
     port = free_port()
     for _ in range(2):  # fresh processes every run: torchrun's fixed MASTER_PORT is free again
-        result = shell.run_cell(f"%%torchrun --no-collapse --nnodes 2 --nproc-per-node 2 --master-port {port}\n{SCRIPT}",
-                                store_history=False)
+        magic = f"%%torchrun --no-collapse --nnodes 2 --nproc-per-node 2 --master-port {port}"
+        result = shell.run_cell(f"{magic}\n{SCRIPT}", store_history=False)
         assert result.error_in_exec is None, result.error_in_exec
         out = capsys.readouterr().out
         assert re.search(r"SLURM job \d+: submitted \(2 nodes, 4 tasks\)", out)
