@@ -43,12 +43,27 @@ from ppkit.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from ppkit.parity import ParityRecorder, ParityReport, ParityRun, compare_runs
 from ppkit.profiling.profile import Profile
 from ppkit.transport.metrics import log_metrics
 from ppkit.transport.worker import ppkit_version
 
 __version__ = ppkit_version()  # pyproject.toml is the one place it is written
+
+# ppkit.parity imports torch: loaded on first use, so that ``import ppkit`` leaves the kernel without torch (the fork
+# server imports it for the workers; tests/test_cluster_lifecycle.py)
+_PARITY = ("ParityRecorder", "ParityReport", "ParityRun", "compare_runs")
+
+
+def __getattr__(name: str):
+    if name in _PARITY:
+        from ppkit import parity
+
+        return getattr(parity, name)
+    raise AttributeError(f"module 'ppkit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PARITY))
 
 
 def load_ipython_extension(ipython):
