@@ -34,17 +34,22 @@ def data(step: int):
     return torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
 
 
-def reference(steps: int = STEPS) -> ppkit.ParityRun:
-    model, rec = make_model(), ppkit.ParityRecorder()
+def one_process(model, batches, steps: int) -> ppkit.ParityRun:
+    """The reference: ``model`` trained in this process for ``steps`` SGD steps on ``batches(step)``, recorded."""
+    rec = ppkit.ParityRecorder()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(steps):
-        x, y = data(step)
+        x, y = batches(step)
         loss = F.mse_loss(model(x), y)
         loss.backward()
         rec.record(step, model, loss)
         opt.step()
         opt.zero_grad()
     return rec.run
+
+
+def reference(steps: int = STEPS) -> ppkit.ParityRun:
+    return one_process(make_model(), data, steps)
 
 
 @pytest.fixture(scope="module")
@@ -294,16 +299,7 @@ def sp_data(step: int):
 
 
 def sp_reference(steps: int = 2) -> ppkit.ParityRun:
-    model, rec = sp_model(), ppkit.ParityRecorder()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for step in range(steps):
-        x, y = sp_data(step)
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        rec.record(step, model, loss)
-        opt.step()
-        opt.zero_grad()
-    return rec.run
+    return one_process(sp_model(), sp_data, steps)
 
 
 def sp_train(rank, world_size, sharded_loss=False, steps=2, bad_rank=None):
