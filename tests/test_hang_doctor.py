@@ -235,4 +235,6 @@ def test_the_hang_rule_counts_a_collective_started_and_not_completed():
     finished = {"calls": [{"group": "0", "seq": 2, "done": True, "is_p2p": False}], "p2p": None}
     assert HangWatch(60).look({0: at_item}, {0: finished}) is None  # computing: no alarm
     assert HangWatch(60).look({0: at_item}) is None
-    assert HangWatch(60).look({0: at_item}, {0: started}).startswith("[ppkit] possibly hung")
+    watch = HangWatch(60)
+    assert watch.look({0: at_item}, {0: started}) is None  # a first look only notes what it saw
+    assert watch.look({0: at_item}, {0: started}).startswith("[ppkit] possibly hung")  # the same again: hung

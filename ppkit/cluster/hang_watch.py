@@ -5,8 +5,12 @@ none: a training run takes as long as it takes. A hang is told apart from a long
 together: for ``PPKIT_HANG_S`` seconds (default 60; 0 turns the watch off) no rank printed anything
 or finished, and every rank that is still running waits on its peers: its stack ends inside
 torch.distributed (a collective, a send/recv, a barrier, a store), or its flight record shows a
-collective started and not completed (DDP's reducer inside autograd, measured on gloo; by torch's design
-NCCL's waits at ``.item()`` or ``synchronize``, not measured here: no GPU). Then the cell
+collective started and not completed while its main thread is not in its own code (DDP's reducer
+inside autograd, measured on gloo; by torch's design NCCL's waits at ``.item()`` or ``synchronize``,
+not measured here: no GPU). A rank in its own code with a gloo call pending is computing (an
+overlap: isend, compute, wait). And a second look, ``CONFIRM_S`` later, finds the ranks' records and
+stacks as they were: a loop of collectives is inside torch.distributed at any look, but its record
+moves. Then the cell
 shows the collective doctor's reading of the ranks' records (hang_doctor/) and each rank's stack once,
 and the run goes on:
 the learner decides (Kernel > Interrupt stops every rank). A rank that computes for a minute
@@ -21,6 +25,7 @@ import time
 
 HANG_ENV = "PPKIT_HANG_S"
 DEFAULT_HANG_S = 60.0
+CONFIRM_S = 3.0  # the second look, after a first that found every rank waiting (at most the watch's own time)
 _FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+, in (?P<func>\S+)', re.MULTILINE)
 WAITS = ("torch/distributed/", "torch\\distributed\\")
 
@@ -50,22 +55,34 @@ class HangWatch:
         self._show = show_stacks or (lambda stacks: stacks)  # the caller's view of a stack (its own frames left out)
         self._since = time.monotonic()  # the last look that found ranks busy, or the run's start
         self._last_activity = self._since
+        self._seen = None  # what the last look found, where every rank waited: the next must find the same
 
     def due(self, last_activity: float) -> float:
         """When to look next: ``seconds`` after the latest of the run's output, results and looks."""
         self._last_activity = last_activity
-        return float("inf") if self.told or not self.seconds else max(last_activity, self._since) + self.seconds
+        if self.told or not self.seconds:
+            return float("inf")
+        if self._seen is not None and last_activity <= self._since:  # confirm a look that found every rank waiting
+            return self._since + min(self.seconds, CONFIRM_S)
+        self._seen = None  # output since: the silence starts again
+        return max(last_activity, self._since) + self.seconds
 
     def look(self, stacks: dict[int, str], records: dict[int, dict] | None = None, diagnosis=None) -> str | None:
         """The message to print once if every waiting rank waits on its peers (by its stack or its
-        flight record, ``records``), else None (look again later). ``diagnosis``: the collective
-        doctor's (hang_doctor.diagnose), shown before the stacks."""
+        flight record, ``records``) at two looks in a row, with nothing moved in between, else None
+        (look again later). ``diagnosis``: the collective doctor's (hang_doctor.diagnose), shown
+        before the stacks."""
         from ppkit.cluster import hang_doctor
 
         records = records or {}
         quiet, self._since = time.monotonic() - max(self._last_activity, self._since), time.monotonic()
         if not stacks or not all(waits_on_peers(text) or hang_doctor.waits_on_peers(records.get(rank))
                                  for rank, text in stacks.items()):
+            self._seen = None
+            return None
+        seen = {rank: (text, hang_doctor.progress(records.get(rank))) for rank, text in stacks.items()}
+        if seen != self._seen:  # the first look, or the record moved since: look once more
+            self._seen = seen
             return None
         self.told = True
         _record(quiet, stacks)

@@ -18,7 +18,6 @@ aborts the process (a size mismatch does).
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import json
 import linecache
@@ -27,12 +26,13 @@ import pickle
 import signal
 import sys
 
+from ppkit.transport import flight_calls
+
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 NCCL_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 DEFAULT_BUFFER = 2000  # torch's own default (FlightRecorder.hpp)
 KEEP = 16  # calls per process group sent to the kernel
 P2P_CALLS = ("send", "recv", "isend", "irecv")
-P2P_KEEP = 32  # point-to-point calls kept by watch_p2p (gloo's are not in torch's record)
 _OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # ppkit/ itself
 
 
@@ -46,25 +46,44 @@ def buffer_size(environ=os.environ) -> int:
 
 def snapshot(main_frame) -> str:
     """This rank's record and where its main thread is (``main_frame``: its innermost frame), as JSON."""
-    record = {"buffer": buffer_size(), "calls": [], "groups": {}, "p2p": None, "p2p_pending": [],
-              "at": _learner_line(_frames_of(main_frame)), "error": ""}
+    record = {"buffer": buffer_size(), "calls": [], "groups": {}, "done": {}, "p2p": None, "p2p_pending": [],
+              "at": _learner_line(flight_calls.frames_of(main_frame)), "main": _main_state(main_frame), "error": ""}
     if "torch.distributed" not in sys.modules:  # no process group was ever created here
         return json.dumps(record)
     errors = []
+    awaited = flight_calls.waiting.get(flight_calls.main_ident(main_frame))
     for part, read in (("groups", _groups), ("calls", _calls), ("p2p_pending", _p2p_pending),
-                       ("p2p", lambda: _p2p_wait(main_frame) or next(iter(record["p2p_pending"]), None))):
+                       ("p2p", lambda: _p2p_wait(main_frame) or _p2p_awaited(awaited))):
         try:  # each part on its own: one that fails leaves the others to read
             record[part] = read()
         except Exception as exc:  # noqa: BLE001 - the record is a diagnosis; it never fails the rank
             errors.append(f"{part}: {type(exc).__name__}: {exc}")
+    if isinstance(record["calls"], tuple):
+        record["calls"], record["done"] = record["calls"]
     waiting = [call for call in record["calls"] if not call["done"]]
-    if waiting and _in_distributed(main_frame):  # the newest call not completed is the one it waits in
-        max(waiting, key=lambda call: call["time_created_ns"])["at"] = record["at"]
+    if waiting and record["main"] in ("distributed", "wait") and record["p2p"] is None:
+        newest = max(waiting, key=lambda call: call["time_created_ns"])  # the newest: the one it waits in
+        newest.update(waited=True, at=newest["at"] or record["at"])
     record["error"] = "; ".join(errors)
     return json.dumps(record)
 
 
-def _calls() -> list[dict]:
+def _main_state(frame) -> str:
+    """Where the main thread is: "wait" (in a Work's wait()), "distributed" (inside torch.distributed),
+    "own" (its innermost Python frame is the learner's: computing, sleeping; a gloo call it started
+    runs on gloo's threads meanwhile) or "other" (a library: autograd, where DDP's reducer waits)."""
+    if flight_calls.waiting.get(flight_calls.main_ident(frame)) is not None:
+        return "wait"
+    if _in_distributed(frame):
+        return "distributed"
+    if frame is not None and _is_learners(frame.f_code.co_filename):
+        return "own"
+    return "other" if frame is not None else ""
+
+
+def _calls() -> tuple[list[dict], dict[str, int]]:
+    """Each group's calls of its present lifetime (the last KEEP, and every one not completed), and
+    "group:backend" -> its last completed sequence number, from the whole buffer."""
     from torch._C import _distributed_c10d as c10d
 
     dumps = [c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)]
@@ -72,11 +91,47 @@ def _calls() -> list[dict]:
 
     if torch.cuda.is_available() and torch.cuda.is_initialized() and hasattr(c10d, "_dump_nccl_trace"):
         dumps.append(c10d._dump_nccl_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False))
-    entries = [entry for raw in dumps for entry in pickle.loads(raw).get("entries", [])]
-    by_group: dict[str, list] = {}
-    for entry in sorted(entries, key=lambda e: e.get("time_created_ns") or 0):
-        by_group.setdefault(str(entry["process_group"][0]), []).append(_call(entry))
-    return [call for calls in by_group.values() for call in calls[-KEEP:]]
+    entries = list({_identity(entry): entry for raw in dumps for entry in pickle.loads(raw).get("entries", [])}
+                   .values())  # one entry that both dumps hold counts once
+    by_lane: dict[str, list] = {}
+    for entry in sorted(_present(entries), key=lambda e: e.get("time_created_ns") or 0):
+        call = _call(entry)
+        by_lane.setdefault(f"{call['group']}:{call['backend']}", []).append(call)
+    _name_api_calls(by_lane)
+    done = {lane: max((c["seq"] for c in calls if c["done"] and not c["is_p2p"]), default=0)
+            for lane, calls in by_lane.items()}
+    kept = [call for calls in by_lane.values()
+            for call in [c for c in calls[:-KEEP] if not c["done"]] + calls[-KEEP:]]
+    return kept, done
+
+
+def _identity(entry: dict) -> tuple:
+    return (entry["profiling_name"], tuple(entry["process_group"]), entry.get("pg_id"), entry["collective_seq_id"],
+            entry["p2p_seq_id"], entry.get("time_created_ns"))
+
+
+def _present(entries: list[dict]) -> list[dict]:
+    """The entries of each group's present lifetime (or, for a destroyed group, its last one): torch's
+    buffer outlives destroy_process_group, and a new group reuses the name and counts from 1."""
+    newest: dict[tuple, int] = {}
+    for entry in entries:
+        lane = (str(entry["process_group"][0]), entry["profiling_name"].partition(":")[0])
+        newest[lane] = max(newest.get(lane, -1), entry.get("pg_id", 0))
+    born = flight_calls.born_ns
+    return [entry for entry in entries
+            if ((entry.get("time_created_ns") or 0) >= born[str(entry["process_group"][0])]
+                if str(entry["process_group"][0]) in born else
+                entry.get("pg_id", 0) == newest[(str(entry["process_group"][0]),
+                                                 entry["profiling_name"].partition(":")[0])])]
+
+
+def _name_api_calls(by_lane: dict[str, list]) -> None:
+    """Each call's API name, reduce op and line, from the Python side (flight_calls.api_ring)."""
+    for group, backend, first, last, api, reduce_op, frames in list(flight_calls.api_ring):
+        for lane in ([f"{group}:{backend}"] if backend else [k for k in by_lane if k.startswith(f"{group}:")]):
+            for call in by_lane.get(lane, []):
+                if first <= call["seq"] <= last and not call["is_p2p"]:
+                    call.update(api=api, api_seqs=[first, last], reduce_op=reduce_op, at=_learner_line(frames))
 
 
 def _call(entry: dict) -> dict:
@@ -86,8 +141,9 @@ def _call(entry: dict) -> dict:
     if op in ("send", "recv") and meta:  # "send 0->1", "recv 1<-0" (ranks of the group)
         peer = int(meta.split("->")[1] if op == "send" else meta.split("<-")[1])
     return {"group": str(entry["process_group"][0]), "desc": str(entry["process_group"][1]),
-            "seq": entry["collective_seq_id"], "p2p_seq": entry["p2p_seq_id"], "is_p2p": entry["is_p2p"],
-            "op": op, "peer": peer, "backend": backend, "profiling_name": entry["profiling_name"],
+            "pg_id": entry.get("pg_id"), "seq": entry["collective_seq_id"], "p2p_seq": entry["p2p_seq_id"],
+            "is_p2p": entry["is_p2p"], "op": op, "peer": peer, "backend": backend,
+            "profiling_name": entry["profiling_name"],
             "input_sizes": entry["input_sizes"], "output_sizes": entry["output_sizes"],
             "input_dtypes": entry["input_dtypes"], "output_dtypes": entry["output_dtypes"],
             "state": entry["state"], "done": bool(entry.get("retired")) or entry["state"] == "completed",
@@ -107,7 +163,7 @@ def _groups() -> dict[str, dict]:
 
 
 def _p2p_wait(frame) -> dict | None:
-    """The send or recv the main thread is blocked in, with its peer (gloo does not record these)."""
+    """The send or recv the main thread is blocked in, with its peer and tag (gloo does not record these)."""
     while frame is not None:
         code = frame.f_code
         if code.co_name in P2P_CALLS and code.co_filename.endswith("distributed_c10d.py"):
@@ -116,72 +172,35 @@ def _p2p_wait(frame) -> dict | None:
             peer = local.get("dst" if op in ("send", "isend") else "src")
             if peer is None:  # a rank of the group: made global, as the doctor compares them
                 group_peer = local.get("group_dst" if op in ("send", "isend") else "group_src")
-                peer = _global_rank(local.get("group"), group_peer)
+                peer = flight_calls.global_rank(local.get("group"), group_peer)
             tensor = local.get("tensor")
             return {"op": op, "peer": peer, "sizes": [list(tensor.shape)] if tensor is not None else [],
                     "dtype": str(tensor.dtype).replace("torch.", "") if tensor is not None else "",
-                    "at": _learner_line(_frames_of(frame))}
+                    "tag": local.get("tag") or 0, "at": _learner_line(flight_calls.frames_of(frame))}
         frame = frame.f_back
     return None
 
 
+def _p2p_awaited(work) -> dict | None:
+    """The isend or irecv whose Work the main thread waits on (``req.wait()``)."""
+    found = [call for call in list(flight_calls.p2p_ring) if call[-1] is work] if work is not None else []
+    return _p2p_words(found[0]) if found else None
+
+
+def _p2p_words(call) -> dict:
+    op, peer, sizes, dtype, tag, frames, _ = call
+    return {"op": op, "peer": peer, "sizes": sizes, "dtype": dtype, "tag": tag, "at": _learner_line(frames)}
+
+
 def install(send_last_words) -> None:
-    """On a rank: keep its point-to-point calls (``watch_p2p``) and send its record as it aborts (``on_abort``)."""
-    watch_p2p()
+    """On a rank: keep what torch's record lacks (flight_calls.watch), and send the record as it aborts."""
+    flight_calls.watch()
     on_abort(send_last_words)
-
-
-def _global_rank(group, group_rank):
-    if group_rank is None or group is None:
-        return group_rank
-    import torch.distributed as dist
-
-    return dist.get_global_rank(group, group_rank)
-
-
-_p2p_ring: collections.deque = collections.deque(maxlen=P2P_KEEP)  # (op, peer, sizes, dtype, line, work)
-
-
-def watch_p2p() -> None:
-    """Keep this rank's point-to-point calls (send, recv, isend, irecv, batch_isend_irecv: all go
-    through ProcessGroup.send, recv and recv_anysource) in a small ring, since torch's record has
-    none for gloo: each one's op, peer (a global rank), sizes, the learner's line and its Work, which
-    says whether it completed. The functions torch's P2POp compares by identity are left as they are."""
-    try:
-        from torch._C._distributed_c10d import ProcessGroup
-    except ImportError:  # a torch built without distributed
-        return
-    for name in ("send", "recv", "recv_anysource"):
-        original = getattr(ProcessGroup, name)
-        if not getattr(original, "ppkit_watched", False):
-            setattr(ProcessGroup, name, _watched_p2p(name, original))
-
-
-def _watched_p2p(name: str, original):
-    def call(group, tensors, *args):
-        work = original(group, tensors, *args)
-        try:
-            if work is not None:
-                peer = _global_rank(group, args[0]) if name != "recv_anysource" else None
-                op = "isend" if name == "send" else "irecv"
-                frames = _frames_of(sys._getframe(1))
-                while _p2p_ring and _p2p_ring[0][-1].is_completed():  # done: its tensors are not kept alive
-                    _p2p_ring.popleft()
-                _p2p_ring.append((op, peer, [list(t.shape) for t in tensors],
-                                  str(tensors[0].dtype).replace("torch.", "") if tensors else "",
-                                  frames, work))
-        except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
-            pass
-        return work
-
-    call.ppkit_watched = True
-    return call
 
 
 def _p2p_pending() -> list[dict]:
     """The ring's calls whose Work has not completed, oldest first."""
-    return [{"op": op, "peer": peer, "sizes": sizes, "dtype": dtype, "at": _learner_line(frames)}
-            for op, peer, sizes, dtype, frames, work in list(_p2p_ring) if not work.is_completed()]
+    return [_p2p_words(call) for call in list(flight_calls.p2p_ring) if not call[-1].is_completed()]
 
 
 def _in_distributed(frame) -> bool:
@@ -196,15 +215,6 @@ def _in_distributed(frame) -> bool:
 def _torch_dir() -> str:
     torch = sys.modules.get("torch")
     return os.path.dirname(torch.__file__) if torch is not None and torch.__file__ else os.sep + "torch" + os.sep
-
-
-def _frames_of(frame) -> list[tuple[str, int, str]]:
-    """Innermost first, as the flight recorder lists them."""
-    frames = []
-    while frame is not None:
-        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return frames
 
 
 def _learner_line(frames) -> dict:

@@ -15,6 +15,6 @@ It runs when the hang watch looks (hang_watch.py), when a run fails or times out
 from __future__ import annotations
 
 from ppkit.cluster.hang_doctor.analysis import Diagnosis, diagnose
-from ppkit.cluster.hang_doctor.gather import WAIT_S, ask_records, last_words, parse, waits_on_peers
+from ppkit.cluster.hang_doctor.gather import WAIT_S, ask_records, last_words, parse, progress, waits_on_peers
 
-__all__ = ["WAIT_S", "Diagnosis", "ask_records", "diagnose", "last_words", "parse", "waits_on_peers"]
+__all__ = ["WAIT_S", "Diagnosis", "ask_records", "diagnose", "last_words", "parse", "progress", "waits_on_peers"]

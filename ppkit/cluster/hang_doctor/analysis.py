@@ -1,8 +1,12 @@
 """Match the ranks' records, group by group: the last collective all completed, the first recorded one they disagree on.
 
 Two ranks' calls at one sequence number are compared by torch's own flight-recorder matcher
-(torch.distributed.flight_recorder.components.types.Op.match: the op, the sizes, the dtypes);
-a rank without a call there has not reached it, and its record says where it is instead.
+(torch.distributed.flight_recorder.components.types.Op.match: the op, the sizes, the dtypes), and
+by the reduce op the rank's Python call passed (flight_calls.py); a rank without a call there that
+has not completed it has not reached it, and its record says where it is instead. A group's calls
+are kept apart by backend ('cpu:gloo,cuda:nccl' counts each backend's calls from 1 under one name).
+A difference in calls that completed on every rank is named, and the doctor goes on to the first
+call not completed.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass, field
 
 KINDS = {"COLLECTIVE_TYPE_MISMATCH": "the op differs", "SIZE_OR_SYNTAX_MISMATCH": "the sizes differ",
          "COLLECTIVE_DTYPE_MISMATCH": "the dtypes differ"}
+REDUCE_OP = "the reduce op differs"
 
 
 @dataclass
@@ -18,7 +23,8 @@ class GroupFinding:
     """One process group: ``last_done`` (seq, op) every rank that answered completed; ``seq`` the
     first collective not completed by all; ``calls`` each rank's call there; ``mismatch`` what
     differs (KINDS' words, "" if nothing), ``torch_says`` torch's matcher's words; ``missing``
-    rank -> where it is instead of there."""
+    rank -> where it is instead of there; ``backend``: set where the group has calls of two backends;
+    ``completed``: every rank completed this call (a difference found among completed calls)."""
     name: str
     desc: str
     ranks: list[int]
@@ -28,15 +34,25 @@ class GroupFinding:
     mismatch: str = ""
     torch_says: str = ""
     missing: dict[int, str] = field(default_factory=dict)
+    backend: str = ""
+    completed: bool = False
+
+    @property
+    def harmless(self) -> bool:
+        """Completed with only the shapes differing, each rank's tensors of the same element counts:
+        the backend moved the elements in memory order, as it would for equal shapes."""
+        counts = {tuple(_numel(s) for s in call["input_sizes"]) for call in self.calls.values()}
+        return self.completed and self.mismatch == "the sizes differ" and len(counts) == 1
 
 
 @dataclass(repr=False)
 class Diagnosis:
     """What the records say: per group, and the send/recv each blocked rank waits in (``p2p``:
-    rank -> its wait, with its peer); ``deadlock``: ranks that each wait on the other."""
+    rank -> its wait, with its peer and tag); ``deadlock``: cycles of ranks, each blocked on the next
+    (the last on the first) in a call that the next one's call does not match."""
     groups: list[GroupFinding]
     p2p: dict[int, dict]
-    deadlock: list[tuple[int, int]]
+    deadlock: list[list[int]]
     ended: dict[int, str]
     unanswered: list[int]
     off: list[int]  # ranks whose recorder is off (TORCH_FR_BUFFER_SIZE=0)
@@ -45,11 +61,16 @@ class Diagnosis:
     @property
     def problem(self) -> bool:
         """A mismatch, a send/recv pair that waits on each other, or a collective some rank never reached."""
-        return bool(self.deadlock or any(g.mismatch or g.missing for g in self.groups))
+        return bool(self.deadlock or any(g.mismatch and not g.harmless or g.missing for g in self.groups))
 
     @property
     def mismatched(self) -> list[GroupFinding]:
-        return [g for g in self.groups if g.mismatch]
+        return [g for g in self.groups if g.mismatch and not g.harmless]
+
+    def blocked(self, rank: int) -> bool:
+        """The rank's main thread waits (in torch.distributed, a Work's wait(), a library such as
+        autograd): not in its own code, where a call it started runs on the backend's threads."""
+        return rank not in self.ended and self.records.get(rank, {}).get("main") != "own"
 
     def __str__(self) -> str:
         from ppkit.cluster.hang_doctor.report import explain
@@ -69,25 +90,62 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     records = {rank: _failed(record) if rank in failed else record for rank, record in records.items()}
     groups = _memberships(records, world_size)
     findings = [f for name, (desc, ranks) in sorted(groups.items(), key=lambda kv: _order(kv[0]))
-                if (f := _group(name, desc, ranks, records, ended)) is not None]
+                for backend in _backends(name, records)
+                for f in _group(name, desc, ranks, records, ended, backend)]
     p2p = {rank: r["p2p"] for rank, r in sorted(records.items()) if r.get("p2p")}
-    deadlock = [(a, b) for a in p2p for b in p2p if a < b and p2p[a].get("peer") == b and p2p[b].get("peer") == a
-                and not _pair(p2p[a]["op"], p2p[b]["op"])]  # a send against a recv: they match
+    deadlock = _cycles(p2p)
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
     return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records)
 
 
-def _pair(op: str, other: str) -> bool:
+def _cycles(p2p: dict[int, dict]) -> list[list[int]]:
+    """Ranks each blocked on the next in a send or recv that the next one's call does not match."""
+    on = {rank: wait["peer"] for rank, wait in p2p.items()
+          if wait.get("peer") is not None and not matches(wait, p2p.get(wait["peer"]), rank)}
+    cycles, seen = [], set()
+    for start in sorted(on):
+        path, rank = [], start
+        while rank in on and rank not in path and rank not in seen:
+            path.append(rank)
+            rank = on[rank]
+        if rank in path:
+            cycles.append(path[path.index(rank):])
+        seen.update(path)
+    return cycles
+
+
+def matches(wait: dict, other: dict | None, rank: int) -> bool:
+    """``other`` (the peer's wait) is the send or recv that completes ``wait`` (``rank``'s)."""
+    return (other is not None and other.get("peer") in (rank, None) and pair(wait["op"], other["op"])
+            and wait.get("tag", 0) == other.get("tag", 0))
+
+
+def pair(op: str, other: str) -> bool:
     return ("send" in op) != ("send" in other)
 
 
 def _failed(record: dict) -> dict:
     calls = [dict(call) for call in record.get("calls", [])]
+    done = dict(record.get("done", {}))
     if calls:
         newest = max(calls, key=lambda call: call["time_created_ns"])
         newest["done"] = False
-    return {**record, "calls": calls}
+        lane = f"{newest['group']}:{newest.get('backend', '')}"
+        done[lane] = min(done.get(lane, 0), newest["seq"] - 1)
+    return {**record, "calls": calls, "done": done}
+
+
+def _backends(name: str, records: dict) -> list[str]:
+    found = sorted({c.get("backend", "") for r in records.values() for c in r.get("calls", []) if c["group"] == name})
+    return found if len(found) > 1 else [""]  # one backend: not named
+
+
+def _numel(size) -> int:
+    count = 1
+    for extent in size:
+        count *= extent
+    return count
 
 
 def _order(name: str):
@@ -106,25 +164,41 @@ def _memberships(records: dict[int, dict], world_size: int) -> dict[str, tuple[s
     return groups
 
 
-def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict) -> GroupFinding | None:
-    calls = {r: {c["seq"]: c for c in records[r].get("calls", []) if c["group"] == name and not c["is_p2p"]}
+def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
+           backend: str = "") -> list[GroupFinding]:
+    """A difference among the calls every rank completed (the first), then the first call not completed."""
+    calls = {r: {c["seq"]: c for c in records[r].get("calls", [])
+                 if c["group"] == name and not c["is_p2p"] and (not backend or c.get("backend") == backend)}
              for r in ranks if r in records}
     if not any(calls.values()):
-        return None
-    done = {r: max((s for s, c in cs.items() if c["done"]), default=0) for r, cs in calls.items()}
+        return []
+    done = {r: max([s for s, c in cs.items() if c["done"]] + _done_upto(records[r], name, backend, cs))
+            for r, cs in calls.items()}
     last = min(done.values())
-    completed = _first_mismatch(name, ranks, calls, range(1, last + 1))  # gloo and NCCL may pair unlike calls
-    seq = completed.seq if completed else last + 1
+    found = []
+    earlier = _first_mismatch(name, ranks, calls, range(1, last + 1))  # gloo and NCCL may pair unlike calls
+    if earlier is not None:
+        earlier.completed = True
+        found.append(earlier)
+    seq = last + 1
     here = {r: cs[seq] for r, cs in calls.items() if seq in cs}
-    if not here:
-        return None  # every rank that answered completed every call of this group it made
-    last_op = next((cs[seq - 1]["op"] for cs in calls.values() if seq - 1 in cs), "")
-    finding = completed or _first_mismatch(name, ranks, calls, [seq]) or GroupFinding(name, desc, ranks, None, seq,
-                                                                                         here)
-    finding.desc, finding.calls = desc, here
-    finding.last_done = (seq - 1, last_op) if seq > 1 else None
-    finding.missing = {} if completed else {r: _instead(r, name, records, ended) for r in ranks if r not in here}
-    return finding
+    last_op = next((cs[last]["op"] for cs in calls.values() if last in cs), "")
+    if here:
+        finding = _first_mismatch(name, ranks, calls, [seq]) or GroupFinding(name, desc, ranks, None, seq, here)
+        finding.calls = here
+        finding.missing = {r: _instead(r, name, records, ended) for r in ranks
+                           if r not in here and done.get(r, 0) < seq}
+        found.append(finding)
+    for finding in found:
+        finding.desc, finding.backend = desc, backend
+        finding.last_done = (last, last_op) if last else None
+    return found
+
+
+def _done_upto(record: dict, name: str, backend: str, calls: dict) -> list[int]:
+    """The last call of the group that the rank completed, from its whole buffer (more than KEEP in flight)."""
+    lanes = {f"{name}:{c.get('backend', '')}" for c in calls.values()} if not backend else {f"{name}:{backend}"}
+    return [record.get("done", {}).get(lane, 0) for lane in lanes] or [0]
 
 
 def _first_mismatch(name: str, ranks: list[int], calls: dict, seqs) -> GroupFinding | None:
@@ -147,13 +221,14 @@ def _compare(a: dict, b: dict, group: str, ranks: list[int]) -> tuple[str, str]:
 
         info = match_one_event(_event(a), _event(b), {group: set(ranks)}, group)
         state = info.state.name
-        return KINDS.get(state, ""), (getattr(info, "culprit", None) or "") if state in KINDS else ""
+        found = KINDS.get(state, ""), (getattr(info, "culprit", None) or "") if state in KINDS else ""
     except (ImportError, AssertionError, KeyError, IndexError, ValueError):  # an op torch's matcher does not know
-        for key, words in (("op", "the op differs"), ("input_sizes", "the sizes differ"),
-                           ("input_dtypes", "the dtypes differ")):
-            if a[key] != b[key]:
-                return words, ""
-        return "", ""
+        found = next(((words, "") for key, words in (("op", "the op differs"), ("input_sizes", "the sizes differ"),
+                                                     ("input_dtypes", "the dtypes differ")) if a[key] != b[key]),
+                     ("", ""))
+    if not found[0] and a.get("reduce_op") and b.get("reduce_op") and a["reduce_op"] != b["reduce_op"]:
+        return REDUCE_OP, ""
+    return found
 
 
 def _event(call: dict) -> dict:
@@ -168,7 +243,7 @@ def _event(call: dict) -> dict:
 
 def _instead(rank: int, group: str, records: dict, ended: dict) -> str:
     """Where a rank that has not reached a group's collective is."""
-    from ppkit.cluster.hang_doctor.report import call_words, line_words
+    from ppkit.cluster.hang_doctor.report import call_words, line_words, p2p_words
 
     if rank in ended:
         return ended[rank]
@@ -176,10 +251,14 @@ def _instead(rank: int, group: str, records: dict, ended: dict) -> str:
     if record is None:
         return "it did not answer (stopped, or busy outside Python)"
     pending = [c for c in record.get("calls", []) if not c["done"] and c["group"] != group]
-    if pending:
-        return f"it waits in {call_words(pending[0], with_group=True)}"
+    own = record.get("main") == "own"
     if record.get("p2p"):
         wait = record["p2p"]
-        return f"it waits in {wait['op']} {'to' if 'send' in wait['op'] else 'from'} rank {wait['peer']}" \
-               f"{line_words(wait.get('at'))}"
-    return f"it is in its own code, not in a collective{line_words(record.get('at'))} (still computing?)"
+        return f"it waits in {p2p_words(wait)}{line_words(wait.get('at'))}"
+    if pending and not own:
+        return f"it waits in {call_words(pending[0], with_group=True)}"
+    started = ([call_words(c, with_group=True) for c in pending[:1]]
+               + [p2p_words(w) for w in record.get("p2p_pending", [])[:1]])
+    started_words = f"; it started {' and '.join(started)}, not completed yet," if started else ""
+    return (f"it is in its own code, not in a collective{line_words(record.get('at'))}{started_words}"
+            " (still computing?)")

@@ -52,8 +52,23 @@ def parse(text: str) -> dict:
 
 
 def waits_on_peers(record: dict | None) -> bool:
-    """The record shows a collective started and not completed (DDP's reducer waiting inside autograd, measured
-    on gloo; by torch's design NCCL's, whose wait is at ``.item()`` or ``synchronize``: not measured here, no GPU),
-    or a send/recv the rank is blocked in."""
-    return bool(record) and (any(not call["done"] for call in record.get("calls", []))
-                             or record.get("p2p") is not None)
+    """The record shows a send/recv the rank is blocked in, or a collective started and not completed
+    while its main thread is not in its own code (DDP's reducer waiting inside autograd, measured on
+    gloo). A rank in its own code with a gloo call pending is computing: gloo runs the call on its own
+    threads. NCCL's calls are the exception, by torch's design: their wait is at ``.item()`` or
+    ``synchronize``, in the learner's code (not measured here: no GPU)."""
+    if not record:
+        return False
+    if record.get("p2p") is not None:
+        return True
+    pending = [call for call in record.get("calls", []) if not call["done"]]
+    return bool(pending) and (record.get("main") != "own" or any(c.get("backend") == "nccl" for c in pending))
+
+
+def progress(record: dict | None) -> tuple:
+    """What moves while a rank makes progress: its calls' sequence numbers and states, its pending p2p calls."""
+    if not record:
+        return ()
+    return (tuple(sorted((c["group"], c.get("backend", ""), c["seq"], c["done"]) for c in record.get("calls", []))),
+            tuple(sorted(record.get("done", {}).items())), len(record.get("p2p_pending", [])),
+            str(record.get("p2p")))

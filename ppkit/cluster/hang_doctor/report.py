@@ -12,11 +12,27 @@ def sizes_words(sizes) -> str:
 
 
 def call_words(call: dict, with_group: bool = False) -> str:
-    """'all_reduce #3 of [4] Float, called at <cell> line 7: dist.all_reduce(t)'."""
+    """'all_reduce #3 of [4] Float, SUM, called at <cell> line 7: dist.all_reduce(t)'; where the
+    learner's call is not the backend's op: 'reduce_scatter (gloo records all_reduce #1-#2) of ...'."""
     dtypes = "/".join(sorted(set(call["input_dtypes"]))) if call["input_sizes"] else ""
     where = f" of group {call['group']}" if with_group else ""
-    return (f"{call['op']} #{call['seq']}{where} of {sizes_words(call['input_sizes'])}"
-            f"{' ' + dtypes if dtypes else ''}{line_words(call.get('at'), 'called ')}")
+    name = f"{call['op']} #{call['seq']}"
+    if _renamed(call):
+        first, last = call.get("api_seqs") or (call["seq"], call["seq"])
+        seqs = f"#{first}" + (f"-#{last}" if last != first else "")
+        name = f"{call['api']} ({call.get('backend') or 'the backend'} records {call['op']} {seqs})"
+    return (f"{name}{where} of {sizes_words(call['input_sizes'])}{' ' + dtypes if dtypes else ''}"
+            f"{', ' + call['reduce_op'] if call.get('reduce_op') else ''}{line_words(call.get('at'), 'called ')}")
+
+
+def _renamed(call: dict) -> bool:
+    return bool(call.get("api")) and call["api"] != call["op"]
+
+
+def p2p_words(wait: dict, tagged: bool = True) -> str:
+    """'isend to rank 1 (tag 1)', 'recv from rank 0'."""
+    tag = f" (tag {wait['tag']})" if wait.get("tag") and tagged else ""
+    return f"{wait['op']} {'to' if 'send' in wait['op'] else 'from'} rank {wait.get('peer')}{tag}"
 
 
 def line_words(at: dict | None, verb: str = "") -> str:
@@ -29,26 +45,39 @@ def line_words(at: dict | None, verb: str = "") -> str:
 def group_words(finding) -> str:
     desc = "the default group" if finding.desc == "default_pg" else (finding.desc or "")
     desc = "" if desc == "undefined" else desc
-    return f"group {finding.name} ({desc + ', ' if desc else ''}ranks {finding.ranks})"
+    backend = f"{finding.backend}, " if finding.backend else ""  # a group of two backends: each counts its own
+    return f"group {finding.name} ({backend}{desc + ', ' if desc else ''}ranks {finding.ranks})"
 
 
 def explain(diagnosis) -> str:
     lines = ["[ppkit] collective doctor (torch's flight record of each rank):"]
-    waiting_groups = {g.name for g in diagnosis.groups if g.missing and not g.mismatch}
+    waiting_groups = {g.name for g in diagnosis.groups if g.missing and not g.mismatch
+                      and all(diagnosis.blocked(r) for r in g.missing)}  # a rank in its own code waits nowhere
     if len(waiting_groups) > 1:
         lines.append(f"  the ranks wait in different process groups ({', '.join(sorted(waiting_groups))}): "
                      "each waits for the others in a group they never call this collective on.")
+    headed = set()
     for finding in diagnosis.groups:
-        lines.append(f"  {group_words(finding)}: " + (
-            f"every rank that answered completed collective #{finding.last_done[0]} ({finding.last_done[1]})."
-            if finding.last_done else "no collective completed on every rank yet."))
-        verdict = (f"collective #{finding.seq} does not match: {finding.mismatch}" if finding.mismatch else
+        if (finding.name, finding.backend) not in headed:
+            headed.add((finding.name, finding.backend))
+            lines.append(f"  {group_words(finding)}: " + (
+                f"every rank that answered completed collective #{finding.last_done[0]} ({finding.last_done[1]})."
+                if finding.last_done else "no collective completed on every rank yet."))
+        verdict = (f"note: collective #{finding.seq} completed on every rank, though the shapes differ (each rank "
+                   "gave the same number of elements)" if finding.harmless else
+                   f"collective #{finding.seq} does not match: {finding.mismatch}" if finding.mismatch else
                    f"collective #{finding.seq} is not reached by every rank" if finding.missing else
                    f"collective #{finding.seq} is called by every rank and has not completed yet")
         lines.append(f"    {verdict}:")
         for ranks, words in _alike(finding.calls):
             lines.append(f"      {'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)}: {words}")
-        if finding.mismatch and all(call["done"] for call in finding.calls.values()):
+        if finding.harmless:
+            lines.append("      (the backend moves elements in memory order, as for equal shapes: the result is "
+                         "what you meant if the layouts line up)")
+        elif finding.completed and finding.mismatch == "the reduce op differs":
+            lines.append("      (it completed on every rank anyway: the ranks asked for different reductions, so "
+                         "the result is not what at least one of them asked for)")
+        elif finding.completed:
             lines.append("      (it completed on every rank anyway: the data it moved is wrong)")
         for rank, where in sorted(finding.missing.items()):
             lines.append(f"      rank {rank} has not reached it: {where}")
@@ -56,15 +85,14 @@ def explain(diagnosis) -> str:
             lines.append("      (a barrier against another collective: one rank skipped a collective the other calls)")
         if finding.torch_says:
             lines.append(f"      torch's matcher: {finding.torch_says}")
+    if any(_renamed(call) for finding in diagnosis.groups for call in finding.calls.values()):
+        lines.append("  (#N count the calls gloo recorded in that group, not the calls you made: one call of "
+                     "yours may be several of the backend's)")
     for rank, wait in sorted(diagnosis.p2p.items()):
-        peer = wait.get("peer")
-        lines.append(f"  rank {rank} waits in {wait['op']} {'to' if 'send' in wait['op'] else 'from'} "
-                     f"rank {peer} of {sizes_words(wait.get('sizes', []))} {wait.get('dtype', '')}"
-                     f"{line_words(wait.get('at'))}")
-    for a, b in diagnosis.deadlock:
-        lines.append(f"  ranks {a} and {b} each wait on the other: rank {a}'s {diagnosis.p2p[a]['op']} needs a "
-                     f"matching call on rank {b}, which is itself in {diagnosis.p2p[b]['op']}. "
-                     "Order them: one rank sends first while the other receives.")
+        lines.append(f"  rank {rank} waits in {p2p_words(wait)} of {sizes_words(wait.get('sizes', []))} "
+                     f"{wait.get('dtype', '')}{line_words(wait.get('at'))}")
+    for cycle in diagnosis.deadlock:
+        lines.append(_cycle_words(cycle, diagnosis.p2p))
     for rank, record in sorted(diagnosis.records.items()):
         if record.get("error"):
             lines.append(f"  rank {rank}'s record is incomplete: {record['error']}")
@@ -75,6 +103,24 @@ def explain(diagnosis) -> str:
     if len(lines) == 1:
         lines.append("  every collective each rank started has completed on every rank that answered.")
     return "\n".join(lines) + "\n"
+
+
+def _cycle_words(cycle: list[int], p2p: dict[int, dict]) -> str:
+    from ppkit.cluster.hang_doctor.analysis import pair
+
+    if len(cycle) == 2:
+        a, b = cycle
+        wa, wb = p2p[a], p2p[b]
+        if pair(wa["op"], wb["op"]):  # a send against a recv: only the tags keep them apart
+            return (f"  ranks {a} and {b} each wait on the other, and the tags differ: rank {a}'s "
+                    f"{p2p_words(wa, False)} has tag {wa.get('tag', 0)}, rank {b}'s {p2p_words(wb, False)} has tag "
+                    f"{wb.get('tag', 0)}. A recv completes only a send with its tag: give both the same tag.")
+        return (f"  ranks {a} and {b} each wait on the other: rank {a}'s {wa['op']} needs a matching call on "
+                f"rank {b}, which is itself in {wb['op']}. Order them: one rank sends first while the other receives.")
+    steps = "; ".join(f"rank {r}'s {p2p[r]['op']} waits on rank {p2p[r]['peer']}, in {p2p_words(p2p[p2p[r]['peer']])}"
+                      for r in cycle)
+    return (f"  ranks {', '.join(map(str, cycle))} wait in a cycle: {steps}. None can complete: break the cycle "
+            "(even ranks send first while odd ranks receive, or isend/irecv every message, then wait on all).")
 
 
 def _alike(calls: dict[int, dict]) -> list[tuple[list[int], str]]:

@@ -1,0 +1,203 @@
+"""What a rank's calls say that torch's flight record does not, kept as the learner makes them.
+
+torch's record (flight_record.py) holds what the backend ran: gloo records a list-form
+``reduce_scatter`` as one all_reduce per piece, no reduce op, no tag, and none of its send/recv.
+So, on each rank, ppkit keeps beside it, from the Python side of torch.distributed:
+
+- each collective's API name (``reduce_scatter``), reduce op, the learner's frames, and the
+  sequence numbers it took in the backend's count (read before and after the call), matched to
+  torch's entries by group and sequence number (``api_calls``);
+- each point-to-point call with its peer, tag and Work (gloo's are not in torch's record);
+- which Work the main thread waits on (``Work.wait``): a rank in ``req.wait()`` is blocked, one
+  in its own code with a call pending is not;
+- when each process group was created (``born_ns``): torch's record outlives
+  ``destroy_process_group``, and a new group gets the same name with sequence numbers from 1.
+
+The methods torch's P2POp compares by identity (``dist.isend``...) are left as they are: ppkit
+wraps ProcessGroup's methods, which every path reaches.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+
+P2P_KEEP = 32  # point-to-point calls kept (gloo's are not in torch's record)
+API_KEEP = 256  # collectives' API records kept: more than the KEEP calls per group sent to the kernel
+P2P = ("send", "recv", "recv_anysource")
+COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "_allgather_base",
+               "allgather_coalesced", "allgather_into_tensor_coalesced", "all_gather_single",
+               "all_gather_single_coalesced", "gather", "gather_into_tensor", "gather_single", "scatter",
+               "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_single_coalesced",
+               "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "barrier")
+
+p2p_ring: collections.deque = collections.deque(maxlen=P2P_KEEP)  # (op, peer, sizes, dtype, tag, frames, work)
+api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, frames)
+born_ns: dict[str, int] = {}  # group name -> when its present (or last) lifetime began (time.time_ns, as torch's)
+waiting: dict[int, object] = {}  # thread ident -> the Work it waits on
+
+
+def watch() -> None:
+    """Wrap ProcessGroup's collectives and point-to-point calls, Work.wait and group creation (once)."""
+    try:
+        from torch._C._distributed_c10d import ProcessGroup, Work
+        from torch.distributed import distributed_c10d
+    except ImportError:  # a torch built without distributed
+        return
+    for name in P2P + COLLECTIVES:
+        original = getattr(ProcessGroup, name, None)
+        if original is not None and not getattr(original, "ppkit_watched", False):
+            setattr(ProcessGroup, name, (_watched_p2p if name in P2P else _watched_collective)(name, original))
+    if not getattr(Work.wait, "ppkit_watched", False):
+        Work.wait = _watched_wait(Work.wait)
+    helper = getattr(distributed_c10d, "_new_process_group_helper", None)
+    if helper is not None and not getattr(helper, "ppkit_watched", False):
+        distributed_c10d._new_process_group_helper = _watched_creation(helper)
+
+
+def _watched(call):
+    call.ppkit_watched = True
+    return call
+
+
+def _watched_p2p(name: str, original):
+    def call(group, tensors, *args):
+        work = original(group, tensors, *args)
+        try:
+            if work is not None:
+                peer = global_rank(group, args[0]) if name != "recv_anysource" else None
+                tag = args[-1] if len(args) >= (1 if name == "recv_anysource" else 2) else 0
+                frames = frames_of(sys._getframe(1))
+                while p2p_ring and p2p_ring[0][-1].is_completed():  # done: its tensors are not kept alive
+                    p2p_ring.popleft()
+                p2p_ring.append(("isend" if name == "send" else "irecv", peer, [list(t.shape) for t in tensors],
+                                 str(tensors[0].dtype).replace("torch.", "") if tensors else "", tag, frames, work))
+        except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
+            pass
+        return work
+
+    return _watched(call)
+
+
+def _watched_collective(name: str, original):
+    def call(group, *args, **kwargs):
+        backend = before = None
+        try:
+            backend = _backend(group, args)
+            before = backend._get_sequence_number_for_group()
+        except Exception:  # noqa: BLE001 - a backend without a count: its calls go unnamed
+            backend = None
+        work = original(group, *args, **kwargs)
+        try:
+            after = backend._get_sequence_number_for_group() if backend is not None else before
+            if after is not None and after > before:
+                frame = sys._getframe(1)
+                api_ring.append((str(group.group_name), _backend_name(backend), before + 1, after,
+                                 _api_name(frame, name), _reduce_op(args, kwargs), frames_of(frame)))
+        except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
+            pass
+        return work
+
+    return _watched(call)
+
+
+def _watched_wait(original):
+    def wait(work, *args, **kwargs):
+        ident = threading.get_ident()
+        waiting[ident] = work
+        try:
+            return original(work, *args, **kwargs)
+        finally:
+            waiting.pop(ident, None)
+
+    return _watched(wait)
+
+
+def _watched_creation(original):
+    def helper(*args, **kwargs):
+        began = time.time_ns()  # before: every entry of the new group is created after this
+        made = original(*args, **kwargs)
+        try:
+            name = str(made[0].group_name)
+            born_ns[name] = began
+            kept = [call for call in api_ring if call[0] != name]  # the earlier group's calls of this name
+            api_ring.clear()
+            api_ring.extend(kept)
+        except (AttributeError, IndexError, TypeError):  # a rank outside the group: GroupMember.NON_GROUP_MEMBER
+            pass
+        return made
+
+    return _watched(helper)
+
+
+def _backend(group, args):
+    """The backend that runs a call: the one for its tensors' device ('cpu:gloo,cuda:nccl' has two)."""
+    tensor = _first_tensor(args)
+    if tensor is not None:
+        try:
+            return group._get_backend(tensor.device)
+        except RuntimeError:
+            pass
+    return group
+
+
+def _first_tensor(value, depth: int = 0):
+    if hasattr(value, "device") and hasattr(value, "shape"):
+        return value
+    if isinstance(value, (list, tuple)) and depth < 3:
+        for item in value:
+            found = _first_tensor(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _backend_name(backend) -> str:
+    try:
+        return str(backend.name()).lower()
+    except Exception:  # noqa: BLE001 - a ProcessGroup stands in for its backend: named by torch's entry
+        return ""
+
+
+def _api_name(frame, method: str) -> str:
+    """The torch.distributed function the learner called: the outermost of distributed_c10d's frames."""
+    name = method
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("distributed_c10d.py"):
+            name = frame.f_code.co_name
+        elif name != method:
+            break
+        frame = frame.f_back
+    return name
+
+
+def _reduce_op(args, kwargs) -> str:
+    for value in (*args, *kwargs.values()):
+        op = getattr(value, "reduceOp", None)
+        if op is not None:
+            kind = getattr(op, "op", op)
+            return str(getattr(kind, "name", kind))
+    return ""
+
+
+def global_rank(group, group_rank):
+    if group_rank is None or group is None:
+        return group_rank
+    import torch.distributed as dist
+
+    return dist.get_global_rank(group, group_rank)
+
+
+def frames_of(frame) -> list[tuple[str, int, str]]:
+    """Innermost first, as the flight recorder lists them."""
+    frames = []
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return frames
+
+
+def main_ident(main_frame) -> int | None:
+    return next((ident for ident, frame in sys._current_frames().items() if frame is main_frame), None)

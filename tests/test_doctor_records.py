@@ -1,0 +1,275 @@
+"""What the collective doctor may say, on real gloo ranks outside a kernel: correct overlap is no
+deadlock, a destroyed group's record does not stand in for its successor's, a completed difference is
+a note and the doctor goes on to the hang, more than KEEP calls in flight, the learner's API call and
+its reduce op, p2p wait cycles and tags, and two backends under one group name.
+tests/test_hang_doctor.py covers the cases as a learner meets them in a kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_spawn import assert_none_left
+
+import ppkit
+from ppkit.cluster.hang_doctor import diagnose
+from ppkit.cluster.hang_watch import HangWatch
+from ppkit.lessons.data_parallel import free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def join(i, port, world_size=2):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=world_size)
+
+
+def isend_compute_recv(i, port):
+    """Each rank starts its send, computes, then receives: correct code, whatever the look sees."""
+    join(i, port)
+    out, got = torch.full((3,), float(i)), torch.zeros(3)
+    req = dist.isend(out, dst=1 - i)
+    time.sleep(6)
+    dist.recv(got, src=1 - i)
+    req.wait()
+    print(f"rank {i} got {got[0].item()}", flush=True)
+
+
+def async_all_reduces_on_two_groups(i, port):
+    """Each rank starts an all_reduce on one group, computes, then starts one on the other: it
+    waits on both only at the end. Correct: each group's call is matched once both ranks start it."""
+    join(i, port)
+    groups = [dist.new_group([0, 1]), dist.new_group([0, 1])]
+    first, second = (groups[0], groups[1]) if i == 0 else (groups[1], groups[0])
+    a, b = torch.ones(2), torch.ones(2)
+    work_a = dist.all_reduce(a, group=first, async_op=True)
+    time.sleep(6)
+    work_b = dist.all_reduce(b, group=second, async_op=True)
+    work_a.wait()
+    work_b.wait()
+    print(f"rank {i} sums {a[0].item()} {b[0].item()}", flush=True)
+
+
+@pytest.mark.parametrize("program", [isend_compute_recv, async_all_reduces_on_two_groups])
+def test_a_valid_overlap_program_is_not_called_hung(monkeypatch, capsys, program):
+    monkeypatch.setenv("PPKIT_HANG_S", "2")
+    ppkit.spawn(program, args=(free_port(),), nprocs=2, timeout=60)
+    out = capsys.readouterr().out
+    assert "[rank 0]" in out and "[rank 1]" in out, out
+    assert "possibly hung" not in out and "each wait on the other" not in out, out
+    assert "different process groups" not in out, out
+    assert_none_left()
+
+
+def test_a_record_that_moves_between_two_looks_is_not_hung():
+    """Every rank's stack is inside torch.distributed at each look, but the record moved in between."""
+    stack = '  File "/x/torch/distributed/distributed_c10d.py", line 3, in all_reduce\n    work.wait()\n'
+
+    def at(seq):
+        call = {"group": "0", "seq": seq, "done": False, "is_p2p": False, "backend": "gloo"}
+        return {"calls": [{**call, "seq": seq - 1, "done": True}, call], "p2p": None, "main": "distributed"}
+
+    watch = HangWatch(2)
+    assert watch.look({0: stack, 1: stack}, {0: at(2945), 1: at(2945)}) is None  # the first look only notes
+    assert watch.look({0: stack, 1: stack}, {0: at(2950), 1: at(2950)}) is None  # it moved: not hung
+    message = watch.look({0: stack, 1: stack}, {0: at(2950), 1: at(2950)})  # the same twice: hung
+    assert message and message.startswith("[ppkit] possibly hung"), message
+
+
+def test_a_wait_that_only_the_record_shows_is_not_a_hang_while_the_rank_is_in_its_own_code():
+    own = '  File "/tmp/ipykernel_1/2.py", line 7, in train\n    time.sleep(12)\n'
+    pending = {"calls": [{"group": "0", "seq": 2, "done": False, "is_p2p": False, "backend": "gloo"}],
+               "p2p": None, "main": "own"}
+    watch = HangWatch(2)
+    assert watch.look({0: own, 1: own}, {0: pending, 1: pending}) is None
+    assert watch.look({0: own, 1: own}, {0: pending, 1: pending}) is None  # gloo's record alone: never a hang
+
+
+def all_reduces(rank, world_size, port, count):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    for _ in range(count):
+        dist.all_reduce(torch.ones(2))
+    dist.destroy_process_group()
+
+
+def rank_one_never_reaches(rank, world_size, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if rank == 0:
+        dist.all_reduce(torch.ones(2))  # rank 1 returns: this waits
+    return rank
+
+
+def test_a_destroyed_groups_record_does_not_hide_a_hang_in_its_successor():
+    """Notebook 03's persistent workers: job 1's group (name 0, seq 1-30) is destroyed; job 2's new
+    group has the same name and counts from 1 again."""
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        cluster.run(all_reduces, free_port(), 30)
+        with pytest.raises(ppkit.JobTimeoutError):
+            cluster.run(rank_one_never_reaches, free_port(), timeout=6)
+        text = str(ppkit.collective_doctor(cluster))
+    assert "every collective each rank started has completed" not in text, text
+    assert "no collective completed on every rank yet" in text, text
+    assert "collective #1 is not reached by every rank" in text, text
+    assert "rank 1 has not reached it" in text, text
+
+
+def shapes_then_a_hang(rank, world_size, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.arange(4.0) if rank == 0 else torch.arange(4.0).reshape(2, 2)
+    dist.all_reduce(t)  # 4 elements against 2x2: completes, with the right sums
+    if t.flatten().tolist() != [0.0, 2.0, 4.0, 6.0]:
+        raise AssertionError(t)
+    if rank == 0:
+        dist.all_reduce(torch.ones(2))
+
+
+def test_a_completed_difference_is_a_note_and_the_doctor_goes_on_to_the_hang():
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        with pytest.raises(ppkit.JobTimeoutError):
+            cluster.run(shapes_then_a_hang, free_port(), timeout=6)
+        text = str(ppkit.collective_doctor(cluster))
+    assert "the data it moved is wrong" not in text, text
+    assert "collective #1" in text and "[4]" in text and "[2, 2]" in text, text  # the note
+    assert "completed collective #1 (all_reduce)" in text, text
+    assert "collective #2 is not reached by every rank" in text and "rank 1 has not reached it" in text, text
+
+
+def twenty_in_flight_against_a_recv(rank, world_size, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2))
+    if rank == 0:
+        works = [dist.all_reduce(torch.ones(2), async_op=True) for _ in range(20)]
+        for work in works:
+            work.wait()
+    else:
+        dist.recv(torch.zeros(1), src=0)
+
+
+def test_more_than_sixteen_collectives_in_flight():
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        with pytest.raises(ppkit.JobTimeoutError):
+            cluster.run(twenty_in_flight_against_a_recv, free_port(), timeout=6)
+        text = str(ppkit.collective_doctor(cluster))
+    assert "every rank that answered completed collective #3 (all_reduce)" in text, text
+    assert "collective #4 is not reached by every rank" in text, text
+    assert "rank 0: all_reduce #4 of [2] Float" in text, text
+    assert "rank 1 has not reached it: it waits in recv from rank 0" in text, text
+    assert "rank 0 has not reached" not in text, text
+
+
+def reduce_scatters_then_a_hang(rank, world_size, port, tensor_form):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if rank == 0:
+        if tensor_form:
+            dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(4))
+        else:
+            dist.reduce_scatter(torch.zeros(2), [torch.ones(2), torch.ones(2)])
+
+
+@pytest.mark.parametrize("tensor_form", [False, True])
+def test_the_learners_call_is_named_beside_the_backends_op(tensor_form):
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        with pytest.raises(ppkit.JobTimeoutError):
+            cluster.run(reduce_scatters_then_a_hang, free_port(), tensor_form, timeout=6)
+        text = str(ppkit.collective_doctor(cluster))
+    called = "reduce_scatter_tensor" if tensor_form else "reduce_scatter"
+    assert f"rank 0: {called} (gloo records all_reduce #1" in text, text
+    assert ("dist.reduce_scatter_tensor(" if tensor_form else "dist.reduce_scatter(torch.zeros(2)") in text, text
+    if not tensor_form:
+        assert "all_reduce #1-#2" in text, text  # the list form: one all_reduce per rank's piece
+    assert "count the calls gloo recorded" in text, text
+
+
+def send_ring(i, port):
+    join(i, port, 3)
+    dist.send(torch.ones(1 << 16), dst=(i + 1) % 3)  # large: gloo's send waits for its receiver
+    dist.recv(torch.zeros(1 << 16), src=(i + 2) % 3)
+
+
+def mismatched_tags(i, port):
+    join(i, port)
+    t = torch.ones(1 << 16)
+    req = dist.isend(t, dst=1, tag=1) if i == 0 else dist.irecv(t, src=0, tag=2)
+    req.wait()
+
+
+def what_a_hang_says(capsys, program, nprocs: int) -> str:
+    """The cell's output when ``program`` hangs until spawn's timeout, its doctor's words included."""
+    with pytest.raises(ppkit.JobTimeoutError):
+        ppkit.spawn(program, args=(free_port(),), nprocs=nprocs, timeout=8)
+    assert_none_left()
+    return capsys.readouterr().out
+
+
+def test_a_three_rank_send_ring_is_named_as_a_cycle(capsys):
+    out = what_a_hang_says(capsys, send_ring, 3)
+    assert "ranks 0, 1, 2 wait in a cycle" in out, out
+    assert "rank 0's send waits on rank 1, in send to rank 2" in out, out
+
+
+def test_a_tag_mismatch_is_named(capsys):
+    out = what_a_hang_says(capsys, mismatched_tags, 2)
+    assert "the tags differ: rank 0's isend to rank 1 has tag 1, rank 1's irecv from rank 0 has tag 2" in out, out
+
+
+def sum_against_max(rank, world_size, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+    return t.item()
+
+
+def test_a_reduce_op_mismatch_is_named():
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        cluster.run(sum_against_max, free_port())
+        diagnosis = ppkit.collective_doctor(cluster)
+    text = str(diagnosis)
+    assert diagnosis.problem, text
+    assert "collective #1 does not match: the reduce op differs" in text, text
+    assert "all_reduce #1 of [1] Float, SUM" in text and "all_reduce #1 of [1] Float, MAX" in text, text
+
+
+def _entry(backend, seq, pg_id, done, op="all_reduce", sizes=((4,),)):
+    return {"record_id": seq, "pg_id": pg_id, "process_group": ("0", "default_pg"), "collective_seq_id": seq,
+            "p2p_seq_id": 0, "op_id": seq, "profiling_name": f"{backend}:{op}", "time_created_ns": seq * 10
+            + (1 if backend == "gloo" else 0), "input_sizes": [list(s) for s in sizes], "input_dtypes": ["Float"],
+            "output_sizes": [list(s) for s in sizes], "output_dtypes": ["Float"], "state": "completed" if done
+            else "scheduled", "retired": done, "is_p2p": False}
+
+
+def test_two_backends_under_one_group_name_keep_their_own_records(monkeypatch):
+    """'cpu:gloo,cuda:nccl': gloo's and NCCL's recorders each count from 1 under group 0. Built as
+    flight_record reads them (torch's two dumps), since this machine has no GPU."""
+    from torch._C import _distributed_c10d as c10d
+
+    from ppkit.transport import flight_record
+
+    def record(rank):
+        gloo = [_entry("gloo", 1, 0, True), _entry("gloo", 2, 0, True)]
+        nccl = [_entry("nccl", 1, 1, True), _entry("nccl", 2, 1, False, sizes=((8,),) if rank else ((4,),))]
+        monkeypatch.setattr(c10d, "_dump_fr_trace", lambda **_: pickle.dumps({"entries": gloo}), raising=False)
+        monkeypatch.setattr(c10d, "_dump_nccl_trace", lambda **_: pickle.dumps({"entries": nccl}), raising=False)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        return {**json.loads(flight_record.snapshot(None)), "groups": {"0": {"desc": "default_pg", "ranks": [0, 1]}}}
+
+    records = {0: record(0), 1: record(1)}
+    assert len(records[0]["calls"]) == 4, records[0]["calls"]
+    diagnosis = diagnose(records, 2)
+    text = str(diagnosis)
+    assert [(g.name, g.backend, g.seq) for g in diagnosis.mismatched] == [("0", "nccl", 2)], text
+    assert "group 0 (nccl, the default group, ranks [0, 1])" in text, text
+    assert "group 0 (gloo" not in text, text  # gloo's calls all completed and match
