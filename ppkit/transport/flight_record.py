@@ -44,10 +44,12 @@ def buffer_size(environ=os.environ) -> int:
         return 0
 
 
-def snapshot(main_frame) -> str:
-    """This rank's record and where its main thread is (``main_frame``: its innermost frame), as JSON."""
+def snapshot(main_frame, in_job: bool = True) -> str:
+    """This rank's record and where its main thread is (``main_frame``: its innermost frame; ``in_job``:
+    False between jobs, where the main thread waits for the next one), as JSON."""
     record = {"buffer": buffer_size(), "calls": [], "groups": {}, "done": {}, "p2p": None, "p2p_pending": [],
-              "at": _learner_line(flight_calls.frames_of(main_frame)), "main": _main_state(main_frame), "error": ""}
+              "at": _learner_line(flight_calls.frames_of(main_frame)),
+              "main": _main_state(main_frame) if in_job else "idle", "error": ""}
     if "torch.distributed" not in sys.modules:  # no process group was ever created here
         return json.dumps(record)
     errors = []
@@ -69,7 +71,7 @@ def snapshot(main_frame) -> str:
 
 
 def _main_state(frame) -> str:
-    """Where the main thread is: "wait" (in a Work's wait()), "distributed" (inside torch.distributed),
+    """Where the main thread is, in a job: "wait" (in a Work's wait()), "distributed" (inside torch.distributed),
     "own" (its innermost Python frame is the learner's: computing, sleeping; a gloo call it started
     runs on gloo's threads meanwhile) or "other" (a library: autograd, where DDP's reducer waits)."""
     if flight_calls.waiting.get(flight_calls.main_ident(frame)) is not None:

@@ -41,8 +41,9 @@ class GroupFinding:
     def harmless(self) -> bool:
         """Completed with only the shapes differing, each rank's tensors of the same element counts:
         the backend moved the elements in memory order, as it would for equal shapes."""
-        counts = {tuple(_numel(s) for s in call["input_sizes"]) for call in self.calls.values()}
-        return self.completed and self.mismatch == "the sizes differ" and len(counts) == 1
+        alike = {(tuple(_numel(s) for s in call["input_sizes"]), tuple(_numel(s) for s in call["output_sizes"]),
+                  tuple(call["input_dtypes"]), call.get("reduce_op", "")) for call in self.calls.values()}
+        return self.completed and self.mismatch == "the sizes differ" and len(alike) == 1
 
 
 @dataclass(repr=False)
@@ -69,8 +70,9 @@ class Diagnosis:
 
     def blocked(self, rank: int) -> bool:
         """The rank's main thread waits (in torch.distributed, a Work's wait(), a library such as
-        autograd): not in its own code, where a call it started runs on the backend's threads."""
-        return rank not in self.ended and self.records.get(rank, {}).get("main") != "own"
+        autograd): not in its own code, where a call it started runs on the backend's threads, nor
+        idle between jobs."""
+        return rank not in self.ended and self.records.get(rank, {}).get("main") not in ("own", "idle")
 
     def __str__(self) -> str:
         from ppkit.cluster.hang_doctor.report import explain
@@ -251,14 +253,14 @@ def _instead(rank: int, group: str, records: dict, ended: dict) -> str:
     if record is None:
         return "it did not answer (stopped, or busy outside Python)"
     pending = [c for c in record.get("calls", []) if not c["done"] and c["group"] != group]
-    own = record.get("main") == "own"
     if record.get("p2p"):
         wait = record["p2p"]
         return f"it waits in {p2p_words(wait)}{line_words(wait.get('at'))}"
-    if pending and not own:
+    if pending and record.get("main") not in ("own", "idle"):
         return f"it waits in {call_words(pending[0], with_group=True)}"
     started = ([call_words(c, with_group=True) for c in pending[:1]]
-               + [p2p_words(w) for w in record.get("p2p_pending", [])[:1]])
-    started_words = f"; it started {' and '.join(started)}, not completed yet," if started else ""
-    return (f"it is in its own code, not in a collective{line_words(record.get('at'))}{started_words}"
-            " (still computing?)")
+               + [p2p_words(w) + line_words(w.get("at"), "called ") for w in record.get("p2p_pending", [])[:1]])
+    left = f"; it started {' and '.join(started)}, not completed yet" if started else ""
+    if record.get("main") == "idle":
+        return f"its job returned: it runs none{left}"
+    return f"it is in its own code, not in a collective{line_words(record.get('at'))} (still computing?){left}"

@@ -62,7 +62,8 @@ def waits_on_peers(record: dict | None) -> bool:
     if record.get("p2p") is not None:
         return True
     pending = [call for call in record.get("calls", []) if not call["done"]]
-    return bool(pending) and (record.get("main") != "own" or any(c.get("backend") == "nccl" for c in pending))
+    return bool(pending) and (record.get("main") not in ("own", "idle")
+                              or any(c.get("backend") == "nccl" for c in pending))
 
 
 def progress(record: dict | None) -> tuple:

@@ -32,7 +32,8 @@ def _renamed(call: dict) -> bool:
 def p2p_words(wait: dict, tagged: bool = True) -> str:
     """'isend to rank 1 (tag 1)', 'recv from rank 0'."""
     tag = f" (tag {wait['tag']})" if wait.get("tag") and tagged else ""
-    return f"{wait['op']} {'to' if 'send' in wait['op'] else 'from'} rank {wait.get('peer')}{tag}"
+    peer = "any rank" if wait.get("peer") is None else f"rank {wait['peer']}"
+    return f"{wait['op']} {'to' if 'send' in wait['op'] else 'from'} {peer}{tag}"
 
 
 def line_words(at: dict | None, verb: str = "") -> str:
@@ -91,6 +92,14 @@ def explain(diagnosis) -> str:
     for rank, wait in sorted(diagnosis.p2p.items()):
         lines.append(f"  rank {rank} waits in {p2p_words(wait)} of {sizes_words(wait.get('sizes', []))} "
                      f"{wait.get('dtype', '')}{line_words(wait.get('at'))}")
+    for rank, record in sorted(diagnosis.records.items()):
+        started = [] if rank in diagnosis.p2p else record.get("p2p_pending", [])
+        for wait in started[:2]:
+            lines.append(f"  rank {rank} started {p2p_words(wait)} of {sizes_words(wait.get('sizes', []))} "
+                         f"{wait.get('dtype', '')}{line_words(wait.get('at'), 'called ')}, not completed yet; "
+                         "it does not wait on it now")
+        if len(started) > 2:
+            lines.append(f"  rank {rank} started {len(started) - 2} more point-to-point calls, not completed yet")
     for cycle in diagnosis.deadlock:
         lines.append(_cycle_words(cycle, diagnosis.p2p))
     for rank, record in sorted(diagnosis.records.items()):
