@@ -176,6 +176,19 @@ def test_a_torchrun_cell_names_the_mismatch(kc):
     assert "rank 0: all_reduce #1 of [4] Float" in text and "rank 1: broadcast #1 of [4] Float" in text, text
 
 
+def test_a_torchrun_cells_overlap_is_not_called_hung(kc):
+    """isend, compute, recv, wait in a %%torchrun cell: the main threads sleep in the cell's own code
+    (``<%%torchrun cell N>``) while each isend is pending, past the watch's 2 s."""
+    cell = run_cell(kc, "%%torchrun --nproc-per-node 2 --timeout 40\nimport time, torch, torch.distributed as dist\n"
+                        "dist.init_process_group('gloo')\nrank = dist.get_rank()\n"
+                        "req = dist.isend(torch.full((3,), float(rank)), dst=1 - rank)\ntime.sleep(6)\n"
+                        "got = torch.zeros(3)\ndist.recv(got, src=1 - rank)\nreq.wait()\n"
+                        "print('received', got.tolist() == [1.0 - rank] * 3)\n")
+    assert cell.error is None, cell.text
+    assert "received True" in cell.text and "False" not in cell.text, cell.text
+    assert "possibly hung" not in cell.text and "each wait on the other" not in cell.text, cell.text
+
+
 def test_the_doctor_on_demand_says_what_to_do_without_a_cluster():
     import ppkit
     from ppkit.cluster import session

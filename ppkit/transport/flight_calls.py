@@ -8,8 +8,8 @@ So, on each rank, ppkit keeps beside it, from the Python side of torch.distribut
   sequence numbers it took in the backend's count (read before and after the call), matched to
   torch's entries by group and sequence number (``api_calls``);
 - each point-to-point call with its peer, tag and Work (gloo's are not in torch's record);
-- which Work the main thread waits on (``Work.wait``): a rank in ``req.wait()`` is blocked, one
-  in its own code with a call pending is not;
+- which Work (or Future) the main thread waits on: a rank in ``req.wait()`` is blocked, one in
+  its own code with a call pending is not;
 - when each process group was created (``born_ns``): torch's record outlives
   ``destroy_process_group``, and a new group gets the same name with sequence numbers from 1.
 
@@ -50,8 +50,11 @@ def watch() -> None:
         original = getattr(ProcessGroup, name, None)
         if original is not None and not getattr(original, "ppkit_watched", False):
             setattr(ProcessGroup, name, (_watched_p2p if name in P2P else _watched_collective)(name, original))
-    if not getattr(Work.wait, "ppkit_watched", False):
-        Work.wait = _watched_wait(Work.wait)
+    from torch._C import Future
+
+    for waitable in (Work, Future):  # req.wait(), and req.get_future().wait()
+        if not getattr(waitable.wait, "ppkit_watched", False):
+            waitable.wait = _watched_wait(waitable.wait)
     helper = getattr(distributed_c10d, "_new_process_group_helper", None)
     if helper is not None and not getattr(helper, "ppkit_watched", False):
         distributed_c10d._new_process_group_helper = _watched_creation(helper)

@@ -78,7 +78,7 @@ def _main_state(frame) -> str:
         return "wait"
     if _in_distributed(frame):
         return "distributed"
-    if frame is not None and _is_learners(frame.f_code.co_filename):
+    if frame is not None and _own_code(frame.f_code.co_filename):
         return "own"
     return "other" if frame is not None else ""
 
@@ -102,8 +102,8 @@ def _calls() -> tuple[list[dict], dict[str, int]]:
     _name_api_calls(by_lane)
     done = {lane: max((c["seq"] for c in calls if c["done"] and not c["is_p2p"]), default=0)
             for lane, calls in by_lane.items()}
-    kept = [call for calls in by_lane.values()
-            for call in [c for c in calls[:-KEEP] if not c["done"]] + calls[-KEEP:]]
+    kept = [call for calls in by_lane.values()  # the oldest not completed: where a hang starts
+            for call in [c for c in calls[:-KEEP] if not c["done"]][:KEEP] + calls[-KEEP:]]
     return kept, done
 
 
@@ -226,6 +226,11 @@ def _learner_line(frames) -> dict:
             return {"file": filename, "line": line, "func": name,
                     "code": linecache.getline(filename, line).strip()}
     return {}
+
+
+def _own_code(filename: str) -> bool:
+    """The learner's code, a cell's included (``<%%torchrun cell 3>``, ``<ipython-input-...>``)."""
+    return not filename.startswith("<frozen") if filename.startswith("<") else _is_learners(filename)
 
 
 def _is_learners(filename: str) -> bool:

@@ -76,10 +76,11 @@ def explain(diagnosis) -> str:
             lines.append("      (the backend moves elements in memory order, as for equal shapes: the result is "
                          "what you meant if the layouts line up)")
         elif finding.completed and finding.mismatch == "the reduce op differs":
-            lines.append("      (it completed on every rank anyway: the ranks asked for different reductions, so "
-                         "the result is not what at least one of them asked for)")
+            lines.append("      (it completed on every rank anyway; the ranks asked for different reductions, which "
+                         "one collective cannot give them both: check the op= each rank passes)")
         elif finding.completed:
-            lines.append("      (it completed on every rank anyway: the data it moved is wrong)")
+            lines.append("      (it completed on every rank anyway: the ranks disagree on what it moves, so at least "
+                         "one rank's result is not what its call asked for)")
         for rank, where in sorted(finding.missing.items()):
             lines.append(f"      rank {rank} has not reached it: {where}")
         if finding.mismatch and _skipped(finding):
