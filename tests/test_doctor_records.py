@@ -224,6 +224,18 @@ def test_a_tag_mismatch_is_named(capsys):
     assert "the tags differ: rank 0's isend to rank 1 has tag 1, rank 1's irecv from rank 0 has tag 2" in out, out
 
 
+def each_rank_its_own_root(i, port):
+    join(i, port)
+    dist.broadcast(torch.full((4,), float(i)), src=i)
+
+
+def test_a_root_mismatch_is_named(capsys):
+    out = what_a_hang_says(capsys, each_rank_its_own_root, 2)
+    assert "collective #1 does not match: the root differs" in out, out
+    assert "rank 0: broadcast #1 of [4] Float, root rank 0" in out, out
+    assert "rank 1: broadcast #1 of [4] Float, root rank 1" in out, out
+
+
 def sum_against_max(rank, world_size, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)

@@ -4,7 +4,7 @@ torch's record (flight_record.py) holds what the backend ran: gloo records a lis
 ``reduce_scatter`` as one all_reduce per piece, no reduce op, no tag, and none of its send/recv.
 So, on each rank, ppkit keeps beside it, from the Python side of torch.distributed:
 
-- each collective's API name (``reduce_scatter``), reduce op, the learner's frames, and the
+- each collective's API name (``reduce_scatter``), reduce op, root, the learner's frames, and the
   sequence numbers it took in the backend's count (read before and after the call), matched to
   torch's entries by group and sequence number (``api_calls``);
 - each point-to-point call with its peer, tag and Work (gloo's are not in torch's record);
@@ -34,7 +34,7 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allga
                "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "barrier")
 
 p2p_ring: collections.deque = collections.deque(maxlen=P2P_KEEP)  # (op, peer, sizes, dtype, tag, frames, work)
-api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, frames)
+api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, root, frames)
 born_ns: dict[str, int] = {}  # group name -> when its present (or last) lifetime began (time.time_ns, as torch's)
 waiting: dict[int, object] = {}  # thread ident -> the Work it waits on
 
@@ -98,7 +98,8 @@ def _watched_collective(name: str, original):
             if after is not None and after > before:
                 frame = sys._getframe(1)
                 api_ring.append((str(group.group_name), _backend_name(backend), before + 1, after,
-                                 _api_name(frame, name), _reduce_op(args, kwargs), frames_of(frame)))
+                                 _api_name(frame, name), _reduce_op(args, kwargs), _root(group, args, kwargs),
+                                 frames_of(frame)))
         except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
             pass
         return work
@@ -183,6 +184,15 @@ def _reduce_op(args, kwargs) -> str:
             kind = getattr(op, "op", op)
             return str(getattr(kind, "name", kind))
     return ""
+
+
+def _root(group, args, kwargs) -> int | None:
+    """The root of a broadcast, reduce, gather or scatter, as a global rank (its options' rootRank)."""
+    for value in (*args, *kwargs.values()):
+        root = getattr(value, "rootRank", None)
+        if isinstance(root, int):
+            return global_rank(group, root)
+    return None
 
 
 def global_rank(group, group_rank):

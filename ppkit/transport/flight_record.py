@@ -128,12 +128,13 @@ def _present(entries: list[dict]) -> list[dict]:
 
 
 def _name_api_calls(by_lane: dict[str, list]) -> None:
-    """Each call's API name, reduce op and line, from the Python side (flight_calls.api_ring)."""
-    for group, backend, first, last, api, reduce_op, frames in list(flight_calls.api_ring):
+    """Each call's API name, reduce op, root and line, from the Python side (flight_calls.api_ring)."""
+    for group, backend, first, last, api, reduce_op, root, frames in list(flight_calls.api_ring):
         for lane in ([f"{group}:{backend}"] if backend else [k for k in by_lane if k.startswith(f"{group}:")]):
             for call in by_lane.get(lane, []):
                 if first <= call["seq"] <= last and not call["is_p2p"]:
-                    call.update(api=api, api_seqs=[first, last], reduce_op=reduce_op, at=_learner_line(frames))
+                    call.update(api=api, api_seqs=[first, last], reduce_op=reduce_op, root=root,
+                                at=_learner_line(frames))
 
 
 def _call(entry: dict) -> dict:

@@ -2,7 +2,7 @@
 
 Two ranks' calls at one sequence number are compared by torch's own flight-recorder matcher
 (torch.distributed.flight_recorder.components.types.Op.match: the op, the sizes, the dtypes), and
-by the reduce op the rank's Python call passed (flight_calls.py); a rank without a call there that
+by the reduce op and root the rank's Python call passed (flight_calls.py); a rank without a call there that
 has not completed it has not reached it, and its record says where it is instead. A group's calls
 are kept apart by backend ('cpu:gloo,cuda:nccl' counts each backend's calls from 1 under one name).
 A difference in calls that completed on every rank is named, and the doctor goes on to the first
@@ -230,6 +230,8 @@ def _compare(a: dict, b: dict, group: str, ranks: list[int]) -> tuple[str, str]:
                      ("", ""))
     if not found[0] and a.get("reduce_op") and b.get("reduce_op") and a["reduce_op"] != b["reduce_op"]:
         return REDUCE_OP, ""
+    if not found[0] and a.get("root") is not None and b.get("root") is not None and a["root"] != b["root"]:
+        return "the root differs", ""
     return found
 
 

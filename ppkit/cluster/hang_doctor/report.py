@@ -21,8 +21,9 @@ def call_words(call: dict, with_group: bool = False) -> str:
         first, last = call.get("api_seqs") or (call["seq"], call["seq"])
         seqs = f"#{first}" + (f"-#{last}" if last != first else "")
         name = f"{call['api']} ({call.get('backend') or 'the backend'} records {call['op']} {seqs})"
+    root = f", root rank {call['root']}" if call.get("root") is not None else ""
     return (f"{name}{where} of {sizes_words(call['input_sizes'])}{' ' + dtypes if dtypes else ''}"
-            f"{', ' + call['reduce_op'] if call.get('reduce_op') else ''}{line_words(call.get('at'), 'called ')}")
+            f"{', ' + call['reduce_op'] if call.get('reduce_op') else ''}{root}{line_words(call.get('at'), 'called ')}")
 
 
 def _renamed(call: dict) -> bool:
@@ -87,9 +88,11 @@ def explain(diagnosis) -> str:
             lines.append("      (a barrier against another collective: one rank skipped a collective the other calls)")
         if finding.torch_says:
             lines.append(f"      torch's matcher: {finding.torch_says}")
-    if any(_renamed(call) for finding in diagnosis.groups for call in finding.calls.values()):
-        lines.append("  (#N count the calls gloo recorded in that group, not the calls you made: one call of "
-                     "yours may be several of the backend's)")
+    renamed = sorted({call.get("backend") or "the backend" for finding in diagnosis.groups
+                      for call in finding.calls.values() if _renamed(call)})
+    if renamed:
+        lines.append(f"  (#N count the calls {' and '.join(renamed)} recorded in that group, not the calls you made: "
+                     "one call of yours may be several of the backend's)")
     for rank, wait in sorted(diagnosis.p2p.items()):
         lines.append(f"  rank {rank} waits in {p2p_words(wait)} of {sizes_words(wait.get('sizes', []))} "
                      f"{wait.get('dtype', '')}{line_words(wait.get('at'))}")
