@@ -9,10 +9,14 @@ gloo's send and recv are not in the record (torch 2.14), so a rank blocked in on
 its main thread's frames instead.
 
 ``snapshot`` is what the kernel's collective doctor (ppkit/cluster/hang_doctor/) reads: a JSON
-text of plain values, the last ``KEEP`` calls of each group, the one the main thread waits in with
-the learner's line that called it. The record's own Python stacks are not asked for: turning them
-into text imports torch._dynamo on the rank (seconds, and memory), while the main thread's frames
-name the same line for the call it waits in. ``on_abort`` sends the record once more when gloo
+text of plain values. Per group (and backend: 'cpu:gloo,cuda:nccl' counts each from 1), the calls
+of its present lifetime only (the buffer outlives destroy_process_group, and a new group reuses the
+name): the last ``KEEP``, the oldest ``KEEP`` not completed, and the last completed sequence number
+over the whole buffer; each named with what flight_calls.py kept as the learner called it. Also
+where the main thread is (its own code, a wait, torch.distributed), and the send or recv it waits
+in. The record's own Python stacks are not asked for: turning them into text imports torch._dynamo
+on the rank (seconds, and memory), while the main thread's frames name the same line for the call
+it waits in. ``on_abort`` sends the record once more when gloo
 aborts the process (a size mismatch does).
 """
 
@@ -65,7 +69,7 @@ def snapshot(main_frame, in_job: bool = True) -> str:
     waiting = [call for call in record["calls"] if not call["done"]]
     if waiting and record["main"] in ("distributed", "wait") and record["p2p"] is None:
         newest = max(waiting, key=lambda call: call["time_created_ns"])  # the newest: the one it waits in
-        newest.update(waited=True, at=newest["at"] or record["at"])
+        newest["at"] = newest["at"] or record["at"]
     record["error"] = "; ".join(errors)
     return json.dumps(record)
 

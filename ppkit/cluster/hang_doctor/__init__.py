@@ -3,10 +3,12 @@
 Each rank keeps torch's flight record of its collectives (ppkit/transport/flight_record.py). The
 kernel gathers them over ppkit's own channel (gather.py: never a port, never torch's HTTP debug
 server), matches them per process group with torch's own matcher where it fits (analysis.py) and
-says (report.py): the last collective every rank completed; for the first recorded one they
-disagree on (among the last KEEP=16 calls of each group that a rank sends), each rank's op,
-sequence number, sizes, dtype and the learner's line that called it; and which ranks have not
-reached it, and where they are instead.
+says (report.py): the last collective every rank completed (counted over each rank's whole
+record); a difference among calls that completed; for the first call not completed, each rank's
+call (the learner's API name beside the backend's op, sequence number, sizes, dtype, reduce op,
+root, line) and which ranks have not reached it, and where they are instead; and send/recv waits
+that form a cycle, tags included. Only each group's present lifetime counts: torch's record
+outlives destroy_process_group.
 
 It runs when the hang watch looks (hang_watch.py), when a run fails or times out while ranks wait
 (jobs.py), and on demand: ``ppkit.collective_doctor(cluster)`` (on_demand.py).
