@@ -285,3 +285,19 @@ def test_two_backends_under_one_group_name_keep_their_own_records(monkeypatch):
     assert [(g.name, g.backend, g.seq) for g in diagnosis.mismatched] == [("0", "nccl", 2)], text
     assert "group 0 (nccl, the default group, ranks [0, 1])" in text, text
     assert "group 0 (gloo" not in text, text  # gloo's calls all completed and match
+
+
+def test_a_rank_between_jobs_is_idle_not_computing_or_waiting():
+    """A job that returned with an async all_reduce pending, each rank in its own group: asked
+    afterwards, no rank waits anywhere, and none computes."""
+    def pending(group):
+        return {"group": group, "desc": "undefined", "seq": 1, "p2p_seq": 0, "is_p2p": False, "op": "all_reduce",
+                "backend": "gloo", "profiling_name": "gloo:all_reduce", "input_sizes": [[2]], "output_sizes": [[2]],
+                "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled", "done": False,
+                "time_created_ns": 1, "at": {}}
+
+    groups = {"1": {"desc": "undefined", "ranks": [0, 1]}, "2": {"desc": "undefined", "ranks": [0, 1]}}
+    records = {r: {"calls": [pending(str(r + 1))], "groups": groups, "p2p": None, "main": "idle"} for r in (0, 1)}
+    text = str(diagnose(records, 2))
+    assert "rank 1 has not reached it: its job returned, so it is idle; it started all_reduce #1 of group 2" in text
+    assert "different process groups" not in text and "own code" not in text, text

@@ -264,5 +264,5 @@ def _instead(rank: int, group: str, records: dict, ended: dict) -> str:
                + [p2p_words(w) + line_words(w.get("at"), "called ") for w in record.get("p2p_pending", [])[:1]])
     left = f"; it started {' and '.join(started)}, not completed yet" if started else ""
     if record.get("main") == "idle":
-        return f"its job returned: it runs none{left}"
+        return f"its job returned, so it is idle{left}"
     return f"it is in its own code, not in a collective{line_words(record.get('at'))} (still computing?){left}"
