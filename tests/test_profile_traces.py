@@ -150,8 +150,12 @@ def test_a_ranks_events_export_its_own_chrome_trace(recorded, tmp_path):
 
 def test_a_rank_without_a_process_group_still_says_its_rank_and_world_size(tmp_path):
     raw = _rank_trace([("aten::add", 5813149088745.874, 2.0)])
+    (tmp_path / "run.ranks").mkdir()
+    (tmp_path / "run.ranks" / "rank2.pt.trace.json").write_text("{}")  # a 3-rank run saved there before
+    (tmp_path / "run.ranks" / "notes.txt").write_text("mine")
     prof = Profile.from_results([{"trace": raw}, {"trace": json.loads(json.dumps(raw))}])
     prof.save(tmp_path / "run.json")
+    assert sorted(os.listdir(tmp_path / "run.ranks")) == ["notes.txt", "rank0.pt.trace.json", "rank1.pt.trace.json"]
     infos = [json.loads((tmp_path / "run.ranks" / f"rank{r}.pt.trace.json").read_text())["distributedInfo"]
              for r in (0, 1)]
     assert infos == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]

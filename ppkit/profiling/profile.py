@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from ppkit.errors import ConfigError
 from ppkit.profiling import clocks, collect, merge
@@ -88,12 +89,17 @@ class Profile:
         """Write one Chrome-trace JSON of every rank (pid = rank, named "rank N"), which
         ui.perfetto.dev and chrome://tracing open as it is, and beside it, in ``<name>.ranks/``, each rank's
         own trace as ``rank<r>.pt.trace.json`` (what HTA's ``TraceAnalysis(trace_dir=...)`` and TensorBoard's
-        profiler plugin read: a folder of one trace per rank). Returns the merged trace's path."""
+        profiler plugin read: a folder of one trace per rank; another rank's file, from an earlier save there, is
+        removed). Returns the merged trace's path."""
         path = os.fspath(path)
         with open(path, "w", encoding="utf-8") as file:
             json.dump(merge.chrome_trace(self._merged), file)
         folder = ranks_folder(path)
         os.makedirs(folder, exist_ok=True)
+        for name in os.listdir(folder):  # an earlier save's other ranks would join this run's in HTA's reading
+            match = re.fullmatch(r"rank(\d+)\.pt\.trace\.json", name)
+            if match and int(match[1]) not in self._traces:
+                os.remove(os.path.join(folder, name))
         for rank, trace in self._traces.items():
             with open(os.path.join(folder, f"rank{rank}.pt.trace.json"), "w", encoding="utf-8") as file:
                 json.dump(trace, file)
