@@ -70,6 +70,20 @@ def collapsed(printed: dict[int, list[str]]) -> list[tuple[str, list[int]]]:
     return [(text, ranks) for _, text, ranks in c.ready(0.0) + c.flush()]
 
 
+def through_printer(printed: dict[int, list[str]]) -> list[tuple[str, list[int]]]:
+    """What a cell shows of each rank's lines, written rank after rank as %%torchrun's printer gets them."""
+    printer, out = RankPrinter(world_size=len(printed)), io.StringIO()
+    with contextlib.redirect_stdout(out), printer.use(OutputSettings(collapse=True)):
+        for rank, lines in printed.items():
+            printer.write(rank, "stdout", "".join(line + "\n" for line in lines))
+    shown = []
+    for line in out.getvalue().splitlines():
+        label, text = re.fullmatch(r"\[ranks? ([\d,-]+)\] (.*)", line).groups()
+        ranks = [r for part in label.split(",") for r in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+        shown.append((text, ranks))
+    return shown
+
+
 def shown_text(printed: dict[int, list[str]]) -> list[str]:
     return [OutputSettings().label(ranks) + text for text, ranks in collapsed(printed)]
 
@@ -188,8 +202,9 @@ def _printed_by_rank(cluster, fn) -> dict[int, list[str]]:
 def test_notebook_02s_prints_at_four_real_ranks_fold_truthfully(cluster4, fn):
     printed = _printed_by_rank(cluster4, fn)
     assert all(printed.values()) or fn is seed001.test_gather, printed
-    shown = collapsed(printed)
+    shown = through_printer(printed)
     check_truth(shown, printed)
+    assert not any("…" in text for text, _ in shown), shown  # the rank, a tensor's values: never spread
     if fn is seed001.test_scatter:
         assert [text for text, _ in shown if "has data" in text] == \
             [f"Rank  {r}  has data  tensor([{r + 1}.])" for r in range(4)], shown
@@ -198,30 +213,20 @@ def test_notebook_02s_prints_at_four_real_ranks_fold_truthfully(cluster4, fn):
 @pytest.mark.parametrize("fn", [seed001.test_send_recv_sync, seed001.test_send_recv_async])
 def test_notebook_01s_prints_fold_truthfully(cluster2, fn):
     printed = _printed_by_rank(cluster2, fn)  # its sends pair rank 0 with rank 1: the notebook runs 2 ranks
-    shown = collapsed(printed)
+    shown = through_printer(printed)
     check_truth(shown, printed)
     assert len(shown) == 2, shown
 
 
-def test_pytorchs_tp_and_sp_examples_prints_through_the_printer(capsys):
+def test_pytorchs_tp_and_sp_examples_prints_through_the_printer():
     """The lines torch's examples/distributed/tensor_parallelism print at 4 ranks, each rank's as it writes it."""
-    printer = RankPrinter(world_size=4)
-    printed = {}
-    with printer.use(OutputSettings(collapse=True)):
-        for rank in range(4):
-            printed[rank] = [f"Starting PyTorch TP example on rank {rank}.",
-                             f"Starting PyTorch Sequence Parallel example on rank {rank}.",
-                             f"12/07/2026 06:54:{22 + rank // 2} PM Device Mesh created: "
-                             "device_mesh=DeviceMesh('cpu', [0, 1, 2, 3])",
-                             f"12/07/2026 06:54:{23 + rank // 2} PM Tensor Parallel iter {rank % 2} completed",
-                             "Tensor Parallel training completed!"]
-            printer.write(rank, "stdout", "".join(line + "\n" for line in printed[rank]))
-    out = capsys.readouterr().out.splitlines()
-    assert "[ranks 0-3] Tensor Parallel training completed!" in out, out
-    assert all(f"[rank {r}] Starting PyTorch TP example on rank {r}." in out for r in range(4)), out
-    shown = []
-    for line in out:
-        label, text = re.fullmatch(r"\[ranks? ([\d,-]+)\] (.*)", line).groups()
-        ranks = [r for part in label.split(",") for r in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
-        shown.append((text, ranks))
+    printed = {rank: [f"Starting PyTorch TP example on rank {rank}.",
+                      f"Starting PyTorch Sequence Parallel example on rank {rank}.",
+                      f"12/07/2026 06:54:{22 + rank // 2} PM Device Mesh created: "
+                      "device_mesh=DeviceMesh('cpu', [0, 1, 2, 3])",
+                      f"12/07/2026 06:54:{23 + rank // 2} PM Tensor Parallel iter {rank % 2} completed",
+                      "Tensor Parallel training completed!"] for rank in range(4)}
+    shown = through_printer(printed)
+    assert ("Tensor Parallel training completed!", [0, 1, 2, 3]) in shown, shown
+    assert all((f"Starting PyTorch TP example on rank {r}.", [r]) in shown for r in range(4)), shown
     check_truth(shown, printed)
