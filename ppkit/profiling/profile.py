@@ -58,8 +58,9 @@ class Profile:
 
     def events(self, rank: int | None = None, kind: str | None = None) -> list[dict]:
         """The merged events as plain dicts, start order per thread: ``name``, ``rank``, ``tid``,
-        ``start_us`` (from the first op of any rank), ``dur_us``, ``kind`` ("compute" or
-        "communication"), ``cat`` and ``args`` (torch's; ``Input Dims`` with record_shapes)."""
+        ``start_us`` (from the first op of any rank), ``dur_us`` (``start_ns``, ``dur_ns``: the same in whole
+        nanoseconds), ``kind`` ("compute" or "communication"), ``cat`` and ``args`` (torch's; ``Input Dims``
+        with record_shapes)."""
         if kind not in (None, COMPUTE, COMMUNICATION):
             raise ConfigError(f"kind must be None, {COMPUTE!r} or {COMMUNICATION!r}, got {kind!r}: "
                               "prof.events(kind='communication') lists the collectives.")
