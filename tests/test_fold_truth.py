@@ -110,6 +110,12 @@ def test_a_tensors_printed_form_is_kept_exact():
     check_truth(shown, printed)
     assert ("grad tensor([0.5000, 1.0000])", [0, 2]) in shown and ("grad tensor([1.5000, 1.0000])", [1, 3]) in shown
     assert not any("…" in text for text, _ in shown), shown
+    # a tensor too long for one line: its middle and last lines hold no opening bracket
+    wrapped = {r: ["tensor([0.1000, 0.2000,", f"        0.{[1, 1, 2, 3][r]}500, 0.6000,",
+                   f"        0.{[1, 1, 2, 3][r]}700, 0.8000])"] for r in range(4)}
+    shown = collapsed(wrapped)
+    check_truth(shown, wrapped)
+    assert not any("…" in text for text, _ in shown), shown
 
 
 def test_lines_whose_counters_differ_are_never_joined():

@@ -10,7 +10,8 @@ keeps them apart (each group folded again), one line per group with its ranks:
 - a number that says which line is which is never spread: a whole number without a unit (a step, an
   epoch, a count: ``step 3`` never joins ``step 8``), the rank itself, or a value that differs on every
   rank (each rank's own, a scatter's piece);
-- a number inside brackets (a tensor's, a list's or a tuple's printed form) or in a time or a date
+- a number inside brackets (a tensor's, a list's or a tuple's printed form, a wrapped tensor's lines) or in
+  a time or a date
   (``17:20:38,015``, ``2026-12-07``) is kept as written, so a log parser still reads the line;
 - a number with two values that names no rank is said of the ranks of each: ``[ranks 0-1] loss 2.31``
   and ``[ranks 2-3] loss 7.5``, not ``loss 2.31…7.5``;
@@ -115,11 +116,14 @@ def _identifies(column: list[tuple[str, str, float]], ranks: list[int]) -> bool:
 
 
 def _in_structure(parts: list[str], i: int) -> bool:
-    """Number ``i`` is inside brackets: an element of a tensor, a list, a tuple, printed as it is."""
-    depth = 0
-    for char in _ANSI.sub("", "".join(parts[:i + 1])):  # an ANSI code's "[" opens nothing
-        depth += (char in "([{") - (char in ")]}")
-    return depth > 0
+    """Number ``i`` is an element of a tensor, a list or a tuple, printed as it is: inside brackets, before a
+    bracket that closes one opened on an earlier line (a wrapped tensor's last line), or next to another
+    number with only a comma between (a wrapped tensor's middle line: ``0.5000, 0.6000,``)."""
+    before, after = (_ANSI.sub("", "".join(side)) for side in (parts[:i + 1], parts[i + 1:]))  # ANSI's "[" is none
+    opened = sum((c in "([{") - (c in ")]}") for c in before)
+    closed = sum((c in ")]}") - (c in "([{") for c in after)
+    listed = (i > 0 and parts[i].strip() == ",") or (i + 2 < len(parts) and parts[i + 1].strip() == ",")
+    return opened > 0 or closed > 0 or listed
 
 
 def _in_time(parts: list[str], i: int) -> bool:
