@@ -11,8 +11,7 @@ keeps them apart (each group folded again), one line per group with its ranks:
   epoch, a count: ``step 3`` never joins ``step 8``), the rank itself, or a value that differs on every
   rank (each rank's own, a scatter's piece);
 - a number inside brackets (a tensor's, a list's or a tuple's printed form, a wrapped tensor's lines) or in
-  a time or a date
-  (``17:20:38,015``, ``2026-12-07``) is kept as written, so a log parser still reads the line;
+  a time or a date (``17:20:38,015``, ``2026-12-07``) is kept as written, so a log parser still reads the line;
 - a number with two values that names no rank is said of the ranks of each: ``[ranks 0-1] loss 2.31``
   and ``[ranks 2-3] loss 7.5``, not ``loss 2.31…7.5``;
 - at most one number of a line is spread (two spreads side by side read as lowest with lowest).
