@@ -74,4 +74,4 @@ def profiled(run, profile=True):
             run(collect.stop)
         raise
     values = run(collect.stop)
-    prof._load({rank: v for rank, v in enumerate(values) if isinstance(v, dict)}, offsets)
+    prof._load({rank: v for rank, v in enumerate(values) if isinstance(v, dict)}, offsets, world_size=len(values))
