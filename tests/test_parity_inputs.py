@@ -32,7 +32,7 @@ def recorded(steps=(0,), what="grads", scale=1.0, **recorder) -> ppkit.ParityRun
 
 def as_rank(run: ppkit.ParityRun, rank: int, world_size: int = 2) -> ppkit.ParityRun:
     return ppkit.ParityRun(rank, world_size, run.kind, dict(run.losses), {s: dict(t) for s, t in run.tensors.items()},
-                           run.dtype)
+                           dict(run.loss_dtypes), dict(run.precision))
 
 
 def test_the_same_run_is_equal_and_says_what_it_compared():
@@ -121,7 +121,8 @@ def test_pieces_that_do_not_cover_a_tensor_are_refused():
     ref = recorded()
     halves = [row_halves(rank) for rank in (0, 1)]
     with pytest.raises(ppkit.ConfigError, match=r"rank 0 recorded pieces of 0.weight at step 0 that cover 12 of its "
-                                                r"24 elements.*Return recorder.run from every rank"):
+                                                r"24 elements.*Rank 1 handed back nothing: return recorder.run "
+                                                "from every rank"):
         ppkit.compare_runs(ref, [halves[0], None])  # `return rec.run if rank == 0 else None`
     box = halves[1].tensors[0]["0.weight"]
     halves[1].tensors[0]["0.weight"] = Piece(box.value, offset=(2, 0), full_shape=(6, 4))  # rows 2-4, not 3-5
@@ -208,7 +209,7 @@ def test_a_missing_gradient_a_nan_and_a_learner_tolerance():
     close = recorded(scale=1 + 1e-4)
     assert not ppkit.compare_runs(ref, [close]).equal
     assert ppkit.compare_runs(ref, [close], rtol=1e-3).equal
-    assert "rtol 0.001 of the largest value" in str(ppkit.compare_runs(ref, [close], rtol=1e-3))
+    assert "rtol 0.001 of a tensor's largest value" in str(ppkit.compare_runs(ref, [close], rtol=1e-3))
     with pytest.raises(ppkit.ConfigError, match=r"compare_runs\(rtol=-1\): give a number >= 0"):
         ppkit.compare_runs(ref, [close], rtol=-1)
 
@@ -240,10 +241,9 @@ def test_a_run_in_a_lower_precision_is_compared_within_that_precision():
     ref, run = recorded(), recorded()
     for name, piece in run.tensors[0].items():
         run.tensors[0][name] = Piece(piece.value.bfloat16())
-    run.dtype = "torch.bfloat16"
     report = ppkit.compare_runs(ref, [run])
     assert report.equal and report.tolerance.dtype == "torch.bfloat16"
-    run.dtype = "torch.int64"
+    run.tensors[0]["0.weight"] = Piece(run.tensors[0]["0.weight"].value.long())
     with pytest.raises(ppkit.ConfigError, match="no default tolerance for torch.int64.*pass rtol= and atol="):
         ppkit.compare_runs(ref, [run])
 
@@ -276,3 +276,62 @@ def test_a_gradient_the_reference_has_not_is_named():
     report = ppkit.compare_runs(ref, [recorded()])
     assert (report.first.name, report.first.note) == ("2.bias", "a gradient the reference has not")
     assert "rank 0 has a gradient of 2.bias, which the reference has not" in str(report)
+
+
+def test_each_tensor_gets_the_tolerance_of_its_own_dtype():
+    w = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    b = torch.randn(6, generator=torch.Generator().manual_seed(2))
+
+    def run(first, second, order):
+        rec = ppkit.ParityRecorder("params")
+        tensors = {"w": first, "b": second}
+        rec.record(0, {n: tensors[n] for n in order})
+        return rec.run
+
+    ref = run(w, b, "wb")
+    rounded = run(w, b.bfloat16(), "wb")  # fp32 first, then a bf16 tensor that is only rounded
+    assert ppkit.compare_runs(ref, [rounded]).equal, str(ppkit.compare_runs(ref, [rounded]))
+    wrong = run(w * 1.01, b.bfloat16(), "bw")  # bf16 first, then an fp32 tensor off by 1 %
+    report = ppkit.compare_runs(ref, [wrong])
+    assert [d.name for d in report.differences] == ["w"], str(report)
+
+
+def test_the_tolerance_is_measured_against_the_tensor_s_largest_value():
+    """A piece whose values are tiny next to the rest of the tensor: off by 1e-3 of itself, 1e-9 of the tensor."""
+    full = torch.full((6, 4), 1e6)
+    full[3:] = 1.0
+    ref = ppkit.ParityRecorder("params")
+    ref.record(0, {"w": full})
+    halves = []
+    for rank in (0, 1):
+        piece = full.chunk(2)[rank].clone() * (1 + 1e-3 * rank)
+        halves.append(ppkit.ParityRun(rank, 2, "params", {}, {0: {"w": Piece(piece, chunk=(0, rank, 2))}}))
+    assert ppkit.compare_runs(ref, halves).equal
+
+
+def test_hand_cut_shards_of_other_sizes_are_declared_by_where_they_start():
+    full = torch.randn(10, 3, generator=torch.Generator().manual_seed(3))
+    ref = ppkit.ParityRecorder("params")
+    ref.record(0, {"w": full})
+    starts = [0, 3, 6, 8]
+    pieces = full.tensor_split(4)  # rows 3, 3, 2, 2: torch.chunk would cut 3, 3, 3, 1
+    chunked = [ppkit.ParityRun(r, 4, "params", {}, {0: {"w": Piece(p.clone(), chunk=(0, r, 4))}})
+               for r, p in enumerate(pieces)]
+    with pytest.raises(ppkit.ConfigError, match=r"torch.chunk.*slice\("):
+        ppkit.compare_runs(ref, chunked)
+    runs = []
+    for r, p in enumerate(pieces):
+        rec = ppkit.ParityRecorder("params", shards={"w": (0, slice(starts[r], starts[r] + len(p)))})
+        rec.record(0, {"w": p})
+        runs.append(ppkit.ParityRun(r, 4, "params", rec.run.losses, rec.run.tensors))
+    assert ppkit.compare_runs(ref, runs).equal
+    runs[2].tensors[0]["w"].value.mul_(2)
+    report = ppkit.compare_runs(ref, runs)
+    assert (report.first.name, report.first.rank) == ("w", 2)
+
+
+def test_a_loss_is_not_said_to_have_a_largest_value():
+    ref, run = recorded(), recorded()
+    run.losses[0] *= 1.025
+    text = str(ppkit.compare_runs(ref, [run]))
+    assert "largest value" not in text.split("\n")[0] and "of the reference's loss" in text, text

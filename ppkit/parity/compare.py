@@ -3,7 +3,8 @@
 Each rank's piece of a tensor is compared with the same piece of the reference's, so the report can name the
 rank whose piece is wrong, not only the tensor. Within a step the loss comes first, then the tensors: gradients
 in the order backward computes them (the model's last parameters first), since a wrong gradient spreads to
-every parameter backward reaches after it; parameters in the model's order.
+every parameter backward reaches after it; parameters in the model's order. Each tensor is judged with the
+tolerance of the precision it was computed in (tolerance.py), against the whole tensor's largest value.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import torch
 
 from ppkit.errors import ConfigError
 from ppkit.parity.diagnose import Case, diagnose
+from ppkit.parity.precision import least_precise
 from ppkit.parity.record import ParityRecorder, ParityRun, Piece
-from ppkit.parity.report import Difference, ParityReport
-from ppkit.parity.tolerance import Tolerance, chosen_tolerance, least_precise
+from ppkit.parity.report import Difference, ParityReport, Used
+from ppkit.parity.tolerance import Tolerance, chosen_tolerance, default_tolerance
 
 
 def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | None = None) -> ParityReport:
@@ -30,21 +32,54 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     if ref.world_size != 1:
         raise ConfigError(f"the reference was recorded on rank {ref.rank} of {ref.world_size}: record it in one "
                           "process (the kernel, no process group), as the run a parallel one must equal.")
+    absent = _absent(runs)
     ranks = _as_runs(runs, ref.kind)
     steps = _common_steps(ref, ranks)
-    dtypes = [ref.dtype] + [run.dtype for run in ranks.values()]
-    tolerance = chosen_tolerance(least_precise(dtypes), rtol, atol)
+    tolerances = _Tolerances(ref, ranks, rtol, atol)
     differences: list[Difference] = []
     first_case = None
     for step in steps:
-        for diff, case in _step_differences(ref, ranks, step, tolerance):
+        for diff, case in _step_differences(ref, ranks, step, tolerances, absent):
             differences.append(diff)
             first_case = first_case or case
     diagnosis = diagnose(first_case) if first_case else None
     held = {n for run in ranks.values() for step in steps for n in run.tensors.get(step, {})}
     names = [n for n in dict.fromkeys(n for step in steps for n in ref.tensors.get(step, {})) if n in held]
     losses = any(run.losses for run in ranks.values())
-    return ParityReport(differences, diagnosis, tolerance, steps, names, sorted(ranks), ref.kind, losses)
+    return ParityReport(differences, diagnosis, tolerances.used(), steps, names, sorted(ranks), ref.kind, losses)
+
+
+class _Tolerances:
+    """The tolerance of each precision, made once, and what each one judged (for the report)."""
+
+    def __init__(self, ref: ParityRun, ranks: dict[int, ParityRun], rtol, atol):
+        self.rtol, self.atol, self.judged = rtol, atol, {}
+        self.why = {}
+        for run in [ref, *ranks.values()]:
+            for dtype, why in run.precision.items():
+                self.why.setdefault(dtype, why)
+        self.made: dict[str, Tolerance] = {}
+
+    def of(self, dtype: str, what: str) -> Tolerance:
+        dtype = dtype or "torch.float32"
+        if dtype not in self.made:
+            self.made[dtype] = chosen_tolerance(dtype, self.rtol, self.atol)
+        self.judged.setdefault(dtype, {})[what] = None
+        return self.made[dtype]
+
+    def used(self) -> list[Used]:
+        return [Used(self.made[d], self.why.get(d, "the recorded dtype"), list(names))
+                for d, names in self.judged.items()]
+
+
+def _absent(runs) -> list[int]:
+    """Ranks of the run that handed back nothing (None), where the others say how many ranks there were."""
+    items = list(runs.values() if isinstance(runs, Mapping) else runs) if isinstance(runs, (list, tuple, Mapping)) \
+        else []
+    found = [obj.run if isinstance(obj, ParityRecorder) else obj for obj in items]
+    found = [run for run in found if isinstance(run, ParityRun)]
+    size = max((run.world_size for run in found), default=0)
+    return sorted(set(range(size)) - {run.rank for run in found})
 
 
 def _as_run(obj, label: str) -> ParityRun:
@@ -96,19 +131,27 @@ def _span(steps: list[int]) -> str:
     return f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
 
 
-def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerance: Tolerance):
-    loss_ok = False  # a loss was compared at this step and every rank's equals the reference's
+def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerances: _Tolerances,
+                      absent: list[int]):
+    forward = ""  # "equal": every rank's loss equals the reference's to float32's rounding; "loose": within
+    loss_rel = None  # the tolerance only (a bf16 one, say), which does not show that the forward is right
     if step in ref.losses:
         want = torch.tensor(ref.losses[step], dtype=torch.float64)
         losses = {r: torch.tensor(run.losses[step], dtype=torch.float64)
                   for r, run in ranks.items() if step in run.losses}
-        loss_ok = bool(losses)
+        ok = bool(losses)
         for rank, got in losses.items():
-            diff = _difference("loss", "loss", step, rank, got, want, tolerance)
+            dtype = least_precise(ref.loss_dtypes.get(step, ""), ranks[rank].loss_dtypes.get(step, ""))
+            tolerance = tolerances.of(dtype, "loss")
+            diff = _difference("loss", "loss", step, rank, got, want, tolerance, float(want.abs()))
             if diff:
-                loss_ok = False
-                yield diff, Case("loss", "loss", step, rank, got, want, losses, {}, False,
-                                 {r: (v, want) for r, v in losses.items()})
+                ok = False
+                yield diff, Case("loss", "loss", step, rank, got, want, losses, {},
+                                 {r: (v, want) for r, v in losses.items()}, tolerance)
+        if ok:
+            loss_rel = max(float((v - want).abs()) / max(float(want.abs()), 1e-30) for v in losses.values())
+            exact = default_tolerance("torch.float32").at(step)[0]
+            forward = "equal" if loss_rel <= exact else "loose"
     elif any(step in run.losses for run in ranks.values()):
         raise ConfigError(f"the ranks recorded a loss at step {step}, the reference none: pass the loss to "
                           "record on both sides.")
@@ -118,15 +161,26 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
         full = ref.tensors[step][name].value
         held = {r: run.tensors[step][name] for r, run in ranks.items() if name in run.tensors.get(step, {})}
         wanted = {r: _wanted(full, piece, name, r) for r, piece in held.items()}
-        _check_covered(full, held, name, step)
+        _check_covered(full, held, name, step, absent)
+        scale = float(full.double().abs().max()) if full is not None and full.numel() else 0.0
         for rank, piece in held.items():
-            diff = _difference(kind, name, step, rank, piece.value, wanted[rank], tolerance)
+            dtype = least_precise(_dtype(ref.tensors[step][name]), _dtype(piece))
+            tolerance = tolerances.of(dtype, name)
+            diff = _difference(kind, name, step, rank, piece.value, wanted[rank], tolerance, scale)
             if diff:
                 peers = {r: held[r].value for r in held if _same_place(held[r], piece)}
                 elsewhere = {r: w for r, w in wanted.items() if w is not None and r != rank
                              and not _same_place(held[r], piece)}
-                yield diff, Case(kind, name, step, rank, piece.value, wanted[rank], peers, elsewhere, loss_ok,
-                                 {r: (held[r].value, wanted[r]) for r in held})
+                earlier = {t: _wanted(ref.tensors[t][name].value, piece, name, rank) for t in ref.tensors
+                           if t < step and name in ref.tensors[t] and ref.tensors[t][name].value is not None}
+                no_grads = all(p.value is None for p in ranks[rank].tensors[step].values())
+                yield diff, Case(kind, name, step, rank, piece.value, wanted[rank], peers, elsewhere,
+                                 {r: (held[r].value, wanted[r]) for r in held}, tolerance, forward, loss_rel,
+                                 earlier, no_grads, step in ranks[rank].losses, ranks[rank].dp_size, scale)
+
+
+def _dtype(piece: Piece) -> str:
+    return piece.dtype or ("" if piece.value is None else str(piece.value.dtype))
 
 
 def _names_at(ref: ParityRun, ranks: dict[int, ParityRun], step: int) -> list[str]:
@@ -167,6 +221,14 @@ def _wanted(full: torch.Tensor | None, piece: Piece, name: str, rank: int) -> to
             raise ConfigError(f"rank {rank}'s {name} is a piece of a {list(piece.full_shape)} tensor, the "
                               f"reference's is {list(full.shape)}: the two models differ in size.")
         return full[tuple(slice(o, o + s) for o, s in zip(piece.offset, shape))]
+    if piece.offset is not None:  # a box the learner declared: (dim, slice(start, stop))
+        box = tuple(slice(o, o + s) for o, s in zip(piece.offset, shape))
+        inside = len(shape) == full.dim() and all(b.stop <= n for b, n in zip(box, full.shape))
+        if not inside or tuple(full[box].shape) != shape:
+            raise ConfigError(f"rank {rank} recorded {name} as the box at offset {list(piece.offset)} of shape "
+                              f"{list(shape)}, which the reference's {list(full.shape)} does not hold there: check "
+                              "the shards= (dim, slice(start, stop)) given to this rank's recorder.")
+        return full[box]
     if piece.chunk is not None:
         dim, index, count = piece.chunk
         if not -full.dim() <= dim < full.dim():
@@ -177,7 +239,10 @@ def _wanted(full: torch.Tensor | None, piece: Piece, name: str, rank: int) -> to
         if tuple(part.shape) != shape:
             raise ConfigError(f"rank {rank} recorded {name} as piece {index} of {count} along dim {dim}, shape "
                               f"{list(shape)}; that piece of the reference's {list(full.shape)} has shape "
-                              f"{list(part.shape)}: check the shards= given to this rank's recorder.")
+                              f"{list(part.shape)}: (dim, index, count) means torch.chunk's piece. A piece cut "
+                              "otherwise (tensor_split, sizes of your own) is declared by where it lies: "
+                              f"shards={{{name!r}: ({dim}, slice(start, stop))}}, its first and one past its last "
+                              f"index along dim {dim}.")
         return part
     if tuple(full.shape) != shape:
         raise ConfigError(f"rank {rank}'s {name} has shape {list(shape)}, the reference's {list(full.shape)}. If this "
@@ -186,7 +251,8 @@ def _wanted(full: torch.Tensor | None, piece: Piece, name: str, rank: int) -> to
     return full
 
 
-def _check_covered(full: torch.Tensor | None, held: dict[int, Piece], name: str, step: int) -> None:
+def _check_covered(full: torch.Tensor | None, held: dict[int, Piece], name: str, step: int,
+                   absent: list[int]) -> None:
     """Refuse pieces that leave part of the reference's tensor unchecked: a rank that returned nothing (``if rank
     == 0: return rec.run``) would otherwise hide a bug in its piece behind a report that says "equal"."""
     if full is None or any(p.value is None or p.gathered or (p.offset is None and p.chunk is None)
@@ -204,10 +270,46 @@ def _check_covered(full: torch.Tensor | None, held: dict[int, Piece], name: str,
     done = int(covered.sum())
     if done < full.numel():
         ranks = sorted(held)
-        raise ConfigError(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} recorded pieces of "
-                          f"{name} at step {step} that cover {done} of its {full.numel()} elements: the rest was "
-                          "not compared. Return recorder.run from every rank (not only from rank 0: each rank "
-                          "records its own piece), and check the offsets or shards= the pieces were recorded with.")
+        said = (f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} recorded pieces of {name} at step "
+                f"{step} that cover {done} of its {full.numel()} elements: the rest was not compared.")
+        if absent:
+            raise ConfigError(f"{said} Rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))} handed "
+                              "back nothing: return recorder.run from every rank (not only from rank 0: each rank "
+                              "records its own piece).")
+        same = _same_pieces(held)
+        if same:
+            group, piece = same
+            raise ConfigError(f"{said} {_and(group)} declared the same piece of {name} ({_where(piece)}), and no "
+                              "rank declared the rest. Where these ranks hold different pieces, each must declare "
+                              "its own: its index in the group that splits the tensor (its tensor-parallel rank, "
+                              "say), not a fixed number.")
+        raise ConfigError(f"{said} Check the offsets or shards= the pieces were recorded with: together they must "
+                          "cover the tensor.")
+
+
+def _same_pieces(held: dict[int, Piece]) -> tuple[list[int], Piece] | None:
+    """The first set of ranks that hold the same place of a tensor."""
+    groups: dict = {}
+    for rank, piece in held.items():
+        key = (piece.offset, piece.chunk, tuple(piece.value.shape))
+        groups.setdefault(key, []).append(rank)
+    for ranks in groups.values():
+        if len(ranks) > 1:
+            return ranks, held[ranks[0]]
+    return None
+
+
+def _where(piece: Piece) -> str:
+    if piece.chunk is not None:
+        dim, index, count = piece.chunk
+        return f"torch.chunk's piece {index} of {count} along dim {dim}"
+    return f"offset {list(piece.offset)}, shape {list(piece.value.shape)}"
+
+
+def _and(ranks: list[int]) -> str:
+    return "ranks " + (" and ".join(map(str, ranks)) if len(ranks) == 2 else
+                       ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}")
+
 
 
 def _same_place(a: Piece, b: Piece) -> bool:
@@ -216,7 +318,9 @@ def _same_place(a: Piece, b: Piece) -> bool:
     return (a.offset, a.chunk, shape_a) == (b.offset, b.chunk, shape_b) or a.gathered or b.gathered
 
 
-def _difference(kind, name, step, rank, got, want, tolerance: Tolerance) -> Difference | None:
+def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: float) -> Difference | None:
+    """A difference beyond ``tolerance``, measured against ``scale``: the whole reference tensor's largest
+    |value| (a loss: its own size)."""
     if got is None and want is None:
         return None
     if got is None or want is None:
@@ -225,7 +329,6 @@ def _difference(kind, name, step, rank, got, want, tolerance: Tolerance) -> Diff
     if got.numel() == 0:
         return None
     delta = (got.double() - want.double()).abs().max()
-    scale = float(want.double().abs().max())
     diff = float(delta) if torch.isfinite(delta) else float("inf")
     if tolerance.allows(diff, scale, step):
         return None
