@@ -335,3 +335,31 @@ def test_a_loss_is_not_said_to_have_a_largest_value():
     run.losses[0] *= 1.025
     text = str(ppkit.compare_runs(ref, [run]))
     assert "largest value" not in text.split("\n")[0] and "of the reference's loss" in text, text
+
+
+def test_a_precision_the_recorder_cannot_see_is_given_and_named():
+    """An autocast region that ended before record, the loss passed as a number: precision= says it."""
+    net, rec = model(), ppkit.ParityRecorder(precision=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(torch.randn(5, 4, generator=torch.Generator().manual_seed(100)))
+    F.mse_loss(out.float(), torch.randn(5, 2)).backward()
+    rec.record(0, net, 1.0)
+    assert {p.dtype for p in rec.run.tensors[0].values()} == {"torch.bfloat16"}
+    assert rec.run.precision == {"torch.bfloat16": "precision= given to ParityRecorder"}
+    assert default_tolerance("tf32").rtol == pytest.approx(3.9e-3, rel=0.02)
+    with pytest.raises(ppkit.ConfigError, match=r"ParityRecorder\(precision=torch.int64\): give the dtype"):
+        ppkit.ParityRecorder(precision=torch.int64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a GPU's: needs CUDA")
+def test_tf32_matmuls_on_a_gpu_are_judged_in_tf32():
+    net, rec = model().cuda(), ppkit.ParityRecorder()
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        loss = F.mse_loss(net(torch.randn(5, 4, device="cuda")), torch.randn(5, 2, device="cuda"))
+        loss.backward()
+        rec.record(0, net, loss)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    assert {p.dtype for p in rec.run.tensors[0].values()} == {"tf32"} and "TF32" in rec.run.precision["tf32"]

@@ -173,9 +173,9 @@ def _unseen_precision(case: Case, rel: float) -> str:
         return ""
     if rel > default_tolerance("torch.bfloat16").at(case.step)[0]:
         return ""
-    return ("; or the run computed in a lower precision the recorder did not see (an autocast region that ended "
-            "before record, with the loss passed as a number): then it is rounding, and "
-            "ParityRecorder(precision=torch.bfloat16) on the ranks compares it within that precision")
+    return ("; or, if the run computed in bfloat16 where the recorder could not see it (an autocast region that "
+            "ended before record, with the loss passed as a number), a difference this size is that rounding: "
+            "ParityRecorder(precision=torch.bfloat16) on the ranks then compares within it")
 
 
 def _skipped(case: Case, got, thing: str) -> Diagnosis | None:
@@ -278,16 +278,17 @@ def _whole_causes(case: Case, k: int) -> str:
     dp = case.dp_size
     accumulation = (f"gradient accumulation over {k} micro-batches whose losses were not divided by {k} (each "
                     "backward adds its whole gradient)")
+    loss = f"a loss {k}x the reference's before backward (summed where the reference takes a mean)"
     if dp is None:
-        return (f"two causes fit: {accumulation}; or, if this run has {k} data-parallel ranks, an all_reduce that "
-                f"summed where it should average. The record does not say how many ranks are data-parallel: "
-                "record(step, model, loss, mean_over=the data-parallel group) says it")
+        return (f"three causes fit: {accumulation}; {loss}; or, if this run has {k} data-parallel ranks, an "
+                "all_reduce that summed where it should average. The record does not say how many ranks are "
+                "data-parallel: record(step, model, loss, mean_over=the data-parallel group) says it")
     if dp == k:
-        return (f"two causes fit this mesh: a data-parallel all_reduce that summed where it should average (this "
-                f"run has {dp} data-parallel ranks, the group of mean_over, and their sum is {dp}x); or "
-                f"{accumulation}")
-    return (f"{accumulation}, or another factor of {k} on the loss; a data-parallel sum alone does not fit: this run "
-            f"has {dp} data-parallel ranks (the group of mean_over), whose sum would be {dp}x"
+        return (f"three causes fit this mesh: a data-parallel all_reduce that summed where it should average (this "
+                f"run has {dp} data-parallel ranks, the group of mean_over, and their sum is {dp}x); {accumulation}; "
+                f"or {loss}")
+    return (f"{accumulation}, or {loss}; a data-parallel sum alone does not fit: this run has {dp} data-parallel "
+            f"ranks (the group of mean_over), whose sum would be {dp}x"
             + (f" (with {k // dp} micro-batches undivided on top, it would be {k}x)" if dp > 1 and k % dp == 0 else ""))
 
 
