@@ -98,7 +98,7 @@ def diagnose(case: Case) -> Diagnosis:
                          "among them)",
                          "no backward had filled .grad when record ran: most likely record was called after "
                          "optimizer.zero_grad() (or model.zero_grad()), which sets every .grad to None by default, "
-                         "or before loss.backward()",
+                         "or before loss.backward(); or the model recorded is not the one that was trained",
                          "the order in the loop: loss.backward(), then record(step, model, loss), then "
                          "optimizer.step() and optimizer.zero_grad()")
     if case.got is None:
@@ -194,7 +194,8 @@ def _skipped(case: Case, got, thing: str) -> Diagnosis | None:
                              f"the parameter missed {missed} update{'s' if missed > 1 else ''}: most likely rank "
                              f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, a "
                              "GradScaler that found inf and skipped it), or its optimizer does not hold this "
-                             "parameter",
+                             "parameter; or this rank records the parameters at another point of the loop than the "
+                             "reference (before optimizer.step() here, after it there)",
                              "that every rank calls optimizer.step() at every step, and that the optimizer was "
                              "built over this model's parameters (after wrapping it)")
     return None
@@ -284,11 +285,11 @@ def _whole_causes(case: Case, k: int) -> str:
                 "all_reduce that summed where it should average. The record does not say how many ranks are "
                 "data-parallel: record(step, model, loss, mean_over=the data-parallel group) says it")
     if dp == k:
-        return (f"three causes fit this mesh: a data-parallel all_reduce that summed where it should average (this "
-                f"run has {dp} data-parallel ranks, the group of mean_over, and their sum is {dp}x); {accumulation}; "
-                f"or {loss}")
-    return (f"{accumulation}, or {loss}; a data-parallel sum alone does not fit: this run has {dp} data-parallel "
-            f"ranks (the group of mean_over), whose sum would be {dp}x"
+        return (f"three causes fit this mesh: a data-parallel all_reduce that summed where it should average (the "
+                f"loss was averaged over {dp} ranks, mean_over=, and a sum over {dp} data-parallel ranks is {dp}x); "
+                f"{accumulation}; or {loss}")
+    return (f"{accumulation}, or {loss}; a data-parallel sum alone does not fit: the loss was averaged over {dp} "
+            f"ranks (mean_over=), the data-parallel ones if that group is right, and a sum over them would be {dp}x"
             + (f" (with {k // dp} micro-batches undivided on top, it would be {k}x)" if dp > 1 and k % dp == 0 else ""))
 
 
