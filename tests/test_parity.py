@@ -372,7 +372,7 @@ def fsdp_tp_train(rank, world_size, steps=2, bad=None, by_hand=None):
     shard (rank (dp, tp) holds rows 8 * (2 * tp + dp) onward: still a box), fc2's weight (Shard(0), Shard(1)):
     a 2-D box. bad: {rank: parameter} whose piece of the gradient is 3x at step 0 on that rank. by_hand: no
     FSDP2; the data-parallel all_reduce by hand on each local gradient, over "dp" (right) or "world" (the bug:
-    the group holds both tp pieces too), divided by that group's size."""
+    the group holds both tp pieces too), divided by that group's size ("world/dp": divided by the dp size)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -387,11 +387,11 @@ def fsdp_tp_train(rank, world_size, steps=2, bad=None, by_hand=None):
         x, y = sp_data(step)
         loss = F.mse_loss(model(x.chunk(2)[dp]), y.chunk(2)[dp])
         loss.backward()
-        group = {"dp": mesh["dp"].get_group(), "world": dist.group.WORLD}.get(by_hand)
+        group = {"dp": mesh["dp"].get_group(), "world": dist.group.WORLD, "world/dp": dist.group.WORLD}.get(by_hand)
         for p in model.parameters() if group else ():
             local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             dist.all_reduce(local, group=group)
-            local /= dist.get_world_size(group)
+            local /= 2 if by_hand == "world/dp" else dist.get_world_size(group)
         if step == 0 and rank in (bad or {}):
             model.get_parameter(bad[rank]).grad.to_local().mul_(3)
         rec.record(step, model, loss, mean_over=mesh["dp"])  # a 1-D mesh: its group
@@ -514,16 +514,20 @@ def test_gradient_accumulation_without_its_division_is_not_called_a_dp_sum(clust
     assert "a data-parallel sum alone does not fit" in text
 
 
-def skip_step_train(rank, world_size, skip=(1, 1)):
-    """DDP, parameters recorded; rank skip[0] leaves out optimizer.step() at step skip[1]."""
+def skip_step_train(rank, world_size, skip=(1, 1), after=False):
+    """DDP, parameters recorded; rank skip[0] leaves out optimizer.step() at step skip[1]. after: every rank
+    records after optimizer.step(), where the reference records before it."""
     model = nn.parallel.DistributedDataParallel(make_model())
     rec, opt = ppkit.ParityRecorder("params"), torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = (t.chunk(world_size)[rank] for t in data(step))
         F.mse_loss(model(x), y).backward()
-        rec.record(step, model)
+        if not after:
+            rec.record(step, model)
         if (rank, step) != skip:
             opt.step()
+        if after:
+            rec.record(step, model)
         opt.zero_grad()
     return rec.run
 
@@ -543,6 +547,10 @@ def test_a_skipped_optimizer_step_is_recognised(cluster2):
     text = str(report)
     assert "equals the reference's value at step 1" in text and "optimizer" in text, text
     assert "start from the same weights" not in text
+    later = ppkit.compare_runs(ref, cluster2.run(skip_step_train, None, True))
+    assert (later.first.step, later.first.rank) == (0, 0)
+    assert "at step 0 equals the reference's value at step 1" in str(later)
+    assert "after optimizer.step() here, before it there" in str(later)
 
 
 def test_gradients_recorded_after_zero_grad_are_named(cluster2, ref):
@@ -588,3 +596,6 @@ def test_an_all_reduce_over_the_wrong_group_is_named(cluster4):
     assert report.first.name == "3.weight", text
     assert "averaged with" in text and "wrong group" in text, text
     assert "the data a rank" not in text
+    divided = str(ppkit.compare_runs(sp_reference(1), cluster4.run(fsdp_tp_train, 1, by_hand="world/dp")))
+    assert "the gradient of 3.bias is 2x the reference on every rank" in divided  # replicated over tp: counted twice
+    assert "an all_reduce over all 4 ranks where the 2 data-parallel ranks' group belongs" in divided, divided

@@ -172,13 +172,14 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                 peers = {r: held[r].value for r in held if same_place(held[r], piece)}
                 elsewhere = {r: w for r, w in wants.items() if w is not None and r != rank
                              and not same_place(held[r], piece)}
-                earlier = {t: wanted(ref.tensors[t][name].value, piece, name, rank) for t in ref.tensors
-                           if ref.kind == "params" and t < step and name in ref.tensors[t]
+                other_steps = {t: wanted(ref.tensors[t][name].value, piece, name, rank) for t in ref.tensors
+                           if ref.kind == "params" and t != step and name in ref.tensors[t]
                            and ref.tensors[t][name].value is not None}
                 no_grads = all(p.value is None for p in ranks[rank].tensors[step].values())
                 yield diff, Case(kind, name, step, rank, piece.value, wants[rank], peers, elsewhere,
                                  {r: (held[r].value, wants[r]) for r in held}, tolerance, forward, loss_rel,
-                                 earlier, no_grads, step in ranks[rank].losses, ranks[rank].dp_size, scale)
+                                 other_steps, no_grads, step in ranks[rank].losses, ranks[rank].dp_size,
+                                 ranks[rank].world_size, scale)
 
 
 def _dtype(piece: Piece) -> str:

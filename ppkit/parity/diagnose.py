@@ -1,12 +1,12 @@
 """What a difference looks like, in words: what happened, why it is likely, what to check.
 
 Each test below matches one shape a distributed bug leaves in the numbers, tried in this order: nothing at
-all (a gradient that never arrived, or none on the whole rank), not a number, zero, a parameter still at the
-reference's value of an earlier step (an update skipped), the sum or the mean over ranks that hold the same
-piece (an all_reduce missing), a whole multiple or fraction of the reference (a sum where a mean belongs,
-gradient accumulation, a division too many), the piece of another rank (shards swapped), a piece summed or
-averaged with other ranks' pieces (an all_reduce over the wrong group), ranks that should agree but do not
-(they drifted apart). A difference none of them explains is named with what to compare next.
+all (a gradient that never arrived, or none on the whole rank), not a number, zero, a parameter equal to the
+reference's value at another step (an update skipped, or recorded after it), the sum or the mean over ranks
+that hold the same piece (an all_reduce missing), a whole multiple or fraction of the reference (a sum where a
+mean belongs, gradient accumulation, a division too many), the piece of another rank (shards swapped), a piece
+summed or averaged with other ranks' pieces (an all_reduce over the wrong group), ranks that should agree but
+do not (they drifted apart). A difference none of them explains is named with what to compare next.
 
 Where two causes leave the same numbers, the words name both; an inference says what would confirm it. The
 loss is evidence about the forward only where it matches to float32's rounding: a loss within a bfloat16
@@ -29,9 +29,9 @@ class Case:
     """The first difference and what it is compared with. ``peers``: every rank holding the same piece ->
     its value (this rank included); ``elsewhere``: the reference's pieces other ranks hold, by rank;
     ``forward``: "equal" where every rank's loss at this step equals the reference's to float32's rounding,
-    "loose" where it is only within the tolerance, "" where no loss was compared or it differs; ``earlier``: the
-    reference's value of this piece at earlier steps; ``no_grads``: every tensor this rank recorded at this step
-    is None; ``dp_size``: the size of the group the loss was averaged over (None: not said)."""
+    "loose" where it is only within the tolerance, "" where no loss was compared or it differs; ``other_steps``:
+    the reference's value of this piece at the other steps (parameters only); ``no_grads``: every tensor this rank
+    recorded at this step is None; ``dp_size``: the size of the group the loss was averaged over (None: not said)."""
 
     kind: str                                  # "loss", "grad" or "param"
     name: str                                  # "loss" for a loss
@@ -45,10 +45,11 @@ class Case:
     tolerance: Tolerance
     forward: str = ""
     loss_rel: float | None = None
-    earlier: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    other_steps: dict[int, torch.Tensor | None] = field(default_factory=dict)
     no_grads: bool = False
     has_loss: bool = False                     # this rank recorded a loss at this step
     dp_size: int | None = None
+    world_size: int = 1
     scale: float = 0.0                         # the reference tensor's largest |value|
 
 
@@ -154,7 +155,8 @@ def diagnose(case: Case) -> Diagnosis:
              "backward differs" if case.forward == "equal" else "the numbers differ in no simple pattern")
     return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} {of}{_loose(case)}",
                      f"{where}: not a scale, a partial sum nor a swapped piece; the data a rank or micro-batch saw, "
-                     f"their order, or the layer's math differs{_unseen_precision(case, rel)}",
+                     f"their order, the start weights (a seed, no broadcast), or the layer's math differs"
+                     f"{_unseen_precision(case, rel)}",
                      "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
                      "stages), then record what='params' or a layer's output to find the first that differs")
 
@@ -179,25 +181,33 @@ def _unseen_precision(case: Case, rel: float) -> str:
 
 
 def _skipped(case: Case, got, thing: str) -> Diagnosis | None:
-    """A parameter equal to the reference's value of an earlier step: that rank missed the updates since."""
+    """A parameter equal to the reference's value at another step: the nearest earlier one (that rank missed the
+    updates since), else a later one (it took updates the reference had not yet, or records after the step)."""
     if case.kind != "param":
         return None
-    for step in sorted(case.earlier, reverse=True):
-        before = case.earlier[step]
-        if before is None or before.shape != got.shape:
+    order = sorted((t for t in case.other_steps if t < case.step), reverse=True) + \
+        sorted(t for t in case.other_steps if t > case.step)
+    for step in order:
+        other = case.other_steps[step]
+        if other is None or other.shape != got.shape:
             continue
-        diff = float((got - before.double()).abs().max())
-        if case.tolerance.allows(diff, case.scale, case.step):
-            missed = case.step - step
-            return Diagnosis(f"rank {case.rank}'s {thing} at step {case.step} equals the reference's value at step "
-                             f"{step}",
-                             f"the parameter missed {missed} update{'s' if missed > 1 else ''}: most likely rank "
-                             f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, a "
-                             "GradScaler that found inf and skipped it), or its optimizer does not hold this "
-                             "parameter; or this rank records the parameters at another point of the loop than the "
-                             "reference (before optimizer.step() here, after it there)",
-                             "that every rank calls optimizer.step() at every step, and that the optimizer was "
-                             "built over this model's parameters (after wrapping it)")
+        if not case.tolerance.allows(float((got - other.double()).abs().max()), case.scale, case.step):
+            continue
+        what = f"rank {case.rank}'s {thing} at step {case.step} equals the reference's value at step {step}"
+        if step > case.step:
+            return Diagnosis(what, "this rank records the parameters at another point of the loop than the "
+                                   "reference (after optimizer.step() here, before it there), or it stepped "
+                                   f"{step - case.step} more time(s) than the reference",
+                             "where record is called on both sides: after backward and before optimizer.step()")
+        missed = case.step - step
+        return Diagnosis(what,
+                         f"the parameter missed {missed} update{'s' if missed > 1 else ''}: most likely rank "
+                         f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, a "
+                         "GradScaler that found inf and skipped it), or its optimizer does not hold this "
+                         "parameter; or this rank records the parameters at another point of the loop than the "
+                         "reference (before optimizer.step() here, after it there)",
+                         "that every rank calls optimizer.step() at every step, and that the optimizer was "
+                         "built over this model's parameters (after wrapping it)")
     return None
 
 
@@ -276,21 +286,26 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
 
 def _whole_causes(case: Case, k: int) -> str:
     """The causes a whole factor k on every rank fits, and which of them the mesh rules out."""
-    dp = case.dp_size
-    accumulation = (f"gradient accumulation over {k} micro-batches whose losses were not divided by {k} (each "
-                    "backward adds its whole gradient)")
-    loss = f"a loss {k}x the reference's before backward (summed where the reference takes a mean)"
+    dp, world = case.dp_size, case.world_size
+    causes = [f"gradient accumulation over {k} micro-batches whose losses were not divided by {k} (each backward "
+              "adds its whole gradient)",
+              f"a loss {k}x the reference's before backward (summed where the reference takes a mean)"]
+    ruled = ""
     if dp is None:
-        return (f"three causes fit: {accumulation}; {loss}; or, if this run has {k} data-parallel ranks, an "
-                "all_reduce that summed where it should average. The record does not say how many ranks are "
-                "data-parallel: record(step, model, loss, mean_over=the data-parallel group) says it")
-    if dp == k:
-        return (f"three causes fit this mesh: a data-parallel all_reduce that summed where it should average (the "
-                f"loss was averaged over {dp} ranks, mean_over=, and a sum over {dp} data-parallel ranks is {dp}x); "
-                f"{accumulation}; or {loss}")
-    return (f"{accumulation}, or {loss}; a data-parallel sum alone does not fit: the loss was averaged over {dp} "
-            f"ranks (mean_over=), the data-parallel ones if that group is right, and a sum over them would be {dp}x"
-            + (f" (with {k // dp} micro-batches undivided on top, it would be {k}x)" if dp > 1 and k % dp == 0 else ""))
+        causes.append(f"if this run has {k} data-parallel ranks, an all_reduce that summed where it should average "
+                      "(the record does not say how many ranks are data-parallel: record(step, model, loss, "
+                      "mean_over=the data-parallel group) says it)")
+    elif dp == k:
+        causes.insert(0, f"a data-parallel all_reduce that summed where it should average (the loss was averaged over "
+                         f"{dp} ranks, mean_over=, and a sum over {dp} data-parallel ranks is {dp}x)")
+    else:
+        ruled = (f"; a data-parallel sum alone does not fit: the loss was averaged over {dp} ranks (mean_over=), the "
+                 f"data-parallel ones if that group is right, and a sum over them would be {dp}x")
+    if dp and dp * k == world:
+        causes.append(f"an all_reduce over all {world} ranks where the {dp} data-parallel ranks' group belongs, "
+                      f"divided by {dp}: a tensor that the other ranks hold alike (replicated over tensor "
+                      f"parallelism) is then counted {k} times")
+    return f"{len(causes)} causes fit: " + "; ".join(causes) + ruled
 
 
 def _ranks_pieces(ranks: list[int]) -> str:
