@@ -173,20 +173,23 @@ def test_swapped_tensor_parallel_shards_name_whose_piece_a_rank_holds(cluster2):
 
 # -- pipeline parallel ---------------------------------------------------------------------------------
 
-def pp_train(rank, world_size, bug=None, microbatches=2):
+def pp_train(rank, world_size, bug=None, microbatches=2, amp=False, precision=None):
     """Two stages by hand: rank 0 holds layers 0-1, rank 1 layers 2-4 (numbered from 0 in its own Sequential).
-    bug "reorder": stage 0 sends the micro-batches last first; "drop": stage 0 ignores the gradient sent back."""
+    bug "reorder": stage 0 sends the micro-batches last first; "drop": stage 0 ignores the gradient sent back.
+    amp: each stage's forward under CPU autocast in bfloat16; precision: given to the recorder."""
     full = make_model()
     stage = nn.Sequential(*full[:2]) if rank == 0 else nn.Sequential(*full[2:])
     rename = None if rank == 0 else (lambda n: f"{int(n.split('.')[0]) + 2}.{n.split('.', 1)[1]}")
-    rec, opt = ppkit.ParityRecorder(rename=rename), torch.optim.SGD(stage.parameters(), lr=LR)
+    rec = ppkit.ParityRecorder(rename=rename, precision=precision)
+    opt = torch.optim.SGD(stage.parameters(), lr=LR)
     for step in range(STEPS):
         xs, ys = (t.chunk(microbatches) for t in data(step))
         order = list(range(microbatches))[::-1] if bug == "reorder" else list(range(microbatches))
         total = torch.zeros(())
         for m in order if rank == 0 else range(microbatches):
             if rank == 0:
-                out = stage(xs[m])
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                    out = stage(xs[m]).float()
                 dist.send(out.detach(), 1)
                 grad = torch.empty_like(out)
                 dist.recv(grad, 1)
@@ -196,7 +199,9 @@ def pp_train(rank, world_size, bug=None, microbatches=2):
                 inp = torch.empty(xs[m].shape[0], 16)
                 dist.recv(inp, 0)
                 inp.requires_grad_()
-                loss = F.mse_loss(stage(inp), ys[m]) / microbatches
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                    out = stage(inp).float()
+                loss = F.mse_loss(out, ys[m]) / microbatches
                 loss.backward()
                 dist.send(inp.grad, 0)
                 total += loss.detach()
@@ -209,6 +214,15 @@ def pp_train(rank, world_size, bug=None, microbatches=2):
 def test_a_clean_two_stage_pipeline_equals_the_reference(cluster2, ref):
     report = ppkit.compare_runs(ref, cluster2.run(pp_train))
     assert report.equal, str(report)
+
+
+def test_a_bf16_pipeline_the_recorder_cannot_see_says_so_and_precision_settles_it(cluster2, ref):
+    """Each stage's autocast ends before record, and the loss is a detached sum: nothing shows bfloat16."""
+    unseen = str(ppkit.compare_runs(ref, cluster2.run(pp_train, amp=True)))
+    assert "if the run computed in bfloat16 where the recorder could not see it" in unseen, unseen
+    assert "precision=torch.bfloat16" in unseen
+    said = ppkit.compare_runs(ref, cluster2.run(pp_train, amp=True, precision=torch.bfloat16))
+    assert said.equal and "bfloat16: precision= given to ParityRecorder" in str(said), str(said)
 
 
 def test_reordered_micro_batches_are_named_on_the_last_stage(cluster2, ref):

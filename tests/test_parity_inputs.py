@@ -32,7 +32,7 @@ def recorded(steps=(0,), what="grads", scale=1.0, **recorder) -> ppkit.ParityRun
 
 def as_rank(run: ppkit.ParityRun, rank: int, world_size: int = 2) -> ppkit.ParityRun:
     return ppkit.ParityRun(rank, world_size, run.kind, dict(run.losses), {s: dict(t) for s, t in run.tensors.items()},
-                           dict(run.loss_dtypes), dict(run.precision))
+                           dict(run.loss_dtypes), dict(run.computed), dict(run.precision))
 
 
 def test_the_same_run_is_equal_and_says_what_it_compared():
@@ -363,3 +363,27 @@ def test_tf32_matmuls_on_a_gpu_are_judged_in_tf32():
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
     assert {p.dtype for p in rec.run.tensors[0].values()} == {"tf32"} and "TF32" in rec.run.precision["tf32"]
+
+
+def test_what_one_rank_saw_of_a_step_s_precision_holds_for_every_rank():
+    """A pipeline's first stage holds no loss, so it cannot see autocast; the last stage's loss graph shows it."""
+    net = model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(torch.randn(5, 4, generator=torch.Generator().manual_seed(100)))
+    loss = F.mse_loss(out.float(), torch.randn(5, 2, generator=torch.Generator().manual_seed(101)))
+    loss.backward()
+    first, last = ppkit.ParityRecorder(), ppkit.ParityRecorder()
+    first.record(0, net)  # the stage without the loss: its gradients look float32
+    last.record(0, None, loss)
+    assert {p.dtype for p in first.run.tensors[0].values()} == {"torch.float32"}
+    assert last.run.computed == {0: "torch.bfloat16"}
+    ref = ppkit.ParityRecorder()
+    net32 = model()
+    loss32 = F.mse_loss(net32(torch.randn(5, 4, generator=torch.Generator().manual_seed(100))),
+                        torch.randn(5, 2, generator=torch.Generator().manual_seed(101)))
+    loss32.backward()
+    ref.record(0, net32, loss32)
+    alone = ppkit.compare_runs(ref, [as_rank(first.run, 0)])
+    assert not alone.equal  # bf16 rounding, judged in float32
+    report = ppkit.compare_runs(ref, [as_rank(first.run, 0), as_rank(last.run, 1)])
+    assert report.equal and "bfloat16: the loss's autograd graph" in str(report), str(report)

@@ -134,6 +134,7 @@ def _span(steps: list[int]) -> str:
 
 def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerances: _Tolerances,
                       absent: list[int]):
+    computed = least_precise(*(run.computed.get(step, "") for run in [ref, *ranks.values()]))
     forward = ""  # "equal": every rank's loss equals the reference's to float32's rounding; "loose": within
     loss_rel = None  # the tolerance only (a bf16 one, say), which does not show that the forward is right
     if step in ref.losses:
@@ -142,7 +143,7 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                   for r, run in ranks.items() if step in run.losses}
         ok = bool(losses)
         for rank, got in losses.items():
-            dtype = least_precise(ref.loss_dtypes.get(step, ""), ranks[rank].loss_dtypes.get(step, ""))
+            dtype = least_precise(ref.loss_dtypes.get(step, ""), ranks[rank].loss_dtypes.get(step, ""), computed)
             tolerance = tolerances.of(dtype, "loss")
             diff = _difference("loss", "loss", step, rank, got, want, tolerance, float(want.abs()))
             if diff:
@@ -165,7 +166,7 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
         check_covered(full, held, name, step, absent)
         scale = float(full.double().abs().max()) if full is not None and full.numel() else 0.0
         for rank, piece in held.items():
-            dtype = least_precise(_dtype(ref.tensors[step][name]), _dtype(piece))
+            dtype = least_precise(_dtype(ref.tensors[step][name]), _dtype(piece), computed)
             tolerance = tolerances.of(dtype, name)
             diff = _difference(kind, name, step, rank, piece.value, wants[rank], tolerance, scale)
             if diff:

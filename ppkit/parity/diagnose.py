@@ -176,8 +176,9 @@ def _unseen_precision(case: Case, rel: float) -> str:
     if rel > default_tolerance("torch.bfloat16").at(case.step)[0]:
         return ""
     return ("; or, if the run computed in bfloat16 where the recorder could not see it (an autocast region that "
-            "ended before record, with the loss passed as a number), a difference this size is that rounding: "
-            "ParityRecorder(precision=torch.bfloat16) on the ranks then compares within it")
+            "ended before record, on ranks whose loss is a number, detached or absent, as a pipeline's is), a "
+            "difference this size is that rounding: ParityRecorder(precision=torch.bfloat16) on the ranks then "
+            "compares within it")
 
 
 def _skipped(case: Case, got, thing: str) -> Diagnosis | None:

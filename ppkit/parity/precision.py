@@ -8,6 +8,8 @@ their rounding a bug.
 autocast on at the record call, the loss's autograd graph (it keeps each op's output dtype after backward),
 FSDP2's policy on the module that holds a parameter, and TF32 flags for a model on a GPU. What it cannot see:
 an autocast region that ended before ``record`` when the loss is passed as a number; then ``precision=`` says it.
+What one rank sees for a whole step (autocast, the graph, TF32) ``compare_runs`` applies to every rank's tensors of
+that step: a pipeline's first stage, which holds no loss, computed in what the last stage's graph shows.
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ class ParityRun:
     losses: dict[int, float] = field(default_factory=dict)
     tensors: dict[int, dict[str, Piece]] = field(default_factory=dict)   # step -> name (in model order) -> piece
     loss_dtypes: dict[int, str] = field(default_factory=dict)  # step -> the precision its loss was computed in
+    computed: dict[int, str] = field(default_factory=dict)  # step -> a lower precision seen for the whole step
     precision: dict[str, str] = field(default_factory=dict)    # each precision seen -> why (for the report)
     dp_size: int | None = None                  # the size of mean_over's group: the data-parallel ranks
 
@@ -127,6 +128,8 @@ class ParityRecorder:
             raise ConfigError(f"step {step} was recorded twice on rank {self.run.rank}: call record once per step, "
                               "after backward and before the optimizer's step.")
         seen = Seen(model, loss, self.precision)
+        if seen.everywhere:  # autocast, the loss's graph, precision=, TF32: what the whole step computed in
+            self.run.computed[step] = self._precision(*seen.of("torch.float32"))
         if loss is not None:
             self.run.losses[step] = _loss_value(loss, mean_over)
             recorded = str(loss.dtype) if isinstance(loss, torch.Tensor) else "torch.float32"
