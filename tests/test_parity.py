@@ -598,7 +598,7 @@ def test_two_ranks_declaring_the_same_piece_are_named(cluster2, ref):
     with pytest.raises(ppkit.ConfigError) as caught:
         ppkit.compare_runs(ref, cluster2.run(same_piece))
     text = str(caught.value)
-    assert "ranks 0 and 1 declared the same piece of 0.weight" in text, text
+    assert "Ranks 0 and 1 declared the same piece of 0.weight" in text, text
     assert "Return recorder.run from every rank" not in text
 
 

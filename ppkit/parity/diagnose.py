@@ -345,10 +345,11 @@ def _mixed(case: Case, got, want, thing: str) -> Diagnosis | None:
             return Diagnosis(f"rank {case.rank}'s piece of the {thing} is {label} of {mine}: it was {verb} other "
                              "ranks' pieces",
                              "an all_reduce over the wrong group: it spans ranks that hold different pieces of this "
-                             "tensor (the default WORLD group where the data-parallel group belongs, say), so pieces "
-                             "of different places were added",
+                             "tensor, so pieces of different places were added: the default WORLD group where the "
+                             "data-parallel group belongs, or an all_reduce of a shard that FSDP or DTensor already "
+                             "reduced (a sharded gradient needs none of your own)",
                              "the group= of every gradient all_reduce: the data-parallel group (mesh['dp']."
-                             "get_group(), or DeviceMesh's dp dimension), not the default WORLD")
+                             "get_group()), not the default WORLD, and none on gradients FSDP2 already reduced")
     return None
 
 
