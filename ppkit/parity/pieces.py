@@ -77,7 +77,8 @@ def check_covered(full: torch.Tensor | None, held: dict[int, Piece], name: str, 
         same = _same_pieces(held)
         if same:
             group, piece = same
-            raise ConfigError(f"{said} {_and(group).capitalize()} declared the same piece of {name} ({_where(piece)}), and no "
+            who = _and(group).capitalize()
+            raise ConfigError(f"{said} {who} declared the same piece of {name} ({_where(piece)}), and no "
                               "rank declared the rest. Where these ranks hold different pieces, each must declare "
                               "its own: its index in the group that splits the tensor (its tensor-parallel rank, "
                               "say), not a fixed number.")
