@@ -214,8 +214,8 @@ def test_a_missing_gradient_a_nan_and_a_learner_tolerance():
         ppkit.compare_runs(ref, [close], rtol=-1)
 
 
-@pytest.mark.parametrize(("dtype", "rtol"), [(torch.float32, 8.1e-6), (torch.bfloat16, 3.1e-2),
-                                             (torch.float16, 3.9e-3), (torch.float64, 1.5e-14)])
+@pytest.mark.parametrize(("dtype", "rtol"), [(torch.float32, 8.1e-6), (torch.bfloat16, 6.3e-2),
+                                             (torch.float16, 7.8e-3), (torch.float64, 1.5e-14)])
 def test_the_default_tolerance_follows_the_dtype(dtype, rtol):
     tolerance = default_tolerance(dtype)
     assert tolerance.rtol == pytest.approx(rtol, rel=0.02)
@@ -346,7 +346,7 @@ def test_a_precision_the_recorder_cannot_see_is_given_and_named():
     rec.record(0, net, 1.0)
     assert {p.dtype for p in rec.run.tensors[0].values()} == {"torch.bfloat16"}
     assert rec.run.precision == {"torch.bfloat16": "precision= given to ParityRecorder"}
-    assert default_tolerance("tf32").rtol == pytest.approx(3.9e-3, rel=0.02)
+    assert default_tolerance("tf32").rtol == pytest.approx(7.8e-3, rel=0.02)
     with pytest.raises(ppkit.ConfigError, match=r"ParityRecorder\(precision=torch.int64\): give the dtype"):
         ppkit.ParityRecorder(precision=torch.int64)
 
