@@ -136,8 +136,10 @@ def diagnose(case: Case) -> Diagnosis:
         if case.forward == "equal" and case.kind == "grad":
             return Diagnosis(f"ranks {ranks} hold different gradients of {case.name}, which they share, while the "
                              f"loss at step {case.step} equals the reference's",
-                             "the forward is right and the backward is not: an all_reduce is missing in backward, "
-                             "so each rank kept only its own part of a gradient. In a tensor-parallel block that is "
+                             "the loss matching to float32's rounding points at the backward (an inference: the "
+                             "layers' outputs, recorded on both sides as a dict of name -> tensor, would confirm "
+                             "it): most likely an all_reduce is missing in backward, so each rank kept only its own "
+                             "part of a gradient. In a tensor-parallel block that is "
                              "the gradient of the block's input (Megatron's f: identity forward, all_reduce backward)",
                              f"the layers between {case.name} and the next parallel block: the block's input must go "
                              "through an all_reduce-in-backward function (ppkit.lessons.tensor_parallel."
