@@ -491,9 +491,10 @@ def test_a_loss_within_bf16_tolerance_is_not_taken_as_proof_of_the_forward(clust
 
 # -- the wrong group, accumulation, a skipped step, gradients after zero_grad ---------------------------------
 
-def accumulate_train(rank, world_size, micro=3, divide=False):
+def accumulate_train(rank, world_size, micro=3, divide=False, mean_over=True):
     """FSDP2 over the ranks, each rank's batch in ``micro`` micro-batches whose gradients accumulate; the loss
-    not divided by ``micro`` (the bug) unless ``divide``."""
+    not divided by ``micro`` (the bug) unless ``divide``; mean_over: the loss recorded with mean_over=WORLD (else
+    the step's loss, all_reduced by hand: the record then does not say how many ranks are data-parallel)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -508,7 +509,11 @@ def accumulate_train(rank, world_size, micro=3, divide=False):
             loss = F.mse_loss(model(xm), ym) / (micro if divide else 1)
             loss.backward()
             total += loss.item() / (1 if divide else micro)
-        rec.record(step, model, total, mean_over=dist.group.WORLD)
+        if not mean_over:
+            total = torch.tensor(total)
+            dist.all_reduce(total)
+            total = total / world_size
+        rec.record(step, model, total, mean_over=dist.group.WORLD if mean_over else None)
         opt.step()
         opt.zero_grad()
     return rec.run
@@ -526,6 +531,9 @@ def test_gradient_accumulation_without_its_division_is_not_called_a_dp_sum(clust
     assert "sum of 4 ranks" not in text, text  # there are 2
     assert "accumulat" in text and "averaged over 2 ranks" in text, text
     assert "a data-parallel sum alone does not fit" in text
+    unsaid = str(ppkit.compare_runs(ref, cluster2.run(accumulate_train, 4, mean_over=False)))
+    assert "4 data-parallel ranks cannot be made of this run's 2" in unsaid, unsaid
+    assert "if this run has 4 data-parallel ranks" not in unsaid
 
 
 def skip_step_train(rank, world_size, skip=(1, 1), after=False):

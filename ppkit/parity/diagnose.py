@@ -294,7 +294,10 @@ def _whole_causes(case: Case, k: int) -> str:
               "adds its whole gradient)",
               f"a loss {k}x the reference's before backward (summed where the reference takes a mean)"]
     ruled = ""
-    if dp is None:
+    if dp is None and (k > world or world % k):
+        ruled = (f"; a data-parallel sum alone does not fit: {k} data-parallel ranks cannot be made of this run's "
+                 f"{world}")
+    elif dp is None:
         causes.append(f"if this run has {k} data-parallel ranks, an all_reduce that summed where it should average "
                       "(the record does not say how many ranks are data-parallel: record(step, model, loss, "
                       "mean_over=the data-parallel group) says it)")
