@@ -328,6 +328,15 @@ def test_hand_cut_shards_of_other_sizes_are_declared_by_where_they_start():
     runs[2].tensors[0]["w"].value.mul_(2)
     report = ppkit.compare_runs(ref, runs)
     assert (report.first.name, report.first.rank) == ("w", 2)
+    with pytest.raises(ppkit.ConfigError, match=r"its piece has shape \[3, 3\], which does not hold 2 entries along "
+                                                "dim 0"):
+        ppkit.ParityRecorder("params", shards={"w": (0, slice(0, 2))}).record(0, {"w": pieces[0]})
+    with pytest.raises(ppkit.ConfigError, match=r"or \(dim, slice\(start, stop\)\) for a piece cut otherwise"):
+        ppkit.ParityRecorder(shards={"w": (0, slice(None, 3))})
+    runs[3].tensors[0]["w"] = Piece(pieces[3].clone(), offset=(9, 0))  # rows 9-10 of a 10-row tensor
+    with pytest.raises(ppkit.ConfigError, match=r"as the box at offset \[9, 0\] of shape \[2, 3\], which the "
+                                                r"reference's \[10, 3\] does not hold there"):
+        ppkit.compare_runs(ref, runs)
 
 
 def test_a_loss_is_not_said_to_have_a_largest_value():
