@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ppkit.cluster.hang_doctor import outcomes
 from ppkit.cluster.hang_doctor.analysis import Diagnosis, diagnose
 from ppkit.errors import ClusterStateError
 
@@ -27,4 +28,6 @@ def collective_doctor(cluster=None) -> Diagnosis:
     if cluster.state in ("closed", "starting"):
         raise ClusterStateError(f"collective_doctor() cannot ask this cluster's ranks: it is {cluster.state}. "
                                 "Start one (ppkit.start(N)) and run the code whose collectives you doubt.")
-    return diagnose(cluster.flight_records(), cluster.world_size)
+    records = cluster.flight_records()
+    ended, failed = outcomes.last_job(cluster.last_job_results)  # a rank that raised is not "still computing"
+    return diagnose(records, cluster.world_size, ended, failed)

@@ -35,6 +35,7 @@ class Call:
 
     def run(self):
         """None, or with ``profile`` set the run's ``ppkit.Profile`` (ppkit/profiling/)."""
+        __tracebackhide__ = True  # noqa: F841 - IPython then shows the rank's error, not this frame that raised it
         from ppkit.progress import hooks as progress  # the learner's record (ppkit/progress/), lazily: a layer above
 
         kept, failed = (), False
