@@ -187,9 +187,12 @@ def test_a_ranks_error_is_shown_once_without_ppkits_frames(kc):
 
 @pytest.mark.parametrize("order", ["alone", "with_work"])
 def test_ranks_get_pythons_sigint_handler_whenever_load_ext_started_the_fork_server(tmp_path, order):
-    """``alone``: %load_ext ppkit alone in its cell, the fork server starting after it ended (ipykernel
-    ignores SIGINT between cells); ``with_work``: it starts while the cell still runs."""
-    first = "%load_ext ppkit" if order == "alone" else "%load_ext ppkit\nimport time\ntime.sleep(15)"
+    """``alone``: %load_ext ppkit alone in its cell, the fork server starting after the cell ended, when
+    ipykernel ignores SIGINT (the prestart is held back 3 s to make that order certain); ``with_work``: it
+    starts while the cell still runs, when SIGINT has Python's handler."""
+    first = ("import time\nfrom ppkit.cluster.spawn import call\nstart = call._prestart\n"
+             "call._prestart = lambda *args: (time.sleep(3), start(*args))\n%load_ext ppkit" if order == "alone" else
+             "%load_ext ppkit\nimport time\ntime.sleep(15)")
     with kernel_in(tmp_path, expect_processes=True) as (_, kc):
         assert run_cell(kc, first).error is None
         if order == "alone":
