@@ -222,10 +222,15 @@ print('records', sorted(error.flight_records))
 print('doctor', error.diagnosis.mismatched[0].seq, error.diagnosis.mismatched[0].mismatch)
 error.diagnosis.write_dumps({str(tmp_path)!r})
 print('files', sorted(os.listdir({str(tmp_path)!r})))
+asked = ppkit.collective_doctor()  # no %%ranks cluster: the last run's reading
+print('on demand', sorted(asked.records), asked.mismatched[0].seq)
+print(asked)
 """)
     assert cell.error is None, cell.text
     assert "records [0, 1]" in cell.text, cell.text
     assert "doctor 2 the op differs" in cell.text, cell.text
+    assert "on demand [0, 1] 2" in cell.text, cell.text
+    assert "(the records of the last %%torchrun run, read as it ended, not now)" in cell.text
     fr = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path)],
                         capture_output=True, text=True, timeout=120)
     said = fr.stdout + fr.stderr

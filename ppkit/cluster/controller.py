@@ -308,9 +308,12 @@ class Cluster:
 
     def run_watched(self, fn, *args, timeout: float | None = None) -> list:
         """``run`` with a hang watch (hang_watch.py): a job that seems hung is shown once, with the collective
-        doctor's reading and where each rank waits, before its timeout ends it. What ``%%ranks`` runs on."""
+        doctor's reading and where each rank waits, before its timeout ends it (a timeout that comes first
+        says the same). What ``%%ranks`` runs on."""
         timeout = self.timeout if timeout is None else positive(timeout, "timeout")
-        return self._jobs.run(fn, args, {}, timeout, watch=HangWatch(hang_watch.threshold()))
+        seconds = hang_watch.threshold()
+        watch = HangWatch(seconds) if seconds and seconds < timeout else None
+        return self._jobs.run(fn, args, {}, timeout, watch=watch)
 
     def run_to_exit(self, fn, args: tuple, timeout: float | None, watch=None) -> list:
         """``fn(rank, world_size, *args)`` as each rank's last job: its process then ends as a script

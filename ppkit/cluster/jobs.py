@@ -274,7 +274,7 @@ class Job:
         stuck = self.waiting()
         if stuck:
             self._on_break(f"rank(s) {stuck} did not stop when the job was interrupted.")
-        raise diagnostics.interrupted(stuck, stacks)
+        raise self._with_records(diagnostics.interrupted(stuck, stacks))
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
         return diagnostics.ask_stacks(self._send, self._inbox, ranks, rendezvous=self.rendezvous)

@@ -44,6 +44,7 @@ class Diagnosis:
     off: list[int]  # ranks whose recorder is off (TORCH_FR_BUFFER_SIZE=0)
     records: dict[int, dict] = field(default_factory=dict)  # what it read: rank -> its record
     world_size: int = 0
+    source: str = ""  # where the records come from, where not from the ranks as they are now
 
     def write_dumps(self, folder: str) -> list[str]:
         """The records as torch's dump files, one per rank (``rank_0``, ...), which

@@ -51,6 +51,8 @@ def group_words(finding) -> str:
 
 def explain(diagnosis) -> str:
     lines = ["[ppkit] collective doctor (torch's flight record of each rank):"]
+    if diagnosis.source:
+        lines.append(f"  ({diagnosis.source})")
     waiting_groups = {g.name for g in diagnosis.groups if g.missing and not g.mismatch}
     if len(waiting_groups) > 1:
         lines.append(f"  the ranks wait in different process groups ({', '.join(sorted(waiting_groups))}): "
@@ -93,7 +95,7 @@ def explain(diagnosis) -> str:
         lines.append(f"  rank(s) {diagnosis.unanswered} sent no record (stopped, or gone).")
     if diagnosis.off:
         lines.append(f"  rank(s) {diagnosis.off} record nothing: TORCH_FR_BUFFER_SIZE=0 turned the recorder off.")
-    if len(lines) == 1:
+    if len(lines) == 1 + bool(diagnosis.source):
         lines.append("  every collective each rank started has completed on every rank that answered.")
     return "\n".join(lines) + "\n"
 

@@ -69,7 +69,7 @@ def translate(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: fl
     """The hidden cluster's error ``exc`` as ppkit.spawn's own (``exc`` itself if it has none), with the
     collective doctor's reading of the records (``diagnosis``) that ``exc`` carries."""
     error = _translated(exc, pids, nprocs, timeout, caller)
-    if isinstance(error, WorkerError) and getattr(exc, "diagnosis", None) is not None:
+    if isinstance(error, (WorkerError, JobInterrupted)) and getattr(exc, "diagnosis", None) is not None:
         error.diagnosis = exc.diagnosis
     return error
 

@@ -14,6 +14,7 @@ from ppkit.checks import positive
 from ppkit.cluster import hang_watch
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.debug import parked
+from ppkit.cluster.hang_doctor import on_demand
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.rpc import pickler as rpc_pickle
 from ppkit.cluster.spawn import explain
@@ -53,6 +54,7 @@ class Call:
             kept = _to_keep(exc) if self.park and parked.can_park() else ()
             caller = replace(self.caller, kept=kept[0]) if kept else self.caller
             error = explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, caller)
+            on_demand.remember(getattr(error, "diagnosis", None), self.caller.name)  # ppkit.collective_doctor()
             if kept:
                 parked.park(self.cluster, kept).error = error
             raise error from None
