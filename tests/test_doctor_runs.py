@@ -239,3 +239,17 @@ print(asked)
     assert verdict, said
     doctor = re.search(r"doctor (\d+) (.+)", cell.text)
     assert verdict[1] == doctor[1] and KINDS[verdict[2]] == doctor[2], (said, cell.text)  # the same seq, the same kind
+
+
+def test_which_rank_errors_are_failed_collectives():
+    """gloo's error from autograd (DDP) is one; a store's error or the learner's own is not."""
+    from ppkit.cluster.hang_doctor.outcomes import failed_in_a_collective
+    from ppkit.transport.messages import ErrorInfo
+
+    ddp = ErrorInfo("RuntimeError", "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by "
+                    "peer [127.0.0.1]:16275.", 'File ".../torch/autograd/graph.py", line 829, in _engine_run_backward')
+    assert failed_in_a_collective(ddp)
+    assert failed_in_a_collective(ErrorInfo("DistBackendError", "NCCL error", 'File "train.py", line 3'))
+    assert failed_in_a_collective(ErrorInfo("RuntimeError", "x", 'File ".../torch/distributed/distributed_c10d.py"'))
+    assert not failed_in_a_collective(ErrorInfo("DistStoreError", "Connection reset by peer", 'File "train.py"'))
+    assert not failed_in_a_collective(ErrorInfo("ValueError", "no", 'File "train.py", line 3'))

@@ -78,6 +78,7 @@ class Job:
         self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
         self.records: dict[int, dict] = {}  # rank -> its flight record's last words, as it aborted (hang_doctor/)
         self.diagnosis: hang_doctor.Diagnosis | None = None  # the doctor's last reading, put on the job's error
+        self.exited: set[int] = set()  # ranks whose process exited with status 0 without answering (os._exit(0))
 
     def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float | None, workers: dict,
             last: bool = False, watch: HangWatch | None = None) -> list:
@@ -170,6 +171,7 @@ class Job:
                 pass  # a rank whose job was its last: its process ended after its answer
             elif isinstance(item.msg, Closed) and not item.from_launcher and self._exited_cleanly(item.source):
                 self.results[item.source] = Result(self.job_id, True, byvalue.dumps(None))
+                self.exited.add(item.source)
             elif isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
@@ -228,6 +230,7 @@ class Job:
     def _diagnosis(self, ended: dict | None = None) -> hang_doctor.Diagnosis:
         """The collective doctor's reading of every rank's flight record (ppkit/cluster/hang_doctor/)."""
         finished, failed = outcomes.of_results(self.results, self.last)
+        finished.update({r: "its process exited with status 0 before its job returned" for r in self.exited})
         gone = set(ended or {}) | ({r for r, m in self.results.items() if isinstance(m, Result) and m.ok}
                                    if self.last else set())  # their processes ended: none would answer
         records = hang_doctor.ask_records(self._send, self._inbox,

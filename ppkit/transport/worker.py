@@ -153,9 +153,13 @@ class Worker:
         NAMESPACE.update(torch=torch, dist=dist)
 
     def _exit_after_output(self, code: int) -> None:
-        """``os._exit`` in a job (a script's last line, a library's abort): first what is in the pipes."""
+        """``os._exit`` in a job (a script's last line, a library's abort): first what is in the pipes, then
+        its final record (the collectives it made, for the doctor once it is gone)."""
         try:
             self._sync_output()
+            job = self._current
+            if job is not None:  # in a job (after one, serve has sent the final record)
+                self.send(FlightRecord(job, flight_record.snapshot(sys._getframe(1)), last_words=True), wait=1)
         finally:
             _exit(code)
 

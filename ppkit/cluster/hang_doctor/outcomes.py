@@ -7,10 +7,12 @@ call as if it completed).
 
 from __future__ import annotations
 
-# c10d's own errors (torch/distributed/__init__.py) and gloo's words when a peer is gone: a failed collective
-# wherever Python saw it raised (DDP's reducer raises it from autograd, with no torch/distributed frame)
-BACKEND_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
-BACKEND_WORDS = ("Connection closed by peer", "Connection reset by peer", "gloo/transport/")
+# a backend's error (c10d's DistBackendError) and gloo's transport's words when a peer is gone: a failed
+# collective wherever Python saw it raised (DDP's reducer raises it from autograd, with no torch/distributed
+# frame; torch 2.14's gloo raises it as a RuntimeError). Not the store's errors (DistStoreError, DistNetworkError):
+# a store's get or wait is no collective.
+BACKEND_ERRORS = ("DistBackendError",)
+BACKEND_WORDS = ("gloo/transport/", "Connection closed by peer")
 
 
 def failed_in_a_collective(error) -> bool:
