@@ -91,6 +91,13 @@ def test_ranks_that_made_the_call_and_ended_are_not_said_to_have_not_reached_it(
     assert "rank 3: all_reduce #1 of [4] Float" in text, text
 
 
+def test_a_rank_that_leaves_through_os_exit_sends_its_record_and_is_said_to_have_exited(kc):
+    text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\nif i == 1:\n    os._exit(0)\ndist.all_reduce(t)",
+                   timeout=30)
+    assert "collective #2 is not reached by every rank" in text, text  # its record: it completed #1 only
+    assert "rank 1 has not reached it: its process exited with status 0 before its job returned" in text, text
+
+
 def test_a_rank_without_a_record_is_said_to_have_none_not_to_have_not_reached_it():
     from ppkit.cluster.hang_doctor import diagnose
 
