@@ -260,3 +260,15 @@ def test_which_rank_errors_are_failed_collectives():
     assert failed_in_a_collective(ErrorInfo("RuntimeError", "x", 'File ".../torch/distributed/distributed_c10d.py"'))
     assert not failed_in_a_collective(ErrorInfo("DistStoreError", "Connection reset by peer", 'File "train.py"'))
     assert not failed_in_a_collective(ErrorInfo("ValueError", "no", 'File "train.py", line 3'))
+
+
+def test_a_ranks_error_outside_ipython_renders_as_the_usual_traceback():
+    import ppkit
+
+    try:
+        raise ppkit.JobTimeoutError("the ranks did not finish", [0], {})
+    except ppkit.JobTimeoutError as exc:
+        error = exc
+    lines = error._render_traceback_()  # no IPython shell here: Python's own traceback
+    assert lines[0].startswith("Traceback") and lines[-1] == "ppkit.errors.JobTimeoutError: the ranks did not finish\n"
+    assert error.flight_records == {} and error.diagnosis is None
