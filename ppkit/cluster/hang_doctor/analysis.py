@@ -18,7 +18,8 @@ class GroupFinding:
     """One process group: ``last_done`` (seq, op) every rank that answered completed; ``seq`` the
     first collective not completed by all; ``calls`` each rank's call there; ``mismatch`` what
     differs (KINDS' words, "" if nothing), ``torch_says`` torch's matcher's words; ``missing``
-    rank -> where it is instead of there."""
+    rank -> where it is instead of there; ``unrecorded``: rank -> how it ended, for a rank that ended
+    without sending a record (whether it made the call is not known)."""
     name: str
     desc: str
     ranks: list[int]
@@ -28,6 +29,7 @@ class GroupFinding:
     mismatch: str = ""
     torch_says: str = ""
     missing: dict[int, str] = field(default_factory=dict)
+    unrecorded: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(repr=False)
@@ -41,11 +43,20 @@ class Diagnosis:
     unanswered: list[int]
     off: list[int]  # ranks whose recorder is off (TORCH_FR_BUFFER_SIZE=0)
     records: dict[int, dict] = field(default_factory=dict)  # what it read: rank -> its record
+    world_size: int = 0
+    source: str = ""  # where the records come from, where not from the ranks as they are now
+
+    def write_dumps(self, folder: str) -> list[str]:
+        """The records as torch's dump files, one per rank (``rank_0``, ...), which
+        ``python -m torch.distributed.flight_recorder.fr_trace FOLDER`` reads; their paths."""
+        from ppkit.cluster.hang_doctor import fr_dumps
+
+        return fr_dumps.write(self.records, self.world_size, folder)
 
     @property
     def problem(self) -> bool:
         """A mismatch, a send/recv pair that waits on each other, or a collective some rank never reached."""
-        return bool(self.deadlock or any(g.mismatch or g.missing for g in self.groups))
+        return bool(self.deadlock or any(g.mismatch or g.missing or g.unrecorded for g in self.groups))
 
     @property
     def mismatched(self) -> list[GroupFinding]:
@@ -75,7 +86,7 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
                 and not _pair(p2p[a]["op"], p2p[b]["op"])]  # a send against a recv: they match
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
-    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records)
+    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, world_size)
 
 
 def _pair(op: str, other: str) -> bool:
@@ -123,7 +134,9 @@ def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict) -
                                                                                          here)
     finding.desc, finding.calls = desc, here
     finding.last_done = (seq - 1, last_op) if seq > 1 else None
-    finding.missing = {} if completed else {r: _instead(r, name, records, ended) for r in ranks if r not in here}
+    absent = [] if completed else [r for r in ranks if r not in here]
+    finding.missing = {r: _instead(r, name, records, ended) for r in absent if r in records or r not in ended}
+    finding.unrecorded = {r: ended[r] for r in absent if r not in records and r in ended}
     return finding
 
 
