@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ppkit-installed
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: lab lab-options test test-fast setup browser slurm hub lint bench clean
+.PHONY: lab lab-options test test-fast soak setup browser slurm hub lint bench clean
 
 # JupyterLab listens on localhost only; root (containers, this kit's CI machine) needs --allow-root.
 # No "Would you like to get notified about official Jupyter news?" box over the first notebook: JupyterLab asks
@@ -38,11 +38,18 @@ test: $(STAMP) $(LAB_DEFAULTS) browser slurm hub
 	$(PY) -m pytest -n $(TEST_WORKERS) tests notebooks --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  $(PYTEST_ARGS)
 
-# Everything not marked slow (pyproject.toml: markers), without the browser and SLURM tests, and notebook 00.
+# Everything not marked slow (pyproject.toml), without the browser, hub and SLURM kinds (tests/markers.py),
+# and notebook 00. Any kind can be picked the same way: make test PYTEST_ARGS='-m "cluster and not slow"'.
 FAST_NOTEBOOK ?= notebooks/00_start_here.ipynb
+FAST_MARKERS ?= not slow and not slurm and not browser and not hub
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) tests $(FAST_NOTEBOOK) --nbval-lax \
-	  --nbval-sanitize-with tests/nbval_sanitize.cfg --ignore=tests/browser -m "not slow and not slurm" $(PYTEST_ARGS)
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+
+# The full soak: 200 calls on 4 ranks, one in five with a rank killed (the suite runs 10 of them:
+# tests/test_cluster_soak.py).
+soak: $(STAMP)
+	$(PY) benchmarks/bench_soak.py --calls 200
 
 setup: $(STAMP)
 

@@ -32,6 +32,7 @@ os.environ.setdefault("PPKIT_RECORD_DIR", os.path.join(tempfile.gettempdir(), f"
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # the same modules tests/conftest.py imports
 pytest.register_assert_rewrite("solved_notebooks", "leftovers")  # their asserts explain themselves as tests' do
 
+import markers  # noqa: E402
 import scheduling  # noqa: E402
 import slurm_session  # noqa: E402
 from nbval.plugin import IPyNbFile  # noqa: E402
@@ -44,6 +45,7 @@ _slurm_first_cells: dict[str, Path] = {}  # nodeid of the first cell of a notebo
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TimeTable(), "ppkit-time-table")  # tests/timing.py: where the time went
+    markers.register(config)  # tests/markers.py: -m by kind (cluster, kernel, browser, notebook, ...)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -64,6 +66,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     scheduling.check_scopes(items, Path(str(config.rootpath)), kind_of)
+    markers.mark(items, kind_of)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

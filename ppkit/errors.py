@@ -25,6 +25,41 @@ class PPKitError(Exception):
     """Base class of every error ppkit raises on purpose."""
 
 
+def _learners_traceback(error: BaseException) -> list[str]:
+    """IPython's traceback of ``error`` without ppkit's own frames (IPython hides a frame that sets
+    ``__tracebackhide__``, but never the one that raised): a rank's error shows once, under the learner's line."""
+    import os
+    import types
+
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    kept, tb = [], error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        ipython_runs_the_cell = code.co_name == "run_code" and f"IPython{os.sep}core" in code.co_filename
+        if not code.co_filename.startswith(own) and not ipython_runs_the_cell:
+            kept.append(tb)
+        tb = tb.tb_next
+    shown = None  # a new chain: the error's own traceback stays whole (for %debug in the kernel)
+    for tb in reversed(kept):
+        shown = types.TracebackType(shown, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    return shell.InteractiveTB.structured_traceback(type(error), error, shown, tb_offset=0)
+
+
+class _ShownWithoutOwnFrames:
+    """In IPython, the error's traceback leaves ppkit's frames out (``_render_traceback_``)."""
+
+    def _render_traceback_(self) -> list[str]:
+        try:
+            return _learners_traceback(self)
+        except Exception:  # noqa: BLE001 - no IPython, or an IPython without InteractiveTB: the usual traceback
+            import traceback
+
+            return traceback.format_exception(type(self), self, self.__traceback__)
+
+
 class ConfigError(PPKitError, ValueError):
     """An argument is invalid; nothing was started."""
 
@@ -41,8 +76,21 @@ class ClusterStateError(PPKitError):
     """The cluster cannot run jobs now: it is closed, or broken and must be restarted."""
 
 
-class WorkerError(PPKitError):
-    """A job failed on one or more ranks. ``ranks`` lists them."""
+class _WithRecords:
+    """``diagnosis``: the collective doctor's reading of the ranks' flight records as the job ended (None if
+    it did not look); ``flight_records``: those records, rank -> record; ``diagnosis.write_dumps(folder)``
+    writes them as torch's dump files, which ``python -m torch.distributed.flight_recorder.fr_trace`` reads."""
+
+    diagnosis = None
+
+    @property
+    def flight_records(self) -> dict[int, dict]:
+        return dict(self.diagnosis.records) if self.diagnosis is not None else {}
+
+
+class WorkerError(_WithRecords, _ShownWithoutOwnFrames, PPKitError):
+    """A job failed on one or more ranks. ``ranks`` lists them; ``diagnosis`` and ``flight_records``: what
+    the collective doctor read as it ended."""
 
     def __init__(self, message: str, ranks: list[int] | None = None):
         super().__init__(message)
@@ -88,9 +136,9 @@ class JobTimeoutError(WorkerError, TimeoutError):
         self.rendezvous = dict(rendezvous or {})
 
 
-class JobInterrupted(KeyboardInterrupt):
+class JobInterrupted(_WithRecords, _ShownWithoutOwnFrames, KeyboardInterrupt):
     """Kernel > Interrupt (or Ctrl-C) cancelled a running job. ``ranks``: those that could not
-    be stopped, ``stacks``: where each of them waits."""
+    be stopped, ``stacks``: where each of them waits; ``diagnosis`` and ``flight_records`` as in WorkerError."""
 
     def __init__(self, message: str = "", ranks: list[int] | None = None, stacks: dict | None = None):
         super().__init__(message)

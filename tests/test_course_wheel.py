@@ -15,8 +15,8 @@ with useradd:
 - sees no repository: it runs in a mount namespace where the clone is an empty folder (only the test venv
   inside, see below), so a notebook that opened tests/, docs/ or scripts/ of the repository would fail.
 
-What it borrows, to keep to minutes: the learner's venv reads this test venv's site-packages (a .pth line)
-for torch, JupyterLab and nbval, and its share/jupyter (JUPYTER_PATH) for the widgets' JupyterLab
+What it borrows, to keep to minutes: the learner's venv reads this test venv's site-packages (a .pth line, through
+a bind mount in /tmp, so that a clone in a private folder works too) for torch, JupyterLab and nbval, and its share/jupyter (JUPYTER_PATH) for the widgets' JupyterLab
 extension, instead of downloading 1 GB. pip still resolves the wheel's dependencies
 (with --no-index, against constraints.txt) and installs ppkit itself into the learner's venv; a .pth line
 is not a site dir, so this venv's editable ppkit (an import hook in a .pth) is not loaded, and the test
@@ -94,15 +94,11 @@ def test_the_wheel_carries_every_notebook_doc_and_data_file(wheel):
 
 
 def _learner_script(user, stash: str, steps: str) -> str:
-    """Root's part in a private mount namespace (the clone hidden, the test venv kept), then the user's."""
-    keep, hidden = Path(sys.prefix), REPO
-    lines = ["set -e", f"stash={shlex.quote(stash)}"]
-    if hidden in keep.parents:  # the test venv lives in the clone: keep it reachable, hide the rest
-        lines += [f"mount --bind {shlex.quote(str(keep))} $stash",
-                  f"mount -t tmpfs -o mode=0755 ppkit-no-clone {shlex.quote(str(hidden))}",
-                  f"mkdir -p {shlex.quote(str(keep))}", f"mount --bind $stash {shlex.quote(str(keep))}"]
-    else:
-        lines.append(f"mount -t tmpfs -o mode=0755 ppkit-no-clone {shlex.quote(str(hidden))}")
+    """Root's part in a private mount namespace (the clone hidden, the test venv seen at ``stash``), then the
+    user's. The learner reads the test venv at ``stash`` (a 0755 folder in /tmp), never at its own path: a clone
+    under a private folder (``mktemp -d``, mode 0700) is not the learner's to enter."""
+    lines = ["set -e", f"mount --bind {shlex.quote(sys.prefix)} {shlex.quote(stash)}",
+             f"mount -t tmpfs -o mode=0755 ppkit-no-clone {shlex.quote(str(REPO))}"]
     switch = shlex.join(["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--",
                          "sh", "-c", steps])
     return "\n".join(lines + [f"cd {shlex.quote(user.home)}", f"exec {switch}"])
@@ -156,7 +152,10 @@ def test_an_ordinary_user_installs_the_wheel_and_runs_the_course(wheel, tmp_path
         _cannot(reason)
     if not SYSTEM_PYTHON.exists():
         _cannot(f"{SYSTEM_PYTHON} (the system's Python, the same minor version as this one) is missing")
-    purelib = Path(sysconfig.get_paths()["purelib"])
+    stash = tempfile.mkdtemp(prefix="ppkit-stash-", dir="/tmp")  # the test venv's mount point, in the namespace only
+    os.chmod(stash, 0o755)
+    request.addfinalizer(lambda: os.rmdir(stash))
+    borrowed = Path(stash, Path(sysconfig.get_paths()["purelib"]).relative_to(sys.prefix))
     with unix_users.unix_user("lrn") as user:
         request.addfinalizer(lambda: _remove_temp_files_of(user))  # also when an assert below fails (uid kept)
         home = Path(user.home)
@@ -168,7 +167,7 @@ def test_an_ordinary_user_installs_the_wheel_and_runs_the_course(wheel, tmp_path
         steps = "\n".join([
             "set -ex",
             f"{SYSTEM_PYTHON} -m venv --without-pip {venv}",
-            f"echo {shlex.quote(str(purelib))} > {venv}/lib/python3.{sys.version_info.minor}/site-packages/"
+            f"echo {shlex.quote(str(borrowed))} > {venv}/lib/python3.{sys.version_info.minor}/site-packages/"
             "zz-borrowed-from-the-test-venv.pth",
             # the notebook-only start: notebook 00's first code cell, run in a Python without ppkit
             f"{venv}/bin/python -c {shlex.quote(FIRST_CELL)} {wheel.name} > install.ipy",
@@ -196,14 +195,10 @@ def test_an_ordinary_user_installs_the_wheel_and_runs_the_course(wheel, tmp_path
                "TMPDIR": str(home / "tmp"),
                # the %pip of notebook 00, as `pip install -c constraints.txt` offline (see the module's docstring)
                "PIP_NO_INDEX": "1", "PIP_CONSTRAINT": str(Path(user.home, "constraints.txt")),
-               "JUPYTER_PATH": str(Path(sys.prefix, "share", "jupyter"))}
-        stash = tempfile.mkdtemp(prefix="ppkit-stash-")  # a mount point inside the namespace only
-        try:
-            done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                                   _learner_script(user, stash, steps)],
-                                  env=env, capture_output=True, text=True, timeout=1500)
-        finally:
-            os.rmdir(stash)
+               "JUPYTER_PATH": str(Path(stash, "share", "jupyter"))}
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               _learner_script(user, stash, steps)],
+                              env=env, capture_output=True, text=True, timeout=1500)
         shown = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
         assert done.returncode == 0 and "LEARNER-DONE" in done.stdout, shown
         assert re.search(r"^ppkit preflight: (\d+)/\1 ok", done.stdout, re.MULTILINE), shown

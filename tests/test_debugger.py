@@ -49,6 +49,7 @@ class Cell:
         self.text = ""
         self.prompts: list[str] = []
         self.error: tuple[str, str] | None = None
+        self.traceback = ""  # IPython's traceback of the error, as the cell shows it (ANSI colours left in)
 
 
 def run_cell(kc, code: str, answers=(), allow_stdin: bool = True, on_prompt=None) -> Cell:
@@ -86,6 +87,7 @@ def run_cell(kc, code: str, answers=(), allow_stdin: bool = True, on_prompt=None
                     cell.text += content["text"]
                 elif kind == "error":
                     cell.error = (content["ename"], content["evalue"])
+                    cell.traceback = "\n".join(content.get("traceback", []))
                 elif kind == "execute_result":
                     cell.text += content["data"].get("text/plain", "") + "\n"
                 elif kind == "status" and content["execution_state"] == "idle":

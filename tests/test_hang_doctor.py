@@ -192,8 +192,9 @@ def test_a_torchrun_cells_overlap_is_not_called_hung(kc):
 def test_the_doctor_on_demand_says_what_to_do_without_a_cluster():
     import ppkit
     from ppkit.cluster import session
+    from ppkit.cluster.hang_doctor import on_demand
 
-    if session.active() is None:
+    if session.active() is None and on_demand.last_run() is None:  # a failed ppkit.spawn run's reading comes back
         with pytest.raises(ppkit.ClusterStateError, match=r"no %%ranks cell has started one"):
             ppkit.collective_doctor()
     with ppkit.Cluster(2, "gloo", process_group=False, timeout=30) as cluster:

@@ -42,6 +42,8 @@ def facts(prof, path):
         "all_reduce": sorted({e["pid"] for e in ops if "all_reduce" in e["name"] or "allreduce" in e["name"]}),
         "summary": [{k: row[k] for k in ("rank", "compute_ms", "communication_ms", "overlapped_ms", "idle_ms")}
                     for row in prof.summary().rows],
+        "own": [json.load(open(os.path.splitext(path)[0] + f".ranks/rank{r}.pt.trace.json"))["distributedInfo"]
+                for r in (0, 1)],  # each rank's own trace, saved beside the merged one
     }))
 """
 
@@ -64,6 +66,7 @@ def check(facts: dict) -> None:
     assert facts["remote"] == []  # nothing from http(s)://
     assert sorted(facts["named"]) == ["0", "1"] and facts["named"]["1"].startswith("rank 1")
     assert facts["aten"] == [0, 1] and facts["all_reduce"] == [0, 1]
+    assert [(info["rank"], info["world_size"]) for info in facts["own"]] == [(0, 2), (1, 2)]
     for rank, row in enumerate(facts["summary"]):
         assert row["rank"] == rank
         assert row["compute_ms"] > 0 and row["communication_ms"] > 0

@@ -174,9 +174,9 @@ def test_lines_that_differ_only_in_numbers_fold_into_the_spread_naming_the_rank_
     folded = lines_of({rank: f"step 10 loss {loss}" for rank, loss in losses.items()})
     assert folded == [("stdout", "step 10 loss 2.31…2.35 (rank 5: 2.91)", list(range(8)))]
     assert OutputSettings().label(folded[0][2]) + folded[0][1] == "[ranks 0-7] step 10 loss 2.31…2.35 (rank 5: 2.91)"
-    # an even spread names no rank; two ranks never do (neither is the odd one out)
-    assert lines_of({0: "loss 1.0", 1: "loss 2.0", 2: "loss 3.0", 3: "loss 4.0"})[0][1] == "loss 1.0…4.0"
-    assert lines_of({0: "loss 2.31", 1: "loss 9.99"})[0][1] == "loss 2.31…9.99"
+    # an even spread names no rank; a value that differs on every rank (two ranks that differ) is each rank's own
+    assert lines_of({0: "loss 1.0", 1: "loss 2.0", 2: "loss 3.0", 3: "loss 1.0"})[0][1] == "loss 1.0…3.0"
+    assert lines_of({0: "loss 2.31", 1: "loss 9.99"}) == [("stdout", "loss 2.31", [0]), ("stdout", "loss 9.99", [1])]
 
 
 def test_lines_that_differ_in_words_stay_apart():
@@ -191,20 +191,21 @@ def test_the_folding_rule_reads_signs_exponents_ints_floats_percentages_and_dura
     from ppkit.cluster.output.fold import fold
 
     def f(*texts):
-        return fold(list(enumerate(texts)))
+        folded = fold(list(enumerate(texts)))
+        return folded[0][1] if len(folded) == 1 else folded
 
-    assert f("delta -0.5", "delta +0.25", "delta 0.1") == "delta -0.5…+0.25"
+    assert f("delta -0.5", "delta +0.25", "delta 0.1", "delta -0.5") == "delta -0.5…+0.25"
     assert f("lr 1e-3", "lr 1e-3", "lr 1e-3", "lr 2.5E-2") == "lr 1e-3 (rank 3: 2.5E-2)"
-    assert f("tokens 100", "tokens 100.5", "tokens 99") == "tokens 99…100.5"
-    assert f("acc 91%", "acc 93%", "acc 92%") == "acc 91%…93%"
-    assert f("step took 1.2s", "step took 1.3s", "step took 1.25s", "step took 4.0s") == \
-        "step took 1.2s…1.3s (rank 3: 4.0s)"
-    assert f("x 1", "x 1.0") == "x 1"  # the same number written two ways
-    assert f("at 04:17:50", "at 04:17:51") == "at 04:17:50…51"
+    assert f("tokens 100.5", "tokens 100.5", "tokens 99.5", "tokens 101.5") == "tokens 99.5…101.5"
+    assert f("acc 91%", "acc 93%", "acc 92%", "acc 92%") == "acc 91%…93%"
+    assert f("step took 1.2s", "step took 1.3s", "step took 1.25s", "step took 1.2s", "step took 4.0s") == \
+        "step took 1.2s…1.3s (rank 4: 4.0s)"
+    assert f("x 1", "x 1.0") == [([0], "x 1"), ([1], "x 1.0")]  # a number is shown as the rank wrote it
+    assert f("at 04:17:50", "at 04:17:51", "at 04:17:50") == [([0, 2], "at 04:17:50"), ([1], "at 04:17:51")]
     assert f("3 of 4 ranks", "3 of 4 ranks") == "3 of 4 ranks"
     # several ranks off the same majority are each named, and only the numbers that differ are spread
-    assert f(*[f"epoch 2 grad {g} lr 0.1" for g in ("1", "1", "1", "1", "7", "1", "9", "1")]) == \
-        "epoch 2 grad 1 (rank 4: 7, rank 6: 9) lr 0.1"
+    assert f(*[f"epoch 2 grad {g} lr 0.1" for g in ("1.5", "1.5", "1.5", "1.5", "7.5", "1.5", "9.5", "1.5")]) == \
+        "epoch 2 grad 1.5 (rank 4: 7.5, rank 6: 9.5) lr 0.1"
 
 
 def test_the_outlier_rule_is_a_robust_one():
@@ -229,25 +230,31 @@ def test_ordinary_differences_between_ranks_name_no_rank_and_a_real_outlier_is_n
     from ppkit.cluster.output.fold import fold
 
     def f(texts):
-        return fold(list(enumerate(texts)))
+        folded = fold(list(enumerate(texts)))
+        return folded[0][1] if len(folded) == 1 else folded
 
-    # DistributedSampler's uneven split: 3 ranks of 8 one sample short
-    assert f([f"rank has {n} samples" for n in (13, 13, 13, 13, 13, 12, 12, 12)]) == "rank has 12…13 samples"
-    # one step of the precision the ranks wrote: a clock's tick, rounding, float noise
-    assert f(["at 12:00:03"] * 3 + ["at 12:00:04"] + ["at 12:00:03"] * 4) == "at 12:00:03…04"
-    assert f(["took 1.2s"] * 3 + ["took 1.3s"] + ["took 1.2s"] * 4) == "took 1.2s…1.3s"
-    assert f(["loss 2.3100"] * 3 + ["loss 2.3101"] + ["loss 2.3100"] * 4) == "loss 2.3100…2.3101"
-    assert f(["grad norm -1e-9"] + ["grad norm 0"] * 7) == "grad norm -1e-9…0"
+    # DistributedSampler's uneven split: 3 ranks of 8 one sample short, said of the ranks that have each count
+    assert f([f"rank has {n} samples" for n in (13, 13, 13, 13, 13, 12, 12, 12)]) == \
+        [([0, 1, 2, 3, 4], "rank has 13 samples"), ([5, 6, 7], "rank has 12 samples")]
+    # one step of the precision the ranks wrote (a clock's tick, rounding, float noise) names no rank: the
+    # ranks of each value are said
+    assert f(["took 1.2s"] * 3 + ["took 1.3s"] + ["took 1.2s"] * 4) == \
+        [([0, 1, 2, 4, 5, 6, 7], "took 1.2s"), ([3], "took 1.3s")]
+    assert f(["loss 2.3100"] * 3 + ["loss 2.3101"] * 3 + ["loss 2.3102"] * 2) == "loss 2.3100…2.3102"
+    assert f(["grad norm -1e-9"] + ["grad norm 0"] * 6 + ["grad norm 1e-9"]) == "grad norm -1e-9…1e-9"
     # a real outlier: at 8 ranks, and at 4 whether the others agree exactly or not
     assert f(["loss 2.31"] * 5 + ["loss 2.91"] + ["loss 2.31"] * 2) == "loss 2.31 (rank 5: 2.91)"
     assert f(["loss 2.31", "loss 2.31", "loss 2.91", "loss 2.31"]) == "loss 2.31 (rank 2: 2.91)"
-    assert f(["loss 2.31", "loss 2.33", "loss 2.35", "loss 2.91"]) == "loss 2.31…2.35 (rank 3: 2.91)"
+    assert f(["loss 2.31", "loss 2.33", "loss 2.35", "loss 2.33", "loss 2.91"]) == "loss 2.31…2.35 (rank 4: 2.91)"
+    # four values that all differ are each rank's own: each rank's line, as it wrote it
+    assert f(["loss 2.31", "loss 2.33", "loss 2.35", "loss 2.91"]) == \
+        [([0], "loss 2.31"), ([1], "loss 2.33"), ([2], "loss 2.35"), ([3], "loss 2.91")]
 
 
 def test_ansi_colours_stay_whole_and_numbers_inside_them_fold():
     red, green, end = "\x1b[31m", "\x1b[32m", "\x1b[0m"
-    folded = lines_of({r: f"{green}loss {v}{end}" for r, v in enumerate(["2.1", "2.2", "2.3"])})
-    assert folded == [("stdout", f"{green}loss 2.1…2.3{end}", [0, 1, 2])]
+    folded = lines_of({r: f"{green}loss {v}{end}" for r, v in enumerate(["2.1", "2.2", "2.3", "2.2"])})
+    assert folded == [("stdout", f"{green}loss 2.1…2.3{end}", [0, 1, 2, 3])]
     assert len(lines_of({0: f"{green}ok 1{end}", 1: f"{red}ok 1{end}"})) == 2  # another colour: another word
 
 
@@ -262,11 +269,12 @@ def test_very_long_lines_and_lines_of_many_numbers_fold_only_when_identical():
 
 
 def test_a_fast_ranks_numbered_line_waits_at_most_the_window():
-    c = Collapser([0, 1, 2], window_s=0.5)
+    c = Collapser([0, 1, 2, 3], window_s=0.5)
     c.add(0, "stdout", "step 1 loss 2.5", 0.0)
     c.add(1, "stdout", "step 1 loss 2.6", 0.1)
+    c.add(3, "stdout", "step 1 loss 2.5", 0.1)
     assert c.ready(0.4) == []  # rank 2 may still print it
-    assert c.ready(0.5) == [("stdout", "step 1 loss 2.5…2.6", [0, 1])]
+    assert c.ready(0.5) == [("stdout", "step 1 loss 2.5", [0, 3]), ("stdout", "step 1 loss 2.6", [1])]
     c.add(2, "stdout", "step 1 loss 2.7", 0.6)
     assert c.ready(1.1) == [("stdout", "step 1 loss 2.7", [2])]
 
@@ -291,5 +299,5 @@ def test_no_collapse_keeps_every_ranks_raw_line(capsys):
 
 
 def test_a_line_with_a_nul_character_never_meets_a_numbered_line_of_that_shape():
-    assert lines_of({0: "a \x00 b", 1: "a 5 b", 2: "a 6 b"}) == [
-        ("stdout", "a \x00 b", [0]), ("stdout", "a 5…6 b", [1, 2])]
+    assert lines_of({0: "a \x00 b", 1: "a 5.5 b", 2: "a 6.5 b", 3: "a 7.5 b", 4: "a 6.5 b"}) == [
+        ("stdout", "a \x00 b", [0]), ("stdout", "a 5.5…7.5 b", [1, 2, 3, 4])]

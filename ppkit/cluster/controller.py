@@ -17,10 +17,11 @@ import weakref
 from dataclasses import asdict
 
 from ppkit.checks import positive
-from ppkit.cluster import diagnostics, hang_doctor, launchers, worker_setup
+from ppkit.cluster import diagnostics, hang_doctor, hang_watch, launchers, worker_setup
 from ppkit.cluster.admission import handle_probe, listen_error
 from ppkit.cluster.budget import read_budget
 from ppkit.cluster.debug import post_mortem
+from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.inbox import Closed, Inbox, Item
 from ppkit.cluster.job_running import JobRunner, profiled
 from ppkit.cluster.launchers import Process
@@ -305,6 +306,15 @@ class Cluster:
         """
         return self._jobs.run(fn, args, kwargs, self.timeout if timeout is None else positive(timeout, "timeout"))
 
+    def run_watched(self, fn, *args, timeout: float | None = None) -> list:
+        """``run`` with a hang watch (hang_watch.py): a job that seems hung is shown once, with the collective
+        doctor's reading and where each rank waits, before its timeout ends it (a timeout that comes first
+        says the same). What ``%%ranks`` runs on."""
+        timeout = self.timeout if timeout is None else positive(timeout, "timeout")
+        seconds = hang_watch.threshold()
+        watch = HangWatch(seconds) if seconds and seconds < timeout else None
+        return self._jobs.run(fn, args, {}, timeout, watch=watch)
+
     def run_to_exit(self, fn, args: tuple, timeout: float | None, watch=None) -> list:
         """``fn(rank, world_size, *args)`` as each rank's last job: its process then ends as a script
         does (non-daemon threads joined, atexit handlers run), and an exit with status 0 is a success.
@@ -353,6 +363,12 @@ class Cluster:
             return hang_doctor.ask_records(self._send, self._inbox, range(self.world_size), wait=wait)
         finally:
             lock.release()
+
+    @property
+    def last_job_results(self) -> dict:
+        """rank -> its answer to this cluster's last job (a Result or Cancelled), for each rank that answered;
+        empty after a restart. The collective doctor on demand reads how each rank's job ended."""
+        return dict(self._jobs.last_results)
 
     def _check_usable(self) -> None:
         if self.state == "closed":

@@ -32,6 +32,7 @@ class JobRunner:
         self._job_ids = itertools.count(1)
         self._sources_sent: set[str] = set()  # the notebook cells whose source the ranks have
         self._one_job = threading.Lock()
+        self.last_results: dict = {}  # rank -> its answer to the last job (Result or Cancelled), if it answered
 
     def exclusive(self) -> threading.Lock:
         """``with runner.exclusive():`` no job runs meanwhile (a post-mortem, stopping a kept rank)."""
@@ -40,6 +41,7 @@ class JobRunner:
     def new_ranks(self) -> None:
         """The ranks were started anew: they have no notebook cell's source yet."""
         self._sources_sent = set()
+        self.last_results = {}
 
     def run(self, fn, args: tuple, kwargs: dict, timeout: float | None, *, last: bool = False, watch=None) -> list:
         """``fn(rank, world_size, *args, **kwargs)`` on every rank; its values by rank, or the job's error.
@@ -51,9 +53,12 @@ class JobRunner:
             self._check_usable()
             job = Job(next(self._job_ids), links.world_size, links.inbox, links.send, links.launcher,
                       links.printer, self._on_break, links.conns, self._restart)
-            with links.printer.metrics.job(job.job_id):  # ppkit.log_metrics from the ranks: a live plot
-                return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout,
-                               self._workers(), last=last, watch=watch)
+            try:
+                with links.printer.metrics.job(job.job_id):  # ppkit.log_metrics from the ranks: a live plot
+                    return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout,
+                                   self._workers(), last=last, watch=watch)
+            finally:
+                self.last_results = dict(job.results)  # the doctor on demand: a rank that raised is not computing
 
 
 @contextlib.contextmanager
@@ -74,4 +79,4 @@ def profiled(run, profile=True):
             run(collect.stop)
         raise
     values = run(collect.stop)
-    prof._load({rank: v for rank, v in enumerate(values) if isinstance(v, dict)}, offsets)
+    prof._load({rank: v for rank, v in enumerate(values) if isinstance(v, dict)}, offsets, world_size=len(values))

@@ -16,6 +16,7 @@ import time
 
 from ppkit.cluster import diagnostics, hang_doctor
 from ppkit.cluster.debug.sessions import Ended, Sessions, ended_error
+from ppkit.cluster.hang_doctor import outcomes
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
 from ppkit.errors import ConfigError
@@ -76,6 +77,8 @@ class Job:
         self.results: dict[int, Result | Cancelled] = {}
         self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
         self.records: dict[int, dict] = {}  # rank -> its flight record's last words, as it aborted (hang_doctor/)
+        self.diagnosis: hang_doctor.Diagnosis | None = None  # the doctor's last reading, put on the job's error
+        self.exited: set[int] = set()  # ranks whose process exited with status 0 without answering (os._exit(0))
 
     def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float | None, workers: dict,
             last: bool = False, watch: HangWatch | None = None) -> list:
@@ -102,7 +105,7 @@ class Job:
             self._print_diagnosis()
             if waiting:
                 self._on_break(f"rank(s) {waiting} are still blocked after rank {min(errors)} failed.")
-            raise diagnostics.ranks_raised(errors, waiting, stacks, self.rendezvous)
+            raise self._with_records(diagnostics.ranks_raised(errors, waiting, stacks, self.rendezvous))
         return [byvalue.loads(self.results[r].value) for r in range(self.world_size)]
 
     def waiting(self) -> list[int]:
@@ -162,19 +165,22 @@ class Job:
                 self._print_diagnosis()
                 self._printer.flush()
                 self._on_break(f"a job timed out with rank(s) {waiting} still blocked.")
-                raise diagnostics.job_timed_out(timeout, waiting, sorted(self.results), stacks, self.rendezvous)
+                raise self._with_records(diagnostics.job_timed_out(timeout, waiting, sorted(self.results), stacks,
+                                                                   self.rendezvous))
             elif isinstance(item.msg, Closed) and not item.from_launcher and item.source in self.results:
                 pass  # a rank whose job was its last: its process ended after its answer
             elif isinstance(item.msg, Closed) and not item.from_launcher and self._exited_cleanly(item.source):
                 self.results[item.source] = Result(self.job_id, True, byvalue.dumps(None))
+                self.exited.add(item.source)
             elif isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
                 self._print_diagnosis({rank: self._launcher.describe_exit(rank)})
                 self._printer.flush()
                 self._on_break(f"rank {rank} died.")
-                raise diagnostics.worker_died(rank, self._launcher.rank_label(rank, workers.get(rank, {})),
-                                              self._launcher.exit_status(rank), self._launcher.describe_exit(rank))
+                raise self._with_records(diagnostics.worker_died(
+                    rank, self._launcher.rank_label(rank, workers.get(rank, {})), self._launcher.exit_status(rank),
+                    self._launcher.describe_exit(rank)))
             elif isinstance(item.msg, LaunchFailed) and item.msg.rank in self.waiting():  # its machine is lost
                 self._printer.flush()
                 self._on_break(item.msg.reason)
@@ -223,10 +229,8 @@ class Job:
 
     def _diagnosis(self, ended: dict | None = None) -> hang_doctor.Diagnosis:
         """The collective doctor's reading of every rank's flight record (ppkit/cluster/hang_doctor/)."""
-        finished = {r: "it finished its job" + (" and its process ended" if self.last else "") if m.ok else
-                    f"it raised {m.value.type}" for r, m in self.results.items() if isinstance(m, Result)}
-        failed = {r for r, m in self.results.items() if isinstance(m, Result) and not m.ok
-                  and "torch/distributed/" in m.value.traceback.replace("\\", "/")}
+        finished, failed = outcomes.of_results(self.results, self.last)
+        finished.update({r: "its process exited with status 0 before its job returned" for r in self.exited})
         gone = set(ended or {}) | ({r for r, m in self.results.items() if isinstance(m, Result) and m.ok}
                                    if self.last else set())  # their processes ended: none would answer
         records = hang_doctor.ask_records(self._send, self._inbox,
@@ -234,10 +238,14 @@ class Job:
         return hang_doctor.diagnose(records, self.world_size, {**finished, **(ended or {})}, failed)
 
     def _print_diagnosis(self, ended: dict | None = None) -> None:
-        diagnosis = self._diagnosis(ended)
+        diagnosis = self.diagnosis = self._diagnosis(ended)
         if diagnosis.problem:
             self._printer.flush()
             print(diagnosis, end="", flush=True)
+
+    def _with_records(self, error):
+        error.diagnosis = self.diagnosis
+        return error
 
     def _take(self, item: Item) -> bool:
         if isinstance(item.msg, FlightRecord):  # a rank's last words as gloo aborts it; a late answer: dropped
@@ -256,6 +264,7 @@ class Job:
         stacks = {}
         try:
             stacks = self._stacks(self.waiting())
+            self._print_diagnosis()  # before the cancel: the ranks still wait where the learner saw them hang
             for rank in self.waiting():
                 self._send(rank, Cancel(self.job_id))
             deadline = time.monotonic() + CANCEL_WAIT_S
@@ -268,7 +277,7 @@ class Job:
         stuck = self.waiting()
         if stuck:
             self._on_break(f"rank(s) {stuck} did not stop when the job was interrupted.")
-        raise diagnostics.interrupted(stuck, stacks)
+        raise self._with_records(diagnostics.interrupted(stuck, stacks))
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
         return diagnostics.ask_stacks(self._send, self._inbox, ranks, rendezvous=self.rendezvous)

@@ -85,10 +85,10 @@ def ranks(line: str, cell: str):
     options = parse_line(line)
     profile = options.pop("profile", None)
     if profile is None:
-        cluster.run(exec_cell, cell, str(next(_cell_ids)), **options)
+        cluster.run_watched(exec_cell, cell, str(next(_cell_ids)), **options)
         return None
     with cluster.profile(profile) as prof:
-        cluster.run(exec_cell, cell, str(next(_cell_ids)), **options)
+        cluster.run_watched(exec_cell, cell, str(next(_cell_ids)), **options)
     return prof
 
 

@@ -5,8 +5,9 @@
     report = ppkit.compare_runs(reference, runs)  # the reference: the same recorder in one process
     report.raise_if_different()                   # ppkit.ParityError naming the first step, tensor and rank
 
-record.py is the ranks' side (DTensors, hand-cut shards, pipeline stages that hold some names), compare.py the
-kernel's, tolerance.py the default tolerance and how it is derived, diagnose.py the words, report.py the result.
+record.py is the ranks' side (DTensors, hand-cut shards, pipeline stages that hold some names) and precision.py
+the precision each tensor was computed in; compare.py the kernel's, pieces.py where each piece lies, tolerance.py
+the default tolerance and how it is derived, diagnose.py the words, report.py the result (docs/parity.md).
 """
 
 from ppkit.parity.compare import compare_runs

@@ -3,7 +3,8 @@
 Each rank's piece of a tensor is compared with the same piece of the reference's, so the report can name the
 rank whose piece is wrong, not only the tensor. Within a step the loss comes first, then the tensors: gradients
 in the order backward computes them (the model's last parameters first), since a wrong gradient spreads to
-every parameter backward reaches after it; parameters in the model's order.
+every parameter backward reaches after it; parameters in the model's order. Each tensor is judged with the
+tolerance of the precision it was computed in (tolerance.py), against the whole tensor's largest value.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import torch
 
 from ppkit.errors import ConfigError
 from ppkit.parity.diagnose import Case, diagnose
+from ppkit.parity.pieces import check_covered, same_place, wanted
+from ppkit.parity.precision import least_precise
 from ppkit.parity.record import ParityRecorder, ParityRun, Piece
-from ppkit.parity.report import Difference, ParityReport
-from ppkit.parity.tolerance import Tolerance, chosen_tolerance, least_precise
+from ppkit.parity.report import Difference, ParityReport, Used
+from ppkit.parity.tolerance import Tolerance, chosen_tolerance, default_tolerance
 
 
 def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | None = None) -> ParityReport:
@@ -30,21 +33,54 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     if ref.world_size != 1:
         raise ConfigError(f"the reference was recorded on rank {ref.rank} of {ref.world_size}: record it in one "
                           "process (the kernel, no process group), as the run a parallel one must equal.")
+    absent = _absent(runs)
     ranks = _as_runs(runs, ref.kind)
     steps = _common_steps(ref, ranks)
-    dtypes = [ref.dtype] + [run.dtype for run in ranks.values()]
-    tolerance = chosen_tolerance(least_precise(dtypes), rtol, atol)
+    tolerances = _Tolerances(ref, ranks, rtol, atol)
     differences: list[Difference] = []
     first_case = None
     for step in steps:
-        for diff, case in _step_differences(ref, ranks, step, tolerance):
+        for diff, case in _step_differences(ref, ranks, step, tolerances, absent):
             differences.append(diff)
             first_case = first_case or case
     diagnosis = diagnose(first_case) if first_case else None
     held = {n for run in ranks.values() for step in steps for n in run.tensors.get(step, {})}
     names = [n for n in dict.fromkeys(n for step in steps for n in ref.tensors.get(step, {})) if n in held]
     losses = any(run.losses for run in ranks.values())
-    return ParityReport(differences, diagnosis, tolerance, steps, names, sorted(ranks), ref.kind, losses)
+    return ParityReport(differences, diagnosis, tolerances.used(), steps, names, sorted(ranks), ref.kind, losses)
+
+
+class _Tolerances:
+    """The tolerance of each precision, made once, and what each one judged (for the report)."""
+
+    def __init__(self, ref: ParityRun, ranks: dict[int, ParityRun], rtol, atol):
+        self.rtol, self.atol, self.judged = rtol, atol, {}
+        self.why = {}
+        for run in [ref, *ranks.values()]:
+            for dtype, why in run.precision.items():
+                self.why.setdefault(dtype, why)
+        self.made: dict[str, Tolerance] = {}
+
+    def of(self, dtype: str, what: str) -> Tolerance:
+        dtype = dtype or "torch.float32"
+        if dtype not in self.made:
+            self.made[dtype] = chosen_tolerance(dtype, self.rtol, self.atol)
+        self.judged.setdefault(dtype, {})[what] = None
+        return self.made[dtype]
+
+    def used(self) -> list[Used]:
+        return [Used(self.made[d], self.why.get(d, "the recorded dtype"), list(names))
+                for d, names in self.judged.items()]
+
+
+def _absent(runs) -> list[int]:
+    """Ranks of the run that handed back nothing (None), where the others say how many ranks there were."""
+    items = list(runs.values() if isinstance(runs, Mapping) else runs) if isinstance(runs, (list, tuple, Mapping)) \
+        else []
+    found = [obj.run if isinstance(obj, ParityRecorder) else obj for obj in items]
+    found = [run for run in found if isinstance(run, ParityRun)]
+    size = max((run.world_size for run in found), default=0)
+    return sorted(set(range(size)) - {run.rank for run in found})
 
 
 def _as_run(obj, label: str) -> ParityRun:
@@ -96,19 +132,28 @@ def _span(steps: list[int]) -> str:
     return f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
 
 
-def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerance: Tolerance):
-    loss_ok = False  # a loss was compared at this step and every rank's equals the reference's
+def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerances: _Tolerances,
+                      absent: list[int]):
+    computed = least_precise(*(run.computed.get(step, "") for run in [ref, *ranks.values()]))
+    forward = ""  # "equal": every rank's loss equals the reference's to float32's rounding; "loose": within
+    loss_rel = None  # the tolerance only (a bf16 one, say), which does not show that the forward is right
     if step in ref.losses:
         want = torch.tensor(ref.losses[step], dtype=torch.float64)
         losses = {r: torch.tensor(run.losses[step], dtype=torch.float64)
                   for r, run in ranks.items() if step in run.losses}
-        loss_ok = bool(losses)
+        ok = bool(losses)
         for rank, got in losses.items():
-            diff = _difference("loss", "loss", step, rank, got, want, tolerance)
+            dtype = least_precise(ref.loss_dtypes.get(step, ""), ranks[rank].loss_dtypes.get(step, ""), computed)
+            tolerance = tolerances.of(dtype, "loss")
+            diff = _difference("loss", "loss", step, rank, got, want, tolerance, float(want.abs()))
             if diff:
-                loss_ok = False
-                yield diff, Case("loss", "loss", step, rank, got, want, losses, {}, False,
-                                 {r: (v, want) for r, v in losses.items()})
+                ok = False
+                yield diff, Case("loss", "loss", step, rank, got, want, losses, {},
+                                 {r: (v, want) for r, v in losses.items()}, tolerance)
+        if ok:
+            loss_rel = max(float((v - want).abs()) / max(float(want.abs()), 1e-30) for v in losses.values())
+            exact = default_tolerance("torch.float32").at(step)[0]
+            forward = "equal" if loss_rel <= exact else "loose"
     elif any(step in run.losses for run in ranks.values()):
         raise ConfigError(f"the ranks recorded a loss at step {step}, the reference none: pass the loss to "
                           "record on both sides.")
@@ -117,16 +162,29 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
     for name in (reversed(names) if ref.kind == "grads" else names):
         full = ref.tensors[step][name].value
         held = {r: run.tensors[step][name] for r, run in ranks.items() if name in run.tensors.get(step, {})}
-        wanted = {r: _wanted(full, piece, name, r) for r, piece in held.items()}
-        _check_covered(full, held, name, step)
+        wants = {r: wanted(full, piece, name, r) for r, piece in held.items()}
+        check_covered(full, held, name, step, absent)
+        scale = float(full.double().abs().max()) if full is not None and full.numel() else 0.0
         for rank, piece in held.items():
-            diff = _difference(kind, name, step, rank, piece.value, wanted[rank], tolerance)
+            dtype = least_precise(_dtype(ref.tensors[step][name]), _dtype(piece), computed)
+            tolerance = tolerances.of(dtype, name)
+            diff = _difference(kind, name, step, rank, piece.value, wants[rank], tolerance, scale)
             if diff:
-                peers = {r: held[r].value for r in held if _same_place(held[r], piece)}
-                elsewhere = {r: w for r, w in wanted.items() if w is not None and r != rank
-                             and not _same_place(held[r], piece)}
-                yield diff, Case(kind, name, step, rank, piece.value, wanted[rank], peers, elsewhere, loss_ok,
-                                 {r: (held[r].value, wanted[r]) for r in held})
+                peers = {r: held[r].value for r in held if same_place(held[r], piece)}
+                elsewhere = {r: w for r, w in wants.items() if w is not None and r != rank
+                             and not same_place(held[r], piece)}
+                other_steps = {t: wanted(ref.tensors[t][name].value, piece, name, rank) for t in ref.tensors
+                           if ref.kind == "params" and t != step and name in ref.tensors[t]
+                           and ref.tensors[t][name].value is not None}
+                no_grads = all(p.value is None for p in ranks[rank].tensors[step].values())
+                yield diff, Case(kind, name, step, rank, piece.value, wants[rank], peers, elsewhere,
+                                 {r: (held[r].value, wants[r]) for r in held}, tolerance, forward, loss_rel,
+                                 other_steps, no_grads, step in ranks[rank].losses, ranks[rank].dp_size,
+                                 ranks[rank].world_size, scale)
+
+
+def _dtype(piece: Piece) -> str:
+    return piece.dtype or ("" if piece.value is None else str(piece.value.dtype))
 
 
 def _names_at(ref: ParityRun, ranks: dict[int, ParityRun], step: int) -> list[str]:
@@ -157,66 +215,9 @@ def _suggest(name: str, known: list[str]) -> str:
     return f" (the closest it has: {close[0]!r})" if close else ""
 
 
-def _wanted(full: torch.Tensor | None, piece: Piece, name: str, rank: int) -> torch.Tensor | None:
-    """The reference's part that ``piece`` should equal."""
-    if full is None or piece.value is None:
-        return full if piece.value is None or full is None else None
-    shape = tuple(piece.value.shape)
-    if piece.full_shape is not None:
-        if tuple(full.shape) != piece.full_shape:
-            raise ConfigError(f"rank {rank}'s {name} is a piece of a {list(piece.full_shape)} tensor, the "
-                              f"reference's is {list(full.shape)}: the two models differ in size.")
-        return full[tuple(slice(o, o + s) for o, s in zip(piece.offset, shape))]
-    if piece.chunk is not None:
-        dim, index, count = piece.chunk
-        if not -full.dim() <= dim < full.dim():
-            raise ConfigError(f"shards[{name!r}] names dim {dim}, but the reference's {name} has "
-                              f"{full.dim()} dims.")
-        chunks = torch.chunk(full, count, dim)
-        part = chunks[index] if index < len(chunks) else full.narrow(dim, 0, 0)
-        if tuple(part.shape) != shape:
-            raise ConfigError(f"rank {rank} recorded {name} as piece {index} of {count} along dim {dim}, shape "
-                              f"{list(shape)}; that piece of the reference's {list(full.shape)} has shape "
-                              f"{list(part.shape)}: check the shards= given to this rank's recorder.")
-        return part
-    if tuple(full.shape) != shape:
-        raise ConfigError(f"rank {rank}'s {name} has shape {list(shape)}, the reference's {list(full.shape)}. If this "
-                          f"rank holds a piece of it, say which: ParityRecorder(shards={{{name!r}: (dim, index, "
-                          "count)}}); a DTensor says it by itself.")
-    return full
-
-
-def _check_covered(full: torch.Tensor | None, held: dict[int, Piece], name: str, step: int) -> None:
-    """Refuse pieces that leave part of the reference's tensor unchecked: a rank that returned nothing (``if rank
-    == 0: return rec.run``) would otherwise hide a bug in its piece behind a report that says "equal"."""
-    if full is None or any(p.value is None or p.gathered or (p.offset is None and p.chunk is None)
-                           for p in held.values()):
-        return  # some rank holds the whole tensor (or says it has no gradient, which is compared as such)
-    covered = torch.zeros(full.shape, dtype=torch.bool)
-    for piece in held.values():
-        if piece.offset is not None:
-            covered[tuple(slice(o, o + s) for o, s in zip(piece.offset, piece.value.shape))] = True
-        else:
-            dim, index, count = piece.chunk
-            chunks = torch.chunk(covered, count, dim)  # views: filling one fills its part of covered
-            if index < len(chunks):
-                chunks[index].fill_(True)
-    done = int(covered.sum())
-    if done < full.numel():
-        ranks = sorted(held)
-        raise ConfigError(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} recorded pieces of "
-                          f"{name} at step {step} that cover {done} of its {full.numel()} elements: the rest was "
-                          "not compared. Return recorder.run from every rank (not only from rank 0: each rank "
-                          "records its own piece), and check the offsets or shards= the pieces were recorded with.")
-
-
-def _same_place(a: Piece, b: Piece) -> bool:
-    shape_a = None if a.value is None else tuple(a.value.shape)
-    shape_b = None if b.value is None else tuple(b.value.shape)
-    return (a.offset, a.chunk, shape_a) == (b.offset, b.chunk, shape_b) or a.gathered or b.gathered
-
-
-def _difference(kind, name, step, rank, got, want, tolerance: Tolerance) -> Difference | None:
+def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: float) -> Difference | None:
+    """A difference beyond ``tolerance``, measured against ``scale``: the whole reference tensor's largest
+    |value| (a loss: its own size)."""
     if got is None and want is None:
         return None
     if got is None or want is None:
@@ -225,7 +226,6 @@ def _difference(kind, name, step, rank, got, want, tolerance: Tolerance) -> Diff
     if got.numel() == 0:
         return None
     delta = (got.double() - want.double()).abs().max()
-    scale = float(want.double().abs().max())
     diff = float(delta) if torch.isfinite(delta) else float("inf")
     if tolerance.allows(diff, scale, step):
         return None

@@ -1,17 +1,25 @@
 """What a difference looks like, in words: what happened, why it is likely, what to check.
 
 Each test below matches one shape a distributed bug leaves in the numbers, tried in this order: nothing at
-all (a gradient that never arrived), not a number, zero, the sum or the mean over ranks that hold the same
-piece (an all_reduce missing), a whole multiple or fraction of the reference (a sum where a mean belongs, or a
-division too many), the piece of another rank (shards swapped), ranks that should agree but do not (they
-drifted apart). A difference none of them explains is named with what to compare next.
+all (a gradient that never arrived, or none on the whole rank), not a number, zero, a parameter equal to the
+reference's value at another step (an update skipped, or recorded after it), the sum or the mean over ranks
+that hold the same piece (an all_reduce missing), a whole multiple or fraction of the reference (a sum where a
+mean belongs, gradient accumulation, a division too many), the piece of another rank (shards swapped), a piece
+summed or averaged with other ranks' pieces (an all_reduce over the wrong group), ranks that should agree but
+do not (they drifted apart). A difference none of them explains is named with what to compare next.
+
+Where two causes leave the same numbers, the words name both; an inference says what would confirm it. The
+loss is evidence about the forward only where it matches to float32's rounding: a loss within a bfloat16
+tolerance can still be 2 % wrong.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from ppkit.parity.tolerance import Tolerance, default_tolerance
 
 CLOSE = 1e-3  # a shape fits when what is left of the difference is this small next to the reference
 
@@ -19,7 +27,11 @@ CLOSE = 1e-3  # a shape fits when what is left of the difference is this small n
 @dataclass(frozen=True)
 class Case:
     """The first difference and what it is compared with. ``peers``: every rank holding the same piece ->
-    its value (this rank included); ``elsewhere``: the reference's pieces other ranks hold, by rank."""
+    its value (this rank included); ``elsewhere``: the reference's pieces other ranks hold, by rank;
+    ``forward``: "equal" where every rank's loss at this step equals the reference's to float32's rounding,
+    "loose" where it is only within the tolerance, "" where no loss was compared or it differs; ``other_steps``:
+    the reference's value of this piece at the other steps (parameters only); ``no_grads``: every tensor this rank
+    recorded at this step is None; ``dp_size``: the size of the group the loss was averaged over (None: not said)."""
 
     kind: str                                  # "loss", "grad" or "param"
     name: str                                  # "loss" for a loss
@@ -29,8 +41,16 @@ class Case:
     want: torch.Tensor | None
     peers: dict[int, torch.Tensor | None]
     elsewhere: dict[int, torch.Tensor]
-    earlier_equal: bool                        # the loss matched at this step (for a gradient or parameter)
     held: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]  # every rank holding it: (got, want)
+    tolerance: Tolerance
+    forward: str = ""
+    loss_rel: float | None = None
+    other_steps: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    no_grads: bool = False
+    has_loss: bool = False                     # this rank recorded a loss at this step
+    dp_size: int | None = None
+    world_size: int = 1
+    scale: float = 0.0                         # the reference tensor's largest |value|
 
 
 @dataclass(frozen=True)
@@ -65,13 +85,31 @@ def _whole(c: float) -> int | None:
 def diagnose(case: Case) -> Diagnosis:
     """The most likely cause of ``case``'s difference."""
     thing = _noun(case)
+    if case.got is None and case.no_grads and not case.has_loss:
+        return Diagnosis(f"every gradient rank {case.rank} recorded at step {case.step} is None ({case.name} among "
+                         "them), and it recorded no loss",
+                         "no backward reached this rank's parameters before record: in a pipeline, a stage's output "
+                         "was detached or dropped before the next stage, or the gradient sent back was never used "
+                         "(torch.autograd.backward(output, received_gradient) missing); or record was called after "
+                         "optimizer.zero_grad(), which sets every .grad to None by default",
+                         "that this stage calls torch.autograd.backward(output, received_gradient) on an output that "
+                         "kept its graph, and that record comes before optimizer.step() and zero_grad()")
+    if case.got is None and case.no_grads:
+        return Diagnosis(f"every gradient rank {case.rank} recorded at step {case.step} is None ({case.name} "
+                         "among them)",
+                         "no backward had filled .grad when record ran: most likely record was called after "
+                         "optimizer.zero_grad() (or model.zero_grad()), which sets every .grad to None by default, "
+                         "or before loss.backward(); or the model recorded is not the one that was trained",
+                         "the order in the loop: loss.backward(), then record(step, model, loss), then "
+                         "optimizer.step() and optimizer.zero_grad()")
     if case.got is None:
-        return Diagnosis(f"rank {case.rank} has no gradient for {case.name}",
-                         "backward never reached this parameter on that rank: a pipeline stage's output was "
+        return Diagnosis(f"rank {case.rank} has no gradient for {case.name} (its .grad is None)",
+                         "backward never reached this parameter on that rank, while it reached others: the "
+                         "parameter was not used in this rank's forward, or, in a pipeline, a stage's output was "
                          "detached or dropped before the next stage, or the gradient sent back was never used",
-                         "that the stage's output keeps its graph (no .detach() before the send), that the next "
-                         "stage sends the gradient of its input back, and that this stage calls "
-                         "torch.autograd.backward(output, received_gradient)")
+                         "that this rank's forward uses the parameter; in a pipeline, that the stage's output keeps "
+                         "its graph (no .detach() before the send), that the next stage sends the gradient of its "
+                         "input back, and that this stage calls torch.autograd.backward(output, received_gradient)")
     if case.want is None:
         return Diagnosis(f"rank {case.rank} has a gradient of {case.name}, which the reference has not",
                          "the parameter takes part in the parallel run's graph but not in the reference's: frozen "
@@ -89,32 +127,91 @@ def diagnose(case: Case) -> Diagnosis:
                          "the stage boundary (send, recv, backward with the received gradient) and where "
                          "zero_grad and record are called")
     peers = {r: v.double() for r, v in case.peers.items() if v is not None}
-    found = _partial(case, got, want, peers) or _scaled(case, got, want, thing) or _swapped(case, got, thing)
+    found = (_skipped(case, got, thing) or _partial(case, got, want, peers) or _scaled(case, got, want, thing)
+             or _swapped(case, got, thing) or _mixed(case, got, want, thing))
     if found:
         return found
     if len(peers) > 1 and not all(_fits(v, got) for v in peers.values()):
         ranks = sorted(peers)
-        if case.earlier_equal and case.kind == "grad":
+        if case.forward == "equal" and case.kind == "grad":
             return Diagnosis(f"ranks {ranks} hold different gradients of {case.name}, which they share, while the "
                              f"loss at step {case.step} equals the reference's",
-                             "the forward is right and the backward is not: an all_reduce is missing in backward, "
-                             "so each rank kept only its own part of a gradient. In a tensor-parallel block that is "
+                             "the loss matching to float32's rounding points at the backward (an inference: the "
+                             "layers' outputs, recorded on both sides as a dict of name -> tensor, would confirm "
+                             "it): most likely an all_reduce is missing in backward, so each rank kept only its own "
+                             "part of a gradient. In a tensor-parallel block that is "
                              "the gradient of the block's input (Megatron's f: identity forward, all_reduce backward)",
                              f"the layers between {case.name} and the next parallel block: the block's input must go "
                              "through an all_reduce-in-backward function (ppkit.lessons.tensor_parallel."
                              "copy_to_parallel), and nothing else may sum it")
         return Diagnosis(f"ranks {ranks} hold different values for the same {thing}",
-                         "ranks that should agree drifted apart: one skipped an all_reduce, or they did not start "
-                         "from the same weights (no broadcast, or another seed)",
-                         "that every rank builds the model from the same seed and calls the same collectives")
-    rel = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
-    where = ("the forward matches (the loss equals the reference at this step), so the backward differs"
-             if case.earlier_equal else "the numbers differ in no simple pattern")
-    return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} of its largest value",
+                         "ranks that should agree drifted apart: one skipped an all_reduce or an optimizer step, "
+                         "or saw other data, or they did not start from the same weights (no broadcast, or another "
+                         "seed)",
+                         "that every rank builds the model from the same seed and calls the same collectives and "
+                         "optimizer steps; record what='params' from step 0 to see which step they part")
+    scale = max(case.scale, float(want.abs().max()), 1e-30)
+    rel = float((got - want).abs().max()) / scale
+    of = "of the reference's loss" if case.kind == "loss" else "of the tensor's largest value"
+    where = ("the forward matches (the loss equals the reference's to float32's rounding at this step), so the "
+             "backward differs" if case.forward == "equal" else "the numbers differ in no simple pattern")
+    return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} {of}{_loose(case)}",
                      f"{where}: not a scale, a partial sum nor a swapped piece; the data a rank or micro-batch saw, "
-                     "their order, or the layer's math differs",
+                     f"their order, the start weights (a seed, no broadcast), or the layer's math differs"
+                     f"{_unseen_precision(case, rel)}",
                      "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
                      "stages), then record what='params' or a layer's output to find the first that differs")
+
+
+def _loose(case: Case) -> str:
+    """A loss that passed only within a loose tolerance is no evidence about the forward: say so."""
+    if case.forward != "loose" or case.loss_rel is None:
+        return ""
+    return (f"; the loss at step {case.step} passed, but only within the {case.tolerance.dtype.removeprefix('torch.')} "
+            f"tolerance: it differs by {case.loss_rel:.2g} of itself, so it does not show that the forward is right")
+
+
+def _unseen_precision(case: Case, rel: float) -> str:
+    """A float32-judged difference small enough to be a lower precision's rounding: name that explanation too."""
+    if case.tolerance.dtype != "torch.float32" or not case.tolerance.grows:
+        return ""
+    if rel > default_tolerance("torch.bfloat16").at(case.step)[0]:
+        return ""
+    return ("; or, if the run computed in bfloat16 where the recorder could not see it (an autocast region that "
+            "ended before record, on ranks whose loss is a number, detached or absent, as a pipeline's is), a "
+            "difference this size is that rounding: ParityRecorder(precision=torch.bfloat16) on the ranks then "
+            "compares within it")
+
+
+def _skipped(case: Case, got, thing: str) -> Diagnosis | None:
+    """A parameter equal to the reference's value at another step: the nearest earlier one (that rank missed the
+    updates since), else a later one (it took updates the reference had not yet, or records after the step)."""
+    if case.kind != "param":
+        return None
+    order = sorted((t for t in case.other_steps if t < case.step), reverse=True) + \
+        sorted(t for t in case.other_steps if t > case.step)
+    for step in order:
+        other = case.other_steps[step]
+        if other is None or other.shape != got.shape:
+            continue
+        if not case.tolerance.allows(float((got - other.double()).abs().max()), case.scale, case.step):
+            continue
+        what = f"rank {case.rank}'s {thing} at step {case.step} equals the reference's value at step {step}"
+        if step > case.step:
+            return Diagnosis(what, "this rank records the parameters at another point of the loop than the "
+                                   "reference (after optimizer.step() here, before it there), or it stepped "
+                                   f"{step - case.step} more time(s) than the reference",
+                             "where record is called on both sides: after backward and before optimizer.step()")
+        missed = case.step - step
+        return Diagnosis(what,
+                         f"the parameter missed {missed} update{'s' if missed > 1 else ''}: most likely rank "
+                         f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, a "
+                         "GradScaler that found inf and skipped it), or its optimizer does not hold this "
+                         "parameter; or this rank records the parameters at another point of the loop than the "
+                         "reference (before optimizer.step() here, after it there)",
+                         "that every rank calls optimizer.step() at every step, and that the optimizer was "
+                         "built over this model's parameters (after wrapping it)")
+    return None
 
 
 def _partial(case: Case, got, want, peers) -> Diagnosis | None:
@@ -131,7 +228,7 @@ def _partial(case: Case, got, want, peers) -> Diagnosis | None:
                              "record the loss before dividing it, with mean_over=the data-parallel group")
         missing = ("the forward is right (the loss equals the reference's), so an all_reduce is missing in "
                    "backward: in a tensor-parallel block, the backward of its input (Megatron's f, identity forward "
-                   "and all_reduce backward)") if case.earlier_equal else (
+                   "and all_reduce backward)") if case.forward == "equal" else (
                    "an all_reduce is missing: in a tensor-parallel block, the backward of its input (Megatron's f, "
                    "identity forward and all_reduce backward) or the forward of its output (g)")
         return Diagnosis(f"each of ranks {ranks} holds only its own part of the {_noun(case)}: their sum is "
@@ -174,12 +271,10 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
                          f"code that runs on rank {case.rank} only (a branch on the rank or on a mesh coordinate), "
                          "and a backward or gradient accumulation that ran more (or fewer) times there")
     if k:
-        also = "; or the ranks' losses were summed, not averaged" if case.kind != "param" else ""
-        return Diagnosis(f"the {thing} is {k}x the reference on {on}",
-                         f"an all-reduce summed where it should average: the sum of {k} ranks' values, not divided "
-                         f"by {k}{also}",
-                         f"the gradient all_reduce: divide by the number of data-parallel ranks ({k}) or use "
-                         "ReduceOp.AVG (DDP and FSDP already average: do not sum again)")
+        return Diagnosis(f"the {thing} is {k}x the reference on {on}", _whole_causes(case, k),
+                         "the gradient all_reduce (divide by the number of data-parallel ranks or use ReduceOp.AVG; "
+                         "DDP and FSDP already average: do not sum again), and, with gradient accumulation, that "
+                         "each micro-batch's loss is divided by the number of micro-batches")
     if inverse:
         return Diagnosis(f"the {thing} is 1/{inverse} of the reference on {on}",
                          f"divided by {inverse} where a sum belongs: an average over ranks that each hold a part (a "
@@ -190,6 +285,33 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
                      "a scale differs: the learning rate, the loss's normalisation (a sum over tokens where the "
                      "reference takes the mean), gradient accumulation's division, or a loss scale",
                      "every factor applied to the loss and the gradients, against the reference's")
+
+
+def _whole_causes(case: Case, k: int) -> str:
+    """The causes a whole factor k on every rank fits, and which of them the mesh rules out."""
+    dp, world = case.dp_size, case.world_size
+    causes = [f"gradient accumulation over {k} micro-batches whose losses were not divided by {k} (each backward "
+              "adds its whole gradient)",
+              f"a loss {k}x the reference's before backward (summed where the reference takes a mean)"]
+    ruled = ""
+    if dp is None and (k > world or world % k):
+        ruled = (f"; a data-parallel sum alone does not fit: {k} data-parallel ranks cannot be made of this run's "
+                 f"{world}")
+    elif dp is None:
+        causes.append(f"if this run has {k} data-parallel ranks, an all_reduce that summed where it should average "
+                      "(the record does not say how many ranks are data-parallel: record(step, model, loss, "
+                      "mean_over=the data-parallel group) says it)")
+    elif dp == k:
+        causes.insert(0, f"a data-parallel all_reduce that summed where it should average (the loss was averaged over "
+                         f"{dp} ranks, mean_over=, and a sum over {dp} data-parallel ranks is {dp}x)")
+    else:
+        ruled = (f"; a data-parallel sum alone does not fit: the loss was averaged over {dp} ranks (mean_over=), the "
+                 f"data-parallel ones if that group is right, and a sum over them would be {dp}x")
+    if dp and dp * k == world:
+        causes.append(f"an all_reduce over all {world} ranks where the {dp} data-parallel ranks' group belongs, "
+                      f"divided by {dp}: a tensor that the other ranks hold alike (replicated over tensor "
+                      f"parallelism) is then counted {k} times")
+    return f"{len(causes)} causes fit: " + "; ".join(causes) + ruled
 
 
 def _ranks_pieces(ranks: list[int]) -> str:
@@ -207,6 +329,39 @@ def _swapped(case: Case, got, thing: str) -> Diagnosis | None:
                      "rank's own",
                      "the index each rank cuts with (its rank in the tensor-parallel group, not the global rank) and "
                      "the shards= given to the recorder")
+
+
+def _mixed(case: Case, got, want, thing: str) -> Diagnosis | None:
+    """This rank's piece is the sum or the mean of its own piece and other ranks' different pieces (of the
+    reference): an all_reduce whose group spans ranks that hold different pieces of the tensor."""
+    pieces = [want]
+    owners: list[int] = []
+    for rank, other in sorted(case.elsewhere.items()):
+        other = other.double()
+        if other.shape == want.shape and not any(torch.equal(other, p) for p in pieces):
+            pieces.append(other)
+            owners.append(rank)
+    if not owners:
+        return None
+    for label, combined in (("the mean", sum(pieces) / len(pieces)), ("the sum", sum(pieces))):
+        if _fits(got, combined) and not _fits(got, want):
+            mine = f"its own piece and {_owners(owners)} (the reference's)"
+            verb = "averaged with" if label == "the mean" else "added to"
+            return Diagnosis(f"rank {case.rank}'s piece of the {thing} is {label} of {mine}: it was {verb} other "
+                             "ranks' pieces",
+                             "an all_reduce over the wrong group: it spans ranks that hold different pieces of this "
+                             "tensor, so pieces of different places were added: the default WORLD group where the "
+                             "data-parallel group belongs, or an all_reduce of a shard that FSDP or DTensor already "
+                             "reduced (a sharded gradient needs none of your own)",
+                             "the group= of every gradient all_reduce: the data-parallel group (mesh['dp']."
+                             "get_group()), not the default WORLD, and none on gradients FSDP2 already reduced")
+    return None
+
+
+def _owners(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}'s piece"
+    return f"the pieces of ranks {', '.join(map(str, ranks))}"
 
 
 def _noun(case: Case) -> str:

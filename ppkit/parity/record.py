@@ -4,7 +4,9 @@ piece of the full tensor this rank holds, with where that piece lies.
 A piece's place comes from what the rank has: a DTensor says it (its mesh coordinate and placements, read
 with the function torch's checkpointing uses, ``compute_local_shape_and_global_offset``: no collective for
 Shard, Replicate and FSDP2 x TP's strided shard), a tensor the learner split by hand says it through
-``shards={name: (dim, index, count)}``, and anything else is the whole tensor. The recorder makes no
+``shards={name: (dim, index, count)}`` (torch.chunk's piece) or ``{name: (dim, slice(start, stop))}`` (any other
+cut), and anything else is the whole tensor. Each tensor also keeps the precision it was computed in
+(precision.py), for the tolerance it is compared with. The recorder makes no
 collective call except where the learner asks for one (``mean_over``) or a DTensor's placement cannot be read
 as a box of the full tensor (Partial; a strided shard whose rows are not consecutive): then every rank of its
 mesh calls ``redistribute`` or ``full_tensor`` at the same record call, as ranks that record the same model do.
@@ -16,13 +18,15 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ppkit.errors import ConfigError
+from ppkit.parity.precision import EPS, Seen
+from ppkit.parity.precision import name as precision_name
 
 KINDS = ("grads", "params")
 # wrappers that add a component to a parameter's name without changing what it is (torch.compile, FSDP1,
@@ -35,13 +39,16 @@ class Piece:
     """One rank's part of a named tensor. ``value`` is None for a gradient the rank did not have. Where it
     lies: ``offset`` (per dim) in a tensor of ``full_shape`` (from a DTensor), or ``chunk`` = (dim, index,
     count), ``torch.chunk``'s piece ``index`` (declared by the learner), or neither: the whole tensor.
-    ``gathered``: the rank built the whole tensor with a collective, so it is not this rank's own piece."""
+    ``gathered``: the rank built the whole tensor with a collective, so it is not this rank's own piece.
+    ``offset`` without ``full_shape``: a box the learner declared (``shards={name: (dim, slice(start, stop))}``).
+    ``dtype``: the precision the value was computed in ("torch.bfloat16" for a float32 gradient under autocast)."""
 
     value: torch.Tensor | None
     offset: tuple[int, ...] | None = None
     full_shape: tuple[int, ...] | None = None
     chunk: tuple[int, int, int] | None = None
     gathered: bool = False
+    dtype: str = ""
 
 
 @dataclass
@@ -53,7 +60,10 @@ class ParityRun:
     kind: str                                   # "grads" or "params"
     losses: dict[int, float] = field(default_factory=dict)
     tensors: dict[int, dict[str, Piece]] = field(default_factory=dict)   # step -> name (in model order) -> piece
-    dtype: str = ""                             # the recorded tensors' dtype, e.g. "torch.float32"
+    loss_dtypes: dict[int, str] = field(default_factory=dict)  # step -> the precision its loss was computed in
+    computed: dict[int, str] = field(default_factory=dict)  # step -> a lower precision seen for the whole step
+    precision: dict[str, str] = field(default_factory=dict)    # each precision seen -> why (for the report)
+    dp_size: int | None = None                  # the size of mean_over's group: the data-parallel ranks
 
     @property
     def steps(self) -> list[int]:
@@ -78,20 +88,28 @@ class ParityRecorder:
             opt.step(); opt.zero_grad()
         return rec.run                              # what cluster.run hands back to the kernel
 
-    ``shards``: {name: (dim, index, count)} for a tensor split by hand (rank r of a tensor-parallel group of n
-    holding rows r: ``(0, r, n)``); ``rename``: a dict or a function from this model's names to the
-    reference's (a pipeline stage that numbers its layers from 0, say). DTensors need neither.
+    ``shards``: {name: (dim, index, count)} for a tensor split by hand with torch.chunk (rank r of a
+    tensor-parallel group of n holding rows r: ``(0, r, n)``), or {name: (dim, slice(start, stop))} for a piece
+    cut otherwise (``tensor_split``, uneven sizes); ``rename``: a dict or a function from this model's names to the
+    reference's (a pipeline stage that numbers its layers from 0, say). DTensors need neither. ``precision``: the
+    dtype the run computed in, where the recorder cannot see it (an autocast region that ended before ``record``
+    with the loss passed as a number); autocast on at the record call, a loss tensor's graph, FSDP2's
+    MixedPrecisionPolicy and TF32 on a GPU it sees by itself. The tolerance follows it.
 
     Every recorded tensor travels back to the kernel with the run: for a large model, record the loss at every step
     (``record(step, None, loss)``) and the tensors at a few steps only.
     """
 
     def __init__(self, what: str = "grads", shards: Mapping | None = None,
-                 rename: Mapping[str, str] | Callable[[str], str] | None = None):
+                 rename: Mapping[str, str] | Callable[[str], str] | None = None, precision=None):
         if what not in KINDS:
             raise ConfigError(f"ParityRecorder(what={what!r}): record 'grads' (after backward, before the "
                               "optimizer's step: a bug shows at its own step) or 'params'.")
-        self.shards = {name: _chunk_spec(name, spec) for name, spec in dict(shards or {}).items()}
+        self.shards = {name: _shard_spec(name, spec) for name, spec in dict(shards or {}).items()}
+        self.precision = "" if precision is None else precision_name(precision)
+        if self.precision and self.precision not in EPS:
+            raise ConfigError(f"ParityRecorder(precision={precision!r}): give the dtype the run computed in, one of "
+                              f"{', '.join(EPS)}.")
         self.rename = rename
         initialized = dist.is_available() and dist.is_initialized()
         rank, size = (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
@@ -109,19 +127,31 @@ class ParityRecorder:
         if step in self.run.losses or step in self.run.tensors:
             raise ConfigError(f"step {step} was recorded twice on rank {self.run.rank}: call record once per step, "
                               "after backward and before the optimizer's step.")
+        seen = Seen(model, loss, self.precision)
+        if seen.everywhere:  # autocast, the loss's graph, precision=, TF32: what the whole step computed in
+            self.run.computed[step] = self._precision(*seen.of("torch.float32"))
         if loss is not None:
             self.run.losses[step] = _loss_value(loss, mean_over)
+            recorded = str(loss.dtype) if isinstance(loss, torch.Tensor) else "torch.float32"
+            self.run.loss_dtypes[step] = self._precision(*seen.of(recorded))
+            if mean_over is not None:
+                self.run.dp_size = _group_size(mean_over)
         if model is not None:
             pieces = {}
-            for name, tensor in _named(model, self.run.kind):
+            for name, param, tensor in _named(model, self.run.kind):
                 name = self._renamed(name)
                 if name in pieces:
                     raise ConfigError(f"two tensors are called {name!r} on rank {self.run.rank} (after rename "
                                       "and the wrappers' names left out): give each its own name.")
-                pieces[name] = self._piece(name, tensor)
+                piece = self._piece(name, tensor)
+                if piece.value is not None:
+                    piece = replace(piece, dtype=self._precision(*seen.of(str(piece.value.dtype), param)))
+                pieces[name] = piece
             self.run.tensors[step] = pieces
-            self.run.dtype = self.run.dtype or next(
-                (str(p.value.dtype) for p in pieces.values() if p.value is not None), "")
+
+    def _precision(self, dtype: str, why: str) -> str:
+        self.run.precision.setdefault(dtype, why)
+        return dtype
 
     def _renamed(self, name: str) -> str:
         name = clean_name(name)
@@ -134,24 +164,43 @@ class ParityRecorder:
             return Piece(None)
         if _is_dtensor(tensor):
             return _dtensor_piece(tensor)
-        return Piece(tensor.detach().cpu().clone(), chunk=self.shards.get(name))
+        value = tensor.detach().cpu().clone()
+        spec = self.shards.get(name)
+        if isinstance(spec, tuple) and len(spec) == 2:  # (dim, slice): a box starting there along dim
+            dim, where = spec
+            dim = dim % value.dim() if -value.dim() <= dim < value.dim() else dim
+            if not 0 <= dim < value.dim() or value.shape[dim] != where.stop - where.start:
+                raise ConfigError(f"shards[{name!r}] = ({spec[0]}, slice({where.start}, {where.stop})) on rank "
+                                  f"{self.run.rank}: its piece has shape {list(value.shape)}, which does not hold "
+                                  f"{where.stop - where.start} entries along dim {spec[0]}: give the rows (or columns) "
+                                  "this rank's tensor holds.")
+            return Piece(value, offset=tuple(where.start if d == dim else 0 for d in range(value.dim())))
+        return Piece(value, chunk=spec)
 
 
-def _chunk_spec(name, spec) -> tuple[int, int, int]:
+def _shard_spec(name, spec):
+    """(dim, index, count): torch.chunk's piece; (dim, slice(start, stop)): entries start..stop-1 along dim."""
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], int) and isinstance(spec[1], slice):
+        where = spec[1]
+        if (isinstance(where.start, int) and isinstance(where.stop, int) and where.step in (None, 1)
+                and 0 <= where.start < where.stop):
+            return int(spec[0]), where
     ok = isinstance(spec, (tuple, list)) and len(spec) == 3 and all(isinstance(v, int) for v in spec)
     if not ok or not (spec[1] >= 0 and spec[2] >= 1 and spec[1] < spec[2]):
         raise ConfigError(f"shards[{name!r}] = {spec!r}: give (dim, index, count), this rank holding torch.chunk's "
-                          "piece index of count along dim, e.g. (0, tp_rank, tp_size) for a column-parallel weight.")
+                          "piece index of count along dim, e.g. (0, tp_rank, tp_size) for a column-parallel weight; "
+                          "or (dim, slice(start, stop)) for a piece cut otherwise (tensor_split, uneven sizes).")
     return int(spec[0]), int(spec[1]), int(spec[2])
 
 
-def _named(model, kind: str) -> Iterable[tuple[str, torch.Tensor | None]]:
+def _named(model, kind: str) -> Iterable[tuple[str, nn.Parameter | None, torch.Tensor | None]]:
+    """(name, the parameter or None, what to record) of each tensor."""
     if isinstance(model, nn.Module):
         model = [model]
     if isinstance(model, Mapping):
-        return [(str(n), t) for n, t in model.items()]
+        return [(str(n), None, t) for n, t in model.items()]
     if isinstance(model, (list, tuple)) and all(isinstance(m, nn.Module) for m in model):
-        return [(n, p.grad if kind == "grads" else p) for m in model for n, p in m.named_parameters()]
+        return [(n, p, p.grad if kind == "grads" else p) for m in model for n, p in m.named_parameters()]
     raise ConfigError(f"record(model=...) got {type(model).__name__}: give the module (or a list of a stage's "
                       "modules), or a dict of name -> tensor.")
 
@@ -173,6 +222,12 @@ def _loss_value(loss, group) -> float:
         dist.all_reduce(loss, group=group)  # SUM then divide: gloo has no AVG
         loss /= dist.get_world_size(group)
     return float(loss)
+
+
+def _group_size(group) -> int:
+    if hasattr(group, "get_group"):  # a 1-D DeviceMesh
+        group = group.get_group()
+    return dist.get_world_size(group)
 
 
 def _is_dtensor(tensor) -> bool:

@@ -14,8 +14,9 @@ SHOWN = 6  # differences listed after the first one's explanation
 @dataclass(frozen=True)
 class Difference:
     """One rank's loss or tensor at one step, beyond tolerance. ``abs_diff``: the largest absolute
-    difference; ``rel_diff``: that over ``scale``, the reference's largest absolute value; ``rtol``: the
-    tolerance at this step; ``note``: "no gradient" and the like, where no number says it."""
+    difference; ``rel_diff``: that over ``scale``, the largest absolute value of the reference's whole tensor
+    (a loss: the reference's loss); ``rtol``: the tolerance at this step; ``note``: "no gradient" and the like,
+    where no number says it."""
 
     step: int
     kind: str          # "loss", "grad" or "param"
@@ -29,23 +30,49 @@ class Difference:
 
     def __str__(self) -> str:
         what = "loss" if self.kind == "loss" else f"{'gradient' if self.kind == 'grad' else 'parameter'} {self.name}"
-        size = self.note or (f"max |diff| {self.abs_diff:.3g} = {self.rel_diff:.3g} of its largest value "
-                             f"{self.scale:.3g}")
+        of = "the reference's loss" if self.kind == "loss" else "the tensor's largest value"
+        size = self.note or (f"|diff| {self.abs_diff:.3g} = {self.rel_diff:.3g} of {of} {self.scale:.3g}"
+                             if self.kind == "loss" else
+                             f"max |diff| {self.abs_diff:.3g} = {self.rel_diff:.3g} of {of} {self.scale:.3g}")
         allowed = "" if self.note else f" (allowed {self.rtol:.2g})"
         return f"step {self.step}, {what}, rank {self.rank}: {size}{allowed}"
+
+
+@dataclass(frozen=True)
+class Used:
+    """A tolerance the comparison used, why (the precision the run computed in), and what it judged."""
+
+    tolerance: Tolerance
+    why: str
+    judged: list[str]  # "loss" and tensor names
+
+    def __str__(self) -> str:
+        names = [n for n in self.judged if n != "loss"]
+        what = (["the loss"] if "loss" in self.judged else []) + ([f"{len(names)} tensor(s)"] if names else [])
+        dtype = self.tolerance.dtype.removeprefix("torch.")
+        return f"{' and '.join(what)} within {self.tolerance} ({dtype}: {self.why})".replace(f" ({dtype}) (", " (")
 
 
 class ParityReport:
     """``equal``: every loss and tensor within tolerance. Otherwise ``first`` (a ``Difference``) names the first
     step, tensor and rank, and ``diagnosis`` says what happened, why it is likely and what to check;
-    ``differences`` lists them all. ``raise_if_different()`` raises ``ppkit.ParityError`` with the same text."""
+    ``differences`` lists them all. ``raise_if_different()`` raises ``ppkit.ParityError`` with the same text.
+    ``tolerances``: each tolerance used, why, and what it judged; ``tolerance``: the loosest of them."""
 
-    def __init__(self, differences: list[Difference], diagnosis: Diagnosis | None, tolerance: Tolerance,
+    def __init__(self, differences: list[Difference], diagnosis: Diagnosis | None, tolerances: list[Used],
                  steps: list[int], names: list[str], ranks: list[int], kind: str, losses: bool = True):
         self.differences = list(differences)
         self.diagnosis = diagnosis
-        self.tolerance, self.steps, self.names, self.ranks, self.kind = tolerance, steps, names, ranks, kind
+        self.tolerances = sorted(tolerances, key=lambda u: u.tolerance.rtol)
+        self.steps, self.names, self.ranks, self.kind = steps, names, ranks, kind
         self.losses = losses  # whether any rank recorded a loss
+
+    @property
+    def tolerance(self) -> Tolerance | None:
+        return self.tolerances[-1].tolerance if self.tolerances else None
+
+    def _within(self) -> str:
+        return "; ".join(map(str, self.tolerances)) or "no tolerance (nothing compared)"
 
     @property
     def equal(self) -> bool:
@@ -63,7 +90,7 @@ class ParityReport:
         what = [w for w, on in (("the loss", self.losses), (f"{len(self.names)} {kind} by name", self.names)) if on]
         compared = f"{len(self.steps)} step(s), {' and '.join(what)}, ranks {_ranges(self.ranks)}"
         if self.equal:
-            return f"parity: the parallel run equals the reference ({compared}), within {self.tolerance}."
+            return f"parity: the parallel run equals the reference ({compared}): {self._within()}."
         first, d = self.first, self.diagnosis
         lines = [f"parity: the parallel run differs from the reference first at {first}.",
                  f"  What: {d.what}.", f"  Why it is likely: {d.why}.", f"  Check: {d.check}."]
@@ -73,7 +100,7 @@ class ParityReport:
             lines += [f"    {diff}" for diff in rest[:SHOWN]]
             if len(rest) > SHOWN:
                 lines.append(f"    ... (report.differences has all {len(self.differences)})")
-        lines.append(f"  Compared {compared}, within {self.tolerance}.")
+        lines.append(f"  Compared {compared}: {self._within()}.")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

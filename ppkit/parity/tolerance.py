@@ -9,19 +9,35 @@ ch. 4). The default takes
     rtol = (sqrt(REDUCTION_TERMS) * eps(accumulator) + ROUNDINGS * eps(dtype)) * (1 + step)
 
 - ``REDUCTION_TERMS`` = 4096 terms, more than any sum in the course's models, in the typical sqrt(n) case;
-- the accumulator is float32 for bf16 and fp16 (matmuls accumulate in it) and the dtype itself otherwise;
-- ``ROUNDINGS`` = 4 roundings to the recorded dtype between the reordered sum and the recorded value;
+- the accumulator is float32 for bf16, fp16 and TF32 (matmuls accumulate in it) and the dtype itself otherwise;
+- ``ROUNDINGS`` = 4 roundings to the dtype between the reordered sum and the recorded value; where the run
+  computed in a lower precision than float32 (bf16, fp16, TF32) the difference is no longer a reordering but the
+  rounding of every operand of every layer between the tensor and the loss, forward and backward, which grows
+  with the depth: ``LOW_PRECISION_ROUNDINGS`` = 8 (measured below at up to 2.3 eps at step 0 on an 8-layer MLP);
 - ``(1 + step)``: each step's rounding changes the next step's parameters, so a correct run drifts, about
   linearly over the few steps a parity check runs.
 
-It is measured against the tensor's largest value, not element by element: an element near zero that came from
-cancellation carries the rounding of the large terms it cancelled. So a tensor passes when
-``max|got - want| <= atol + rtol * max|want|``, with ``atol = eps(dtype)`` for an all-zero reference. For float32
-that is rtol = 8.1e-6 at step 0; bf16 3.1e-2; fp16 3.9e-3; float64 1.5e-14. A bug is off by a factor (2x, 1/n,
-a partial sum, zero), far beyond it. Measured on tests/test_parity.py's correct runs (2 CPU ranks, gloo, float32,
-small models, 2-3 steps: DP, DDP, FSDP2, TP by hand, DTensor TP with SP, a 2-stage pipeline), the largest
-difference was 2.9e-7 of a tensor's largest value; its planted bugs differ by 2e-2 (reordered micro-batches'
-loss) to 1 (a 2x gradient).
+The dtype is each tensor's own, and it is the precision the tensor was computed in, not the one it was stored
+in (precision.py): under autocast or FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` the gradients
+are float32 but the matmuls that made them rounded their operands to bfloat16, and on a GPU with TF32 on a
+float32 matmul rounds them to 10 mantissa bits. Compared with a float32 reference, those roundings are the
+difference; the least precise of the two sides' precisions sets the tolerance, and the report says which it used
+and why.
+
+It is measured against the whole tensor's largest value (the reference's), not element by element nor against
+the piece one rank holds: an element near zero that came from cancellation carries the rounding of the large
+terms it cancelled, and so does a rank's piece whose values all came out small. So a rank's piece passes when
+``max|got - want| <= atol + rtol * max|reference tensor|``, with ``atol = eps(dtype)`` for an all-zero
+reference; a loss, one number, against its own size. For float32 that is rtol = 8.1e-6 at step 0; TF32 and
+fp16 7.8e-3; bf16 6.3e-2; float64 1.5e-14. A bug is off by a factor (2x, 1/n, a partial sum, zero), far beyond
+it; under bf16 a bug of a few percent is not told from rounding. Measured on tests/test_parity.py's correct
+runs (2 CPU ranks, gloo, float32, small models, 2-3 steps: DP, DDP, FSDP2, TP by hand, DTensor TP with SP, a
+2-stage pipeline), the largest difference was 2.9e-7 of a tensor's largest value; its planted bugs differ by 2e-2
+(reordered micro-batches' loss) to 1 (a 2x gradient). Runs that compute in bfloat16, against the float32 reference:
+the same MLP (DDP under CPU autocast, and FSDP2's mixed precision, over 2 ranks, 3 steps of SGD) up to 1.1e-2 of a
+tensor's largest value (step 1); under autocast, an MLP of 8 layers of width 32 (DDP, AdamW, 10 steps) 1.8e-2 at
+step 0, at most 2.1e-2 later; notebook 14's Llama (one process, Adam, 3 steps) 8e-3 at step 0 and 2.7e-2 at step 1.
+The bf16 default allows 6.3e-2 at step 0 and 1.3e-1 at step 1: a margin of 3.5 at the closest.
 """
 
 from __future__ import annotations
@@ -32,15 +48,17 @@ from dataclasses import dataclass
 import torch
 
 from ppkit.errors import ConfigError
+from ppkit.parity.precision import EPS
 
 REDUCTION_TERMS = 4096
 ROUNDINGS = 4
-_DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
+LOW_PRECISION_ROUNDINGS = 8
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    """``rtol`` (of the tensor's largest value) and ``atol`` at step 0; ``grows``: multiplied by (1 + step)."""
+    """``rtol`` (of the tensor's largest value) and ``atol`` at step 0; ``grows``: multiplied by (1 + step);
+    ``dtype``: the precision it is derived for ("torch.float32", "tf32", ...)."""
 
     rtol: float
     atol: float
@@ -57,27 +75,22 @@ class Tolerance:
 
     def __str__(self) -> str:
         grows = " x (1 + step)" if self.grows else ""
-        return f"rtol {self.rtol:.2g}{grows} of the largest value, atol {self.atol:.2g}" + (
+        return f"rtol {self.rtol:.2g}{grows} of a tensor's largest value, atol {self.atol:.2g}" + (
             f" ({self.dtype.removeprefix('torch.')})" if self.dtype else "")
 
 
 def default_tolerance(dtype: str | torch.dtype) -> Tolerance:
-    """The tolerance for tensors recorded in ``dtype``, derived as the module's docstring says."""
-    dtype_obj = _DTYPES.get(str(dtype) or "torch.float32")
-    if dtype_obj is None:
+    """The tolerance for tensors computed in ``dtype`` (a torch dtype or "tf32"), derived as the module's
+    docstring says."""
+    key = str(dtype) or "torch.float32"
+    if key not in EPS:
         raise ConfigError(f"no default tolerance for {dtype}: parity compares floating-point runs "
-                          f"({', '.join(_DTYPES)}); pass rtol= and atol= to compare_runs.")
-    accumulator = torch.float32 if dtype_obj in (torch.bfloat16, torch.float16) else dtype_obj
-    eps, acc_eps = torch.finfo(dtype_obj).eps, torch.finfo(accumulator).eps
-    rtol = math.sqrt(REDUCTION_TERMS) * acc_eps + ROUNDINGS * eps
-    return Tolerance(rtol, eps, str(dtype_obj))
-
-
-def least_precise(dtypes: list[str]) -> str:
-    """The dtype with the largest eps among ``dtypes`` (unknown ones left to default_tolerance to refuse)."""
-    unknown = [d for d in dtypes if d and d not in _DTYPES]
-    known = [d for d in dtypes if d in _DTYPES]
-    return unknown[0] if unknown else max(known, key=lambda d: torch.finfo(_DTYPES[d]).eps, default="")
+                          f"({', '.join(EPS)}); pass rtol= and atol= to compare_runs.")
+    eps = EPS[key]
+    acc_eps = EPS[key] if key in ("torch.float64", "torch.float32") else EPS["torch.float32"]
+    roundings = ROUNDINGS if key in ("torch.float64", "torch.float32") else LOW_PRECISION_ROUNDINGS
+    rtol = math.sqrt(REDUCTION_TERMS) * acc_eps + roundings * eps
+    return Tolerance(rtol, eps, key)
 
 
 def chosen_tolerance(dtype: str, rtol: float | None, atol: float | None) -> Tolerance:

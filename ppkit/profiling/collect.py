@@ -7,6 +7,7 @@ when asked. While it records, another torch profiler on the rank is refused by n
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -102,7 +103,26 @@ def trace_of(prof) -> dict:
             text = file.read()  # parsed in the kernel: a str pickles and sends faster than its JSON's dicts
     finally:
         os.unlink(path)
-    return {"trace_json": text, "host": socket.gethostname(), "clock": clock_id(), "pid": os.getpid()}
+    return {"trace_json": with_distributed_info(text, prof), "host": socket.gethostname(), "clock": clock_id(),
+            "pid": os.getpid()}
+
+
+def with_distributed_info(text: str, prof) -> str:
+    """The trace with torch's ``distributedInfo`` (backend, rank, world size, process groups), which torch
+    writes only when the process group exists as the profiler starts, and ppkit's starts before the
+    learner's ``init_process_group``. Tools that read a trace per rank (HTA) need it. Added here where the
+    group still exists as the profiler stops; otherwise the kernel adds the rank and the world size."""
+    head = text[:text.find('"traceEvents"')]
+    if '"distributedInfo"' in head or not text.lstrip().startswith("{"):
+        return text
+    try:
+        info = prof._get_distributed_info()  # torch's own dict (torch.profiler.profile), None without a group
+    except Exception:  # a torch without it, or a group being torn down: the kernel adds what it knows
+        info = None
+    if not info:
+        return text
+    start = text.index("{") + 1
+    return text[:start] + '\n  "distributedInfo": ' + json.dumps(info, default=str) + "," + text[start:]
 
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"

@@ -7,6 +7,8 @@ only its Chrome trace; the EventList is built from it when ``Profile.ranks[r]`` 
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping
 
 KINDS = {"cpu_op": {}, "user_annotation": {"is_user_annotation": True},
@@ -14,8 +16,9 @@ KINDS = {"cpu_op": {}, "user_annotation": {"is_user_annotation": True},
 
 
 def event_list(trace: dict):
-    """torch's EventList of the trace's CPU ops, nested by time on each thread as the profiler nests them."""
-    from torch.autograd.profiler_util import EventList, FunctionEvent
+    """torch's EventList of the trace's CPU ops, nested by time on each thread as the profiler nests them;
+    its ``export_chrome_trace(path)`` writes the rank's own trace, as the rank's profiler would have."""
+    from torch.autograd.profiler_util import FunctionEvent
 
     built = []
     for raw in trace.get("traceEvents", []):
@@ -27,9 +30,26 @@ def event_list(trace: dict):
             id=len(built), name=str(raw.get("name", "")), thread=int(raw.get("tid", 0)), start_us=start,
             end_us=start + float(raw.get("dur", 0.0)), input_shapes=args.get("Input Dims"), stack=[],
             sequence_nr=int(args.get("Sequence number", -1)), **KINDS[raw["cat"]]))
-    events = EventList(built)
+    events = _rank_event_list()(built)
+    events.trace = trace
     events._build_tree()  # children and self times, by time on each thread
     return events
+
+
+@functools.cache
+def _rank_event_list():
+    """torch's EventList whose ``export_chrome_trace`` writes the trace it was built from (torch's own writes
+    only the events it made itself, and of these rebuilt ones an empty list: ``[``)."""
+    from torch.autograd.profiler_util import EventList
+
+    class RankEventList(EventList):
+        trace: dict = {}
+
+        def export_chrome_trace(self, path):
+            with open(path, "w", encoding="utf-8") as file:
+                json.dump(self.trace, file)
+
+    return RankEventList
 
 
 class RankEvents(Mapping):

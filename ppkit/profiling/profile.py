@@ -3,13 +3,14 @@
     prof = ppkit.spawn(train, args=(2,), nprocs=2, profile=True)
     prof                    # the timeline: a row per rank and thread, hover for each op
     prof.summary()          # per rank: compute, communication, overlapped, idle, top ops
-    prof.save("step.json")  # one trace for ui.perfetto.dev or chrome://tracing
+    prof.save("step.json")  # one trace for ui.perfetto.dev or chrome://tracing, and each rank's beside it
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 from ppkit.errors import ConfigError
 from ppkit.profiling import clocks, collect, merge
@@ -23,7 +24,8 @@ class Profile:
     """Every rank's ``torch.profiler`` recording of one run, merged on the kernel's clock.
 
     ``ranks[r]``: rank r's own profiler events (torch's EventList, rebuilt from its trace:
-    ``prof.ranks[0].key_averages().table()``).
+    ``prof.ranks[0].key_averages().table()``; ``prof.ranks[0].export_chrome_trace(path)`` writes its trace).
+    ``trace(r)``: rank r's own trace as its profiler wrote it, with its rank and world size.
     ``offsets[r]``: rank r's clock against the kernel's and its error bound (clocks.py).
     ``applied_offsets[r]``: the offsets taken off rank r's times: one per machine other than the kernel's
     (its ranks' intervals intersected, clocks.shared), where it exceeds its bound (a smaller one is noise,
@@ -32,28 +34,33 @@ class Profile:
     """
 
     def __init__(self, results: dict[int, dict] | None = None, offsets: dict[int, Offset] | None = None,
-                 here: str | None = None):
-        self._load(results or {}, offsets, here)
+                 here: str | None = None, world_size: int | None = None):
+        self._load(results or {}, offsets, here, world_size)
 
-    def _load(self, results: dict[int, dict], offsets: dict[int, Offset] | None, here: str | None = None) -> None:
-        """Take the ranks' recordings (``cluster.profile()`` fills its Profile when its block ends)."""
+    def _load(self, results: dict[int, dict], offsets: dict[int, Offset] | None, here: str | None = None,
+              world_size: int | None = None) -> None:
+        """Take the ranks' recordings (``cluster.profile()`` fills its Profile when its block ends);
+        ``world_size``: how many ranks ran (some may have sent no trace), None where unknown."""
         self.offsets = dict(offsets or {})
         results = {rank: _parsed(result) for rank, result in results.items()}
         here = collect.clock_id() if here is None else here
         self.applied_offsets = _applied(results, self.offsets, here)
         self._merged = merge.merge(results, self.applied_offsets)
-        self.ranks = RankEvents({rank: result["trace"] for rank, result in results.items()})
+        self._traces = {rank: _with_rank(result["trace"], rank, world_size) for rank, result in results.items()}
+        self.ranks = RankEvents(self._traces)
         self.hosts = dict(self._merged.hosts)
 
     @classmethod
     def from_results(cls, values: list, offsets: dict[int, Offset] | None = None) -> Profile:
         """From a job's values by rank (collect.trace_of's dicts); a rank that sent none is left out."""
-        return cls({rank: value for rank, value in enumerate(values) if isinstance(value, dict)}, offsets)
+        return cls({rank: value for rank, value in enumerate(values) if isinstance(value, dict)}, offsets,
+                   world_size=len(values))
 
     def events(self, rank: int | None = None, kind: str | None = None) -> list[dict]:
         """The merged events as plain dicts, start order per thread: ``name``, ``rank``, ``tid``,
-        ``start_us`` (from the first op of any rank), ``dur_us``, ``kind`` ("compute" or
-        "communication"), ``cat`` and ``args`` (torch's; ``Input Dims`` with record_shapes)."""
+        ``start_us`` (from the first op of any rank), ``dur_us`` (``start_ns``, ``dur_ns``: the same in whole
+        nanoseconds), ``kind`` ("compute" or "communication"), ``cat`` and ``args`` (torch's; ``Input Dims``
+        with record_shapes)."""
         if kind not in (None, COMPUTE, COMMUNICATION):
             raise ConfigError(f"kind must be None, {COMPUTE!r} or {COMMUNICATION!r}, got {kind!r}: "
                               "prof.events(kind='communication') lists the collectives.")
@@ -71,12 +78,32 @@ class Profile:
         and the top ops by self time. A table in the notebook; ``.rows`` for code."""
         return Summary(self._merged.events)
 
+    def trace(self, rank: int) -> dict:
+        """Rank ``rank``'s own trace, as its profiler wrote it (its own clock), with ``distributedInfo``: its
+        rank and world size (and torch's backend and process groups where the group still existed as the
+        profiler stopped)."""
+        if rank not in self._traces:
+            raise ConfigError(f"this profile has no rank {rank!r}; its ranks are {sorted(self._traces)}.")
+        return self._traces[rank]
+
     def save(self, path) -> str:
         """Write one Chrome-trace JSON of every rank (pid = rank, named "rank N"), which
-        ui.perfetto.dev and chrome://tracing open as it is. Returns the path."""
+        ui.perfetto.dev and chrome://tracing open as it is, and beside it, in ``<name>.ranks/``, each rank's
+        own trace as ``rank<r>.pt.trace.json`` (what HTA's ``TraceAnalysis(trace_dir=...)`` and TensorBoard's
+        profiler plugin read: a folder of one trace per rank; another rank's file, from an earlier save there, is
+        removed). Returns the merged trace's path."""
         path = os.fspath(path)
         with open(path, "w", encoding="utf-8") as file:
             json.dump(merge.chrome_trace(self._merged), file)
+        folder = ranks_folder(path)
+        os.makedirs(folder, exist_ok=True)
+        for name in os.listdir(folder):  # an earlier save's other ranks would join this run's in HTA's reading
+            match = re.fullmatch(r"rank(\d+)\.pt\.trace\.json", name)
+            if match and int(match[1]) not in self._traces:
+                os.remove(os.path.join(folder, name))
+        for rank, trace in self._traces.items():
+            with open(os.path.join(folder, f"rank{rank}.pt.trace.json"), "w", encoding="utf-8") as file:
+                json.dump(trace, file)
         return path
 
     def timeline(self):
@@ -93,6 +120,21 @@ class Profile:
         span = max((e["start_us"] + e["dur_us"] for e in events), default=0.0) / 1000
         return (f"<ppkit.Profile: {len(self.ranks)} ranks, {len(events)} ops over {span:.1f} ms; "
                 ".summary(), .save(path), .timeline()>")
+
+
+def ranks_folder(path: str) -> str:
+    """Where ``save(path)`` puts each rank's own trace: ``step.json`` -> ``step.ranks``."""
+    root, ext = os.path.splitext(path)
+    return (root if ext == ".json" else path) + ".ranks"
+
+
+def _with_rank(trace: dict, rank: int, world_size: int | None) -> dict:
+    """The trace with ``distributedInfo`` (HTA reads a folder's traces by it, and raises without it): as the
+    rank wrote it where it has one (collect.with_distributed_info), else the rank and the world size."""
+    if "distributedInfo" in trace:
+        return trace
+    info = {"rank": rank} if world_size is None else {"rank": rank, "world_size": world_size}
+    return {**trace, "distributedInfo": info}
 
 
 def _applied(results: dict[int, dict], offsets: dict[int, Offset], here: str) -> dict[int, float]:

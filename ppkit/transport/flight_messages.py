@@ -3,6 +3,7 @@ as messages.py (small frozen dataclasses of plain fields; tests/test_hang_doctor
 
     controller  -> worker       AskFlightRecord (the collective doctor: ppkit/cluster/hang_doctor/)
     worker      -> controller   FlightRecord, its answer; also unasked, once, as gloo aborts the process
+                                or as it ends after its last job (ppkit.spawn, %%torchrun)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ class AskFlightRecord:
 @dataclass(frozen=True)
 class FlightRecord:
     """A rank's ``flight_record.snapshot`` (its JSON text) while running ``job_id`` (None: between
-    jobs); ``last_words``: sent unasked, as the process aborts."""
+    jobs); ``last_words``: sent unasked, as the process aborts or ends after its last job."""
     job_id: int | None
     text: str
     last_words: bool = False

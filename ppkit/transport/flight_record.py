@@ -239,7 +239,7 @@ def _own_code(filename: str) -> bool:
 
 
 def _is_learners(filename: str) -> bool:
-    if filename.startswith("<") and not filename.startswith("<%%ranks"):
+    if filename.startswith("<") and not filename.startswith(("<%%ranks", "<%%torchrun")):
         return filename.startswith("<ipython-input")
     norm = filename.replace("\\", "/")
     return not (any(filename.startswith(own) for own in _OWN) or filename.startswith(_torch_dir())
@@ -249,7 +249,7 @@ def _is_learners(filename: str) -> bool:
 _on_abort = None  # the handler (kept alive: ctypes calls it from C)
 _previous = None  # SIGABRT's action before on_abort: restored as the handler ends, and in forked children
 _owner = None  # the pid that installed the handler: a forked child never speaks for the rank
-HANDLER_S = 2  # the most seconds the last words may take: then SIGALRM ends the process
+HANDLER_S = 3  # the most seconds the last words (its output, then its record) may take: then SIGALRM ends it
 
 
 class _SigAction(ctypes.Structure):  # glibc's struct sigaction (the same on x86_64 and aarch64)

@@ -14,6 +14,7 @@ import ctypes
 import linecache
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -87,6 +88,9 @@ class Worker:
     # -- set-up -------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.config
+        if threading.current_thread() is threading.main_thread():  # torchrun's workers have Python's default
+            # handler; a fork server started while ipykernel ignored SIGINT (between cells) passed SIG_IGN on
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if cfg.capture_output:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -108,7 +112,7 @@ class Worker:
         self.debugger = RankDebugger(self.rank, self.send, self._sync_output)
         self.debugger.install()  # breakpoint() on this rank asks the notebook (debug/rank_pdb.py)
         threading.Thread(target=self._read_loop, name="ppkit-reader", daemon=True).start()
-        flight_record.install(lambda: self.send(self._flight_record(last_words=True), wait=1))  # p2p ring, last words
+        flight_record.install(self._last_words)  # the p2p ring, and the last words as gloo aborts the process
         rendezvous.watch()  # init_process_group in a job: remembered, its store kept on loopback
         info = WorkerInfo(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), backend=cfg.backend,
                           device=cfg.device)
@@ -149,9 +153,13 @@ class Worker:
         NAMESPACE.update(torch=torch, dist=dist)
 
     def _exit_after_output(self, code: int) -> None:
-        """``os._exit`` in a job (a script's last line, a library's abort): first what is in the pipes."""
+        """``os._exit`` in a job (a script's last line, a library's abort): first what is in the pipes, then
+        its final record (the collectives it made, for the doctor once it is gone)."""
         try:
             self._sync_output()
+            job = self._current
+            if job is not None:  # in a job (after one, serve has sent the final record)
+                self.send(FlightRecord(job, flight_record.snapshot(sys._getframe(1)), last_words=True), wait=1)
         finally:
             _exit(code)
 
@@ -196,6 +204,15 @@ class Worker:
                     pass
                 _exit(0)
 
+    def _last_words(self) -> None:
+        """As the process aborts (flight_record.on_abort's handler): what it wrote last, then its record. The
+        C++ runtime printed the reason before abort() (gloo's "Is there a distributed collective mismatch in
+        your code?"), and the pump threads must send it before the process ends. No Python-level flush: the
+        interrupted thread may hold a stream's lock."""
+        for pipe in reversed(self._pipes):  # stderr first
+            pipe.sync(timeout=flight_record.HANDLER_S / 4)
+        self.send(self._flight_record(last_words=True), wait=1)
+
     def _flight_record(self, last_words: bool = False) -> FlightRecord:
         frame = sys._current_frames().get(self._main_ident)
         return FlightRecord(self._current, flight_record.snapshot(frame, self._current is not None), last_words)
@@ -217,6 +234,8 @@ class Worker:
             if ends := job.last and isinstance(reply, Result) and reply.ok:  # the process ends as a script does
                 interpreter_exit.run_exit_functions()
             self._sync_output()
+            if ends:  # its final record: once it is gone, the doctor still knows which collectives it made
+                self.send(FlightRecord(job.job_id, flight_record.snapshot(None), last_words=True))
             self.send(reply)
             if ends:
                 raise SystemExit(0)

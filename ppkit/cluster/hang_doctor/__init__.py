@@ -10,8 +10,10 @@ root, line) and which ranks have not reached it, and where they are instead; and
 that form a cycle, tags included. Only each group's present lifetime counts: torch's record
 outlives destroy_process_group.
 
-It runs when the hang watch looks (hang_watch.py), when a run fails or times out while ranks wait
-(jobs.py), and on demand: ``ppkit.collective_doctor(cluster)`` (on_demand.py).
+It runs when the hang watch looks (hang_watch.py), when a run fails, times out or is interrupted while
+ranks wait (jobs.py), and on demand: ``ppkit.collective_doctor(cluster)`` (on_demand.py). How each rank's
+job ended tells a rank that raised or finished from one still computing (outcomes.py). The records it
+read travel on the run's error and can be written as torch's dump files for fr_trace (fr_dumps.py).
 """
 
 from __future__ import annotations

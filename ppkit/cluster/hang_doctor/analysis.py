@@ -23,8 +23,10 @@ class GroupFinding:
     """One process group: ``last_done`` (seq, op) every rank that answered completed; ``seq`` the
     first collective not completed by all; ``calls`` each rank's call there; ``mismatch`` what
     differs (KINDS' words, "" if nothing), ``torch_says`` torch's matcher's words; ``missing``
-    rank -> where it is instead of there; ``backend``: set where the group has calls of two backends;
-    ``completed``: every rank completed this call (a difference found among completed calls)."""
+    rank -> where it is instead of there; ``unrecorded``: rank -> how it ended, for a rank that ended
+    without sending a record (whether it made the call is not known); ``backend``: set where the group
+    has calls of two backends; ``completed``: every rank completed this call (a difference found among
+    completed calls)."""
     name: str
     desc: str
     ranks: list[int]
@@ -34,6 +36,7 @@ class GroupFinding:
     mismatch: str = ""
     torch_says: str = ""
     missing: dict[int, str] = field(default_factory=dict)
+    unrecorded: dict[int, str] = field(default_factory=dict)
     backend: str = ""
     completed: bool = False
 
@@ -58,11 +61,21 @@ class Diagnosis:
     unanswered: list[int]
     off: list[int]  # ranks whose recorder is off (TORCH_FR_BUFFER_SIZE=0)
     records: dict[int, dict] = field(default_factory=dict)  # what it read: rank -> its record
+    world_size: int = 0
+    source: str = ""  # where the records come from, where not from the ranks as they are now
+
+    def write_dumps(self, folder: str) -> list[str]:
+        """The records as torch's dump files, one per rank (``rank_0``, ...), which
+        ``python -m torch.distributed.flight_recorder.fr_trace FOLDER`` reads; their paths."""
+        from ppkit.cluster.hang_doctor import fr_dumps
+
+        return fr_dumps.write(self.records, self.world_size, folder)
 
     @property
     def problem(self) -> bool:
         """A mismatch, a send/recv pair that waits on each other, or a collective some rank never reached."""
-        return bool(self.deadlock or any(g.mismatch and not g.harmless or g.missing for g in self.groups))
+        return bool(self.deadlock or any(g.mismatch and not g.harmless or g.missing or g.unrecorded
+                                         for g in self.groups))
 
     @property
     def mismatched(self) -> list[GroupFinding]:
@@ -98,7 +111,7 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     deadlock = _cycles(p2p)
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
-    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records)
+    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, world_size)
 
 
 def _cycles(p2p: dict[int, dict]) -> list[list[int]]:
@@ -188,8 +201,9 @@ def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
     if here:
         finding = _first_mismatch(name, ranks, calls, [seq]) or GroupFinding(name, desc, ranks, None, seq, here)
         finding.calls = here
-        finding.missing = {r: _instead(r, name, records, ended) for r in ranks
-                           if r not in here and done.get(r, 0) < seq}
+        absent = [r for r in ranks if r not in here and done.get(r, 0) < seq]
+        finding.missing = {r: _instead(r, name, records, ended) for r in absent if r in records or r not in ended}
+        finding.unrecorded = {r: ended[r] for r in absent if r not in records and r in ended}
         found.append(finding)
     for finding in found:
         finding.desc, finding.backend = desc, backend

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+from ppkit.cluster.hang_doctor import outcomes
 from ppkit.cluster.hang_doctor.analysis import Diagnosis, diagnose
 from ppkit.errors import ClusterStateError
+
+_last_run: list = [None]  # the Diagnosis a ppkit.spawn or %%torchrun run's error carried, the latest
+
+
+def remember(diagnosis: Diagnosis | None, caller: str) -> None:
+    """A ppkit.spawn or %%torchrun run failed with the doctor's reading ``diagnosis``: kept for
+    ``collective_doctor()``."""
+    if diagnosis is not None:
+        diagnosis.source = f"the records of the last {caller} run, read as it ended, not now"
+        _last_run[0] = diagnosis
+
+
+def last_run() -> Diagnosis | None:
+    """What ``collective_doctor()`` without a %%ranks cluster returns: the last failed run's reading, if any."""
+    return _last_run[0]
 
 
 def collective_doctor(cluster=None) -> Diagnosis:
     """Read every rank's flight record now and say where the ranks' collectives disagree.
 
-    ``cluster``: a ``ppkit.Cluster`` (default: the one ``%%ranks`` runs on). Useful after a run timed
-    out with ranks still blocked (the cluster waits for ``cluster.restart()``): their reader threads
-    still answer. The result prints as the doctor's text; ``.problem`` says whether it found one.
+    ``cluster``: a ``ppkit.Cluster`` (default: the one ``%%ranks`` runs on; without one, what the doctor
+    read as the last ``ppkit.spawn`` / ``%%torchrun`` run failed). Useful after
+    a run timed out with ranks still blocked (the cluster waits for ``cluster.restart()``): their reader
+    threads still answer. The result prints as the doctor's text; ``.problem`` says whether it found one;
+    ``.records`` holds the records, and ``.write_dumps(folder)`` writes them as torch's dump files.
 
     >>> ppkit.collective_doctor(cluster)      # doctest: +SKIP
     [ppkit] collective doctor (torch's flight record of each rank):
@@ -21,10 +39,15 @@ def collective_doctor(cluster=None) -> Diagnosis:
         from ppkit.cluster import session
 
         cluster = session.active()
+        if cluster is None and last_run() is not None:
+            return last_run()
         if cluster is None:
             raise ClusterStateError("collective_doctor() has no cluster to look at: no %%ranks cell has started "
-                                    "one. Pass yours: ppkit.collective_doctor(cluster).")
+                                    "one, and no ppkit.spawn or %%torchrun run has failed. Pass yours: "
+                                    "ppkit.collective_doctor(cluster).")
     if cluster.state in ("closed", "starting"):
         raise ClusterStateError(f"collective_doctor() cannot ask this cluster's ranks: it is {cluster.state}. "
                                 "Start one (ppkit.start(N)) and run the code whose collectives you doubt.")
-    return diagnose(cluster.flight_records(), cluster.world_size)
+    records = cluster.flight_records()
+    ended, failed = outcomes.last_job(cluster.last_job_results)  # a rank that raised is not "still computing"
+    return diagnose(records, cluster.world_size, ended, failed)

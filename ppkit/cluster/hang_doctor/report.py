@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from ppkit.cluster.output.settings import rank_ranges
 
@@ -38,10 +39,26 @@ def p2p_words(wait: dict, tagged: bool = True) -> str:
 
 
 def line_words(at: dict | None, verb: str = "") -> str:
+    """', called at Cell In[4], line 5: dist.all_reduce(t)'."""
     if not at:
         return ""
-    name = at["file"] if at["file"].startswith("<") else os.path.basename(at["file"])
-    return f", {verb}at {name} line {at['line']}" + (f": {at['code']}" if at.get("code") else "")
+    return f", {verb}at {place(at['file'])}, line {at['line']}" + (f": {at['code']}" if at.get("code") else "")
+
+
+def place(filename: str) -> str:
+    """A learner's file as they know it: a notebook cell as IPython names it in tracebacks ('Cell In[4]',
+    not the kernel's temporary file), a magic's cell ('%%torchrun cell 2'), a file's own name."""
+    if filename.startswith("<%%") and filename.endswith(">"):
+        return filename[1:-1]
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    try:
+        named = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:  # noqa: BLE001 - an IPython without it: the file's name serves
+        named = None
+    if named:
+        return " ".join(named)
+    return filename if filename.startswith("<") else os.path.basename(filename)
 
 
 def group_words(finding) -> str:
@@ -53,6 +70,8 @@ def group_words(finding) -> str:
 
 def explain(diagnosis) -> str:
     lines = ["[ppkit] collective doctor (torch's flight record of each rank):"]
+    if diagnosis.source:
+        lines.append(f"  ({diagnosis.source})")
     waiting_groups = {g.name for g in diagnosis.groups if g.missing and not g.mismatch
                       and all(diagnosis.blocked(r) for r in g.missing)}  # a rank in its own code waits nowhere
     if len(waiting_groups) > 1:
@@ -69,6 +88,7 @@ def explain(diagnosis) -> str:
                    "gave the same number of elements)" if finding.harmless else
                    f"collective #{finding.seq} does not match: {finding.mismatch}" if finding.mismatch else
                    f"collective #{finding.seq} is not reached by every rank" if finding.missing else
+                   f"collective #{finding.seq} has not completed on every rank" if finding.unrecorded else
                    f"collective #{finding.seq} is called by every rank and has not completed yet")
         lines.append(f"    {verdict}:")
         for ranks, words in _alike(finding.calls):
@@ -84,6 +104,9 @@ def explain(diagnosis) -> str:
                          "one rank's result is not what its call asked for)")
         for rank, where in sorted(finding.missing.items()):
             lines.append(f"      rank {rank} has not reached it: {where}")
+        for rank, how in sorted(finding.unrecorded.items()):
+            lines.append(f"      rank {rank}: no record: {how}; whether it called collective #{finding.seq} "
+                         "is not known")
         if finding.mismatch and _skipped(finding):
             lines.append("      (a barrier against another collective: one rank skipped a collective the other calls)")
         if finding.torch_says:
@@ -113,7 +136,7 @@ def explain(diagnosis) -> str:
         lines.append(f"  rank(s) {diagnosis.unanswered} sent no record (stopped, or gone).")
     if diagnosis.off:
         lines.append(f"  rank(s) {diagnosis.off} record nothing: TORCH_FR_BUFFER_SIZE=0 turned the recorder off.")
-    if len(lines) == 1:
+    if len(lines) == 1 + bool(diagnosis.source):
         lines.append("  every collective each rank started has completed on every rank that answered.")
     return "\n".join(lines) + "\n"
 

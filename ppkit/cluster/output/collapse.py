@@ -55,14 +55,14 @@ class Collapser:
                             if force or self._done(key, ranks, now - since)), None)
             if leaving is None:
                 return out
-            out.append(self._pop(leaving, heads[leaving][0]))
+            out += self._pop(leaving, heads[leaving][0])
 
     def through(self, rank: int) -> list[tuple]:
         """Every line of ``rank`` at once, with what must come first (it is about to show something else)."""
         out = []
         while self._queues.get(rank):  # its first line leaves with the ranks that have the same line first
             key = self._queues[rank][0][:2]
-            out.append(self._pop(key, [r for r, queue in self._queues.items() if queue and queue[0][:2] == key]))
+            out += self._pop(key, [r for r, queue in self._queues.items() if queue and queue[0][:2] == key])
         return out
 
     def flush(self) -> list[tuple]:
@@ -74,7 +74,9 @@ class Collapser:
         return all(rank in ranks or (self._queues.get(rank) and not self._waiting[rank][key])
                    for rank in self._expected)
 
-    def _pop(self, key: tuple, ranks: list[int]) -> tuple:
+    def _pop(self, key: tuple, ranks: list[int]) -> list[tuple]:
+        """The head lines of ``ranks`` (all of ``key``), folded: one line, or several where folding would blur
+        which rank wrote what (fold.py)."""
         lines = []
         for rank in sorted(ranks):
             lines.append((rank, self._queues[rank].popleft()[2]))
@@ -82,4 +84,4 @@ class Collapser:
             if not self._waiting[rank][key]:
                 del self._waiting[rank][key]
         self._count -= len(ranks)
-        return key[0], fold.fold(lines), sorted(ranks)
+        return [(key[0], text, folded) for folded, text in fold.fold(lines)]

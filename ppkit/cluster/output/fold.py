@@ -1,11 +1,24 @@
 """Lines of several ranks that differ only in their numbers, shown as one line that says where they
-differ: ``step 10 loss 2.31…2.35 (rank 5: 2.91)``.
+differ: ``step 10 loss 2.31…2.35 (rank 5: 2.91)``, read as: every rank not named wrote a loss from 2.31
+to 2.35, rank 5 wrote 2.91, and every other number is what each rank wrote.
 
-A line's ``shape`` is its text with its numbers taken out (``step # loss #``); lines of one shape fold
-(collapse.py decides which lines meet). Each number that differs between them shows its spread, lowest
-``…`` highest, as each rank wrote it, and a rank that stands out is named with its value, outside the
-spread (``standing_out``; a difference of one step in the last digit written names no rank). A word
-that differs keeps lines apart: ``nan`` against ``2.31``, ``ms`` against ``s``.
+A line's ``shape`` is its text with its numbers taken out (``step # loss #``); lines of one shape meet
+(collapse.py decides which), and ``fold`` shows them as one line only where that line is true of every
+rank and cannot be read as something else. Otherwise the lines stay apart, grouped by the number that
+keeps them apart (each group folded again), one line per group with its ranks:
+
+- a number that says which line is which is never spread: a whole number without a unit (a step, an
+  epoch, a count: ``step 3`` never joins ``step 8``), the rank itself, or a value that differs on every
+  rank (each rank's own, a scatter's piece);
+- a number inside brackets (a tensor's, a list's or a tuple's printed form, a wrapped tensor's lines) or in
+  a time or a date (``17:20:38,015``, ``2026-12-07``) is kept as written, so a log parser still reads the line;
+- a number with two values that names no rank is said of the ranks of each: ``[ranks 0-1] loss 2.31``
+  and ``[ranks 2-3] loss 7.5``, not ``loss 2.31…7.5``;
+- at most one number of a line is spread (two spreads side by side read as lowest with lowest).
+
+A spread is the lowest ``…`` the highest, as the ranks wrote them. A rank that stands out is named with its
+value outside the spread (``standing_out``; a difference of one step in the last digit written names no
+rank). A word that differs keeps lines apart: ``nan`` against ``2.31``, ``ms`` against ``s``.
 
 A number is a decimal with an optional sign, fraction, exponent and unit (``-0.5``, ``1e-3``, ``91%``,
 ``1.2s``), not part of a word: ``worker3``, ``0x7f3a``, ``2.14.1`` and ``10.0.0.1`` are words. ANSI
@@ -25,6 +38,8 @@ MAX_CHARS = 1000
 MAX_NUMBERS = 16
 Z = 3.5  # Iglewicz and Hoaglin's cut-off for the modified z-score
 HOLE = "\x00"  # where a number was, in a shape
+_WHOLE = re.compile(r"[-+]?\d+")
+_JOINS = {":", ",", "/", "-", "."}  # between the numbers of a time or a date
 
 _ANSI = re.compile(r"(\x1b\[[0-?]*[ -/]*[@-~])")
 _NUMBER = re.compile(r"(?<![\w.])"  # not inside a word, an address or a version
@@ -48,18 +63,72 @@ def exact(text: str) -> tuple[str, str]:
     return "=", text
 
 
-def fold(lines: list[tuple[int, str]]) -> str:
-    """One line for ``(rank, text)`` lines of one shape, in rank order."""
+def fold(lines: list[tuple[int, str]]) -> list[tuple[list[int], str]]:
+    """``(rank, text)`` lines of one shape as ``(ranks, text)`` lines, in the order of their lowest rank:
+    one line where the numbers may be folded (the module's docstring), else one for each group of ranks
+    that wrote the same."""
+    return _fold(sorted(lines))
+
+
+def _fold(lines: list[tuple[int, str]]) -> list[tuple[list[int], str]]:
     texts = [text for _, text in lines]
     if all(text == texts[0] for text in texts):
-        return texts[0]
-    split = [_split(text) for text in texts]
-    parts = split[0][0]
-    out = [parts[0]]
-    for i in range(len(split[0][1])):
-        out.append(_spread([(rank, numbers[i]) for (rank, _), (_, numbers) in zip(lines, split)]))
-        out.append(parts[i + 1])
-    return "".join(out)
+        return [([rank for rank, _ in lines], texts[0])]
+    parts, _ = _split(texts[0])
+    numbers = [_split(text)[1] for text in texts]
+    varying = [i for i in range(len(numbers[0])) if len({row[i][0] for row in numbers}) > 1]
+    for i in varying:  # a number that says which line is which: the lines stay apart, by its value
+        column = [row[i] for row in numbers]
+        if _in_structure(parts, i) or _in_time(parts, i) or _identifies(column, [rank for rank, _ in lines]):
+            return _apart(lines, [row[i][0] for row in numbers])
+    spreads, out = 0, [parts[0]]
+    for i in range(len(numbers[0])):
+        column = [(rank, row[i]) for (rank, _), row in zip(lines, numbers)]
+        odd = standing_out([value for _, (_, _, value) in column],
+                           resolution=max(resolution(text) for _, (text, _, _) in column))
+        if i in varying and not odd and len({text for _, (text, _, _) in column}) == 2:
+            return _apart(lines, [row[i][0] for row in numbers])  # two values: say which ranks have which
+        shown, spread = _spread(column, odd)
+        spreads += spread
+        out += [shown, parts[i + 1]]
+    if spreads > 1:  # two spreads side by side read as a mapping, lowest with lowest: keep the lines apart
+        return _apart(lines, texts)
+    return [([rank for rank, _ in lines], "".join(out))]
+
+
+def _apart(lines: list[tuple[int, str]], keys: list[str]) -> list[tuple[list[int], str]]:
+    """The lines grouped by ``keys`` (one a line), each group folded on its own, by lowest rank."""
+    groups: dict[str, list] = {}
+    for line, key in zip(lines, keys):
+        groups.setdefault(key, []).append(line)
+    return sorted((out for group in groups.values() for out in _fold(group)), key=lambda out: out[0][0])
+
+
+def _identifies(column: list[tuple[str, str, float]], ranks: list[int]) -> bool:
+    """A number that tells the lines apart: a whole number without a unit (a step, a count, an id), the rank
+    itself, or a value that differs on every line (each rank's own: a scatter's piece)."""
+    if all(unit == "" and _WHOLE.fullmatch(text) for text, unit, _ in column):
+        return True
+    if all(value == rank for (_, _, value), rank in zip(column, ranks)):
+        return True
+    return len({text + unit for text, unit, _ in column}) == len(column)
+
+
+def _in_structure(parts: list[str], i: int) -> bool:
+    """Number ``i`` is an element of a tensor, a list or a tuple, printed as it is: inside brackets, before a
+    bracket that closes one opened on an earlier line (a wrapped tensor's last line), or next to another
+    number with only a comma between (a wrapped tensor's middle line: ``0.5000, 0.6000,``)."""
+    before, after = (_ANSI.sub("", "".join(side)) for side in (parts[:i + 1], parts[i + 1:]))  # ANSI's "[" is none
+    opened = sum((c in "([{") - (c in ")]}") for c in before)
+    closed = sum((c in ")]}") - (c in "([{") for c in after)
+    listed = (i > 0 and parts[i].strip() == ",") or (i + 2 < len(parts) and parts[i + 1].strip() == ",")
+    return opened > 0 or closed > 0 or listed
+
+
+def _in_time(parts: list[str], i: int) -> bool:
+    """Number ``i`` is part of a time or a date (``17:20:38,015``, ``2026-12-07``, ``12/07/2026``): it is
+    joined to a neighbouring number by one of ``:,/-.``."""
+    return (i > 0 and parts[i] in _JOINS) or (i + 2 < len(parts) and parts[i + 1] in _JOINS)
 
 
 def standing_out(values: list[float], resolution: float = 0.0) -> list[int]:
@@ -112,14 +181,14 @@ def _split(text: str) -> tuple[list[str], list[tuple[str, str, float]]]:
     return parts, numbers
 
 
-def _spread(column: list[tuple[int, tuple[str, str, float]]]) -> str:
-    """One number's place in the folded line: its spread over the ranks, and the ranks that stand out."""
+def _spread(column: list[tuple[int, tuple[str, str, float]]], odd: list[int]) -> tuple[str, bool]:
+    """One number's place in the folded line: its value, or its spread over the ranks (True), and the ranks
+    that stand out, named."""
     unit = column[0][1][1]
-    odd = standing_out([value for _, (_, _, value) in column],
-                       resolution=max(resolution(text) for _, (text, _, _) in column))
     usual = [number for i, (_, number) in enumerate(column) if i not in odd]
     low, high = min(usual, key=lambda n: n[2]), max(usual, key=lambda n: n[2])
-    shown = f"{low[0]}{unit}" if low[2] == high[2] else f"{low[0]}{unit}{SPREAD}{high[0]}{unit}"
+    spread = low[0] != high[0]
+    shown = f"{low[0]}{unit}{SPREAD}{high[0]}{unit}" if spread else f"{low[0]}{unit}"
     if odd:
         shown += " (" + ", ".join(f"rank {column[i][0]}: {column[i][1][0]}{unit}" for i in odd) + ")"
-    return shown
+    return shown, spread

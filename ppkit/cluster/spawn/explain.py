@@ -21,6 +21,7 @@ from ppkit.errors import (
     ProcessRaisedError,
     RemoteError,
     WorkerDiedError,
+    WorkerError,
 )
 from ppkit.transport import byvalue, interpreter_exit
 
@@ -65,7 +66,16 @@ SPAWN = Caller()
 
 def translate(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: float | None,
               caller: Caller = SPAWN) -> BaseException:
-    """The hidden cluster's error ``exc`` as ppkit.spawn's own (``exc`` itself if it has none)."""
+    """The hidden cluster's error ``exc`` as ppkit.spawn's own (``exc`` itself if it has none), with the
+    collective doctor's reading of the records (``diagnosis``) that ``exc`` carries."""
+    error = _translated(exc, pids, nprocs, timeout, caller)
+    if isinstance(error, (WorkerError, JobInterrupted)) and getattr(exc, "diagnosis", None) is not None:
+        error.diagnosis = exc.diagnosis
+    return error
+
+
+def _translated(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: float | None,
+                caller: Caller) -> BaseException:
     if isinstance(exc, RemoteError):
         return raised(exc, pids, nprocs, caller)
     if isinstance(exc, WorkerDiedError) and exc.ranks:

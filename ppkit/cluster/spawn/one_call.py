@@ -14,6 +14,7 @@ from ppkit.checks import positive
 from ppkit.cluster import hang_watch
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.debug import parked
+from ppkit.cluster.hang_doctor import on_demand
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.rpc import pickler as rpc_pickle
 from ppkit.cluster.spawn import explain
@@ -35,6 +36,7 @@ class Call:
 
     def run(self):
         """None, or with ``profile`` set the run's ``ppkit.Profile`` (ppkit/profiling/)."""
+        __tracebackhide__ = True  # noqa: F841 - IPython then shows the rank's error, not this frame that raised it
         from ppkit.progress import hooks as progress  # the learner's record (ppkit/progress/), lazily: a layer above
 
         kept, failed = (), False
@@ -52,6 +54,7 @@ class Call:
             kept = _to_keep(exc) if self.park and parked.can_park() else ()
             caller = replace(self.caller, kept=kept[0]) if kept else self.caller
             error = explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, caller)
+            on_demand.remember(getattr(error, "diagnosis", None), self.caller.name)  # ppkit.collective_doctor()
             if kept:
                 parked.park(self.cluster, kept).error = error
             raise error from None

@@ -1,0 +1,274 @@
+"""The collective doctor as runs use it, in a real Jupyter kernel: ppkit.spawn, %%torchrun, %%ranks
+(its hang watch, Kernel > Interrupt, on demand afterwards), what a rank that ended says, gloo's own
+words, a rank's error shown once, SIGINT in ranks, and torch's dump files for fr_trace.
+
+One kernel serves the cases (kernel and fork server cost seconds to start); each case is one short cell.
+The SIGINT cases need kernels of their own: what they test is how a kernel's first fork server starts.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from kernels import kernel_in
+from test_debugger import run_cell
+
+from ppkit.cluster.hang_doctor.analysis import KINDS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+START = """
+import os, time, signal, threading
+import torch, torch.distributed as dist
+import ppkit
+from ppkit.lessons.data_parallel import free_port
+%load_ext ppkit
+
+def join(i, n=2):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["DOCTOR_PORT"])
+    dist.init_process_group("gloo", rank=i, world_size=n)
+
+def spawn(fn, n=2, timeout=9):
+    os.environ["DOCTOR_PORT"] = str(free_port())
+    try:
+        ppkit.spawn(fn, args=(n,), nprocs=n, timeout=timeout)
+    except ppkit.WorkerError as exc:
+        print(type(exc).__name__, exc)
+print("ready")
+"""
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as env:  # the kernel inherits this environment
+        env.setenv("PPKIT_HANG_S", "2")
+        with kernel_in(tmp_path_factory.mktemp("doctor_runs"), expect_processes=True) as (km, kc):
+            cell = run_cell(kc, START)
+            assert cell.error is None and "ready" in cell.text, cell.text
+            yield km, kc
+
+
+@pytest.fixture
+def kc(kernel):
+    return kernel[1]
+
+
+def spawned(kc, body: str, n: int = 2, timeout: int = 9) -> str:
+    """The cell's text after ``spawn(case)`` of a ``case(i, n)`` whose body is ``body`` (after join(i, n))."""
+    cell = run_cell(kc, "def case(i, n):\n    join(i, n)\n" + "".join(f"    {line}\n" for line in body.splitlines())
+                    + f"spawn(case, {n}, {timeout})\n")
+    assert cell.error is None, cell.text
+    return cell.text
+
+
+def test_a_ddp_rank_that_ends_one_step_early_is_a_failed_collective_and_the_doctor_says_so(kc):
+    """DDP's error comes from autograd (no torch/distributed frame): gloo's "Connection closed by peer"."""
+    text = spawned(kc, "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                       "model = DDP(torch.nn.Linear(4, 1))\n"
+                       "for step in range(3 if i == 0 else 2):\n"
+                       "    model(torch.ones(2, 4)).sum().backward()", timeout=90)  # DDP imports torch._dynamo
+    assert "ProcessRaisedError" in text, text
+    assert "collective doctor" in text, text
+    assert "is not reached by every rank" in text, text
+    assert "rank 1 has not reached it: it finished its job and its process ended" in text, text
+
+
+def test_ranks_that_made_the_call_and_ended_are_not_said_to_have_not_reached_it(kc):
+    """4 ranks, a reduce_scatter_tensor whose sizes are smaller on rank 3: rank 3 gets wrong data and ends,
+    the others fail when it is gone. Its final record says it made the call."""
+    text = spawned(kc, "out = torch.zeros(2 if i != 3 else 1)\n"
+                       "dist.reduce_scatter_tensor(out, torch.ones(8 if i != 3 else 4))\n"
+                       "print('out', out.tolist())", n=4, timeout=30)
+    assert "[rank 3] out" in text, text  # it ended normally
+    assert "rank 3 has not reached it" not in text, text
+    assert "collective #1 does not match: the sizes differ" in text, text
+    assert "rank 3: reduce_scatter_tensor (gloo records all_reduce #1) of [4] Float" in text, text  # both names
+
+
+def test_a_rank_that_leaves_through_os_exit_sends_its_record_and_is_said_to_have_exited(kc):
+    text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\nif i == 1:\n    os._exit(0)\ndist.all_reduce(t)",
+                   timeout=30)
+    assert "collective #2 is not reached by every rank" in text, text  # its record: it completed #1 only
+    assert "rank 1 has not reached it: its process exited with status 0 before its job returned" in text, text
+
+
+def test_a_rank_without_a_record_is_said_to_have_none_not_to_have_not_reached_it():
+    from ppkit.cluster.hang_doctor import diagnose
+
+    call = {"group": "0", "desc": "default_pg", "seq": 1, "p2p_seq": 0, "is_p2p": False, "op": "all_reduce",
+            "peer": None, "backend": "gloo", "profiling_name": "gloo:all_reduce", "input_sizes": [[4]],
+            "output_sizes": [[4]], "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled",
+            "done": False, "time_created_ns": 1, "at": {}}
+    groups = {"0": {"desc": "default_pg", "ranks": [0, 1]}}
+    text = str(diagnose({0: {"calls": [call], "groups": groups, "p2p": None}}, 2,
+                        {1: "it finished its job and its process ended"}))
+    assert "rank 1 has not reached it" not in text, text
+    assert ("rank 1: no record: it finished its job and its process ended; whether it called collective #1 is "
+            "not known") in text, text
+
+
+def test_the_learners_line_is_shown_as_ipython_names_the_cell(kc):
+    text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\n"
+                       "dist.all_reduce(t) if i == 0 else dist.broadcast(t, src=0)")
+    assert "does not match: the op differs" in text, text
+    assert re.search(r"called at Cell In\[\d+\], line 5: dist.all_reduce\(t\) if i == 0", text), text
+    assert not re.search(r"called at [^,]*ipykernel_", text), text  # not the kernel's temporary file
+
+
+def test_the_learners_line_is_shown_under_torchrun(kc):
+    cell = run_cell(kc, "%%torchrun --nproc-per-node 2 --timeout 9\nimport torch, torch.distributed as dist\n"
+                        "dist.init_process_group('gloo')\nt = torch.ones(4)\n"
+                        "dist.all_reduce(t) if dist.get_rank() == 0 else dist.broadcast(t, src=0)\n")
+    text = cell.text + str(cell.error)
+    assert "collective #1 does not match: the op differs" in text, text
+    assert re.search(r"called at %%torchrun cell \d+, line 4: dist.all_reduce\(t\) if dist.get_rank\(\) == 0",
+                     text), text
+
+
+def test_on_demand_a_rank_whose_job_raised_is_said_to_have_raised(kc):
+    assert run_cell(kc, "cluster = ppkit.start(2)").error is None
+    cell = run_cell(kc, "%%ranks --timeout 20\nt = torch.ones(4)\nif rank == 0:\n    raise ValueError('no')\n"
+                        "dist.all_reduce(t)\n")
+    assert cell.error is not None and cell.error[0] == "RemoteError", cell.text
+    again = run_cell(kc, "print(ppkit.collective_doctor())")
+    assert again.error is None, again.text
+    assert "still computing" not in again.text, again.text
+    assert "rank 0 has not reached it: its last job raised ValueError" in again.text, again.text
+    assert run_cell(kc, "cluster.close()").error is None
+
+
+def test_ranks_has_a_hang_watch(kc):
+    assert run_cell(kc, "cluster = ppkit.start(2)").error is None
+    cell = run_cell(kc, "%%ranks --timeout 12\nt = torch.ones(4)\n"
+                        "dist.all_reduce(t) if rank == 0 else dist.broadcast(t, src=0)\n")
+    assert cell.error is not None and cell.error[0] == "JobTimeoutError", cell.text
+    assert "possibly hung" in cell.text, cell.text
+    assert cell.text.index("possibly hung") < cell.text.index("collective #1 does not match"), cell.text
+    assert run_cell(kc, "cluster.close()").error is None
+
+
+def test_kernel_interrupt_runs_the_doctor(kernel):
+    km, kc = kernel
+    assert run_cell(kc, "os.environ['PPKIT_HANG_S'] = '0'\ncluster = ppkit.start(2)").error is None
+    timer = threading.Timer(8.0, km.interrupt_kernel)
+    timer.start()
+    try:
+        cell = run_cell(kc, "%%ranks --timeout 60\nt = torch.ones(4)\n"
+                            "dist.all_reduce(t) if rank == 0 else dist.broadcast(t, src=0)\n")
+    finally:
+        timer.cancel()
+        run_cell(kc, "os.environ['PPKIT_HANG_S'] = '2'")
+    assert cell.error is not None and cell.error[0] == "JobInterrupted", cell.text
+    assert "possibly hung" not in cell.text, cell.text
+    assert "collective #1 does not match: the op differs" in cell.text, cell.text
+    assert "rank 0: all_reduce #1 of [4] Float" in cell.text and "rank 1: broadcast #1 of [4] Float" in cell.text
+    assert run_cell(kc, "cluster.close()").error is None
+
+
+def test_glooss_own_explanation_reaches_the_learner_every_time(kc):
+    """A size mismatch: gloo aborts the rank; what it printed first (its C++ exception) is in the cell, 8 runs of 8."""
+    cell = run_cell(kc, "def case(i, n):\n    join(i, n)\n    dist.all_reduce(torch.ones(4 if i == 0 else 6))\n"
+                        "for run in range(8):\n    print(f'=== run {run}', flush=True)\n    spawn(case, 2, 20)\n")
+    assert cell.error is None, cell.text
+    runs = cell.text.split("=== run ")[1:]
+    assert len(runs) == 8, cell.text
+    said = [run for run in runs if "Is there a distributed collective mismatch in your code?" in run]
+    assert len(said) == 8, f"{len(said)} of 8 runs showed gloo's words:\n{cell.text}"
+
+
+def test_a_ranks_error_is_shown_once_without_ppkits_frames(kc):
+    cell = run_cell(kc, "%%torchrun --nproc-per-node 2\nimport os\n"
+                        "if os.environ['RANK'] == '1':\n    raise ValueError('boom-in-rank-1')\n")
+    assert cell.error is not None and cell.error[0] == "ProcessRaisedError", cell.text
+    shown = cell.text + ANSI.sub("", cell.traceback)
+    assert shown.count("--- traceback in rank 1 ---") == 1, shown
+    assert shown.count("    raise ValueError('boom-in-rank-1')\n") == 1, shown  # the rank's traceback, once
+    assert "ppkit/" not in ANSI.sub("", cell.traceback), shown
+
+
+@pytest.mark.parametrize("order", ["alone", "with_work"])
+def test_ranks_get_pythons_sigint_handler_whenever_load_ext_started_the_fork_server(tmp_path, order):
+    """``alone``: %load_ext ppkit alone in its cell, the fork server starting after the cell ended, when
+    ipykernel ignores SIGINT (the prestart is held back 3 s to make that order certain); ``with_work``: it
+    starts while the cell still runs, when SIGINT has Python's handler."""
+    first = ("import time\nfrom ppkit.cluster.spawn import call\nstart = call._prestart\n"
+             "call._prestart = lambda *args: (time.sleep(3), start(*args))\n%load_ext ppkit" if order == "alone" else
+             "%load_ext ppkit\nimport time\ntime.sleep(15)")
+    with kernel_in(tmp_path, expect_processes=True) as (_, kc):
+        assert run_cell(kc, first).error is None
+        if order == "alone":
+            time.sleep(15)  # idle: the prestart thread starts the fork server between cells
+        waited = run_cell(kc, "import threading\nprint('prestarting', "
+                              "any(t.name == 'ppkit-spawn-prestart' for t in threading.enumerate()))")
+        assert "prestarting False" in waited.text, waited.text
+        cell = run_cell(kc, "%%torchrun --nproc-per-node 2\nimport signal\n"
+                            "print('sigint', signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+        assert cell.error is None, cell.text
+        assert "[ranks 0-1] sigint True" in cell.text or cell.text.count("sigint True") == 2, cell.text
+
+
+def test_a_torchrun_runs_records_are_on_its_error_and_fr_trace_reads_them_as_the_doctor_does(kc, tmp_path):
+    cell = run_cell(kc, f"""
+src = '''import torch, torch.distributed as dist
+dist.init_process_group('gloo')
+t = torch.ones(4)
+dist.all_reduce(t)
+dist.all_reduce(t) if dist.get_rank() == 0 else dist.broadcast(t, src=0)
+'''
+try:
+    get_ipython().run_cell_magic('torchrun', '--nproc-per-node 2 --timeout 9', src)
+except ppkit.JobTimeoutError as exc:
+    error = exc
+print('records', sorted(error.flight_records))
+print('doctor', error.diagnosis.mismatched[0].seq, error.diagnosis.mismatched[0].mismatch)
+error.diagnosis.write_dumps({str(tmp_path)!r})
+print('files', sorted(os.listdir({str(tmp_path)!r})))
+asked = ppkit.collective_doctor()  # no %%ranks cluster: the last run's reading
+print('on demand', sorted(asked.records), asked.mismatched[0].seq)
+print(asked)
+""")
+    assert cell.error is None, cell.text
+    assert "records [0, 1]" in cell.text, cell.text
+    assert "doctor 2 the op differs" in cell.text, cell.text
+    assert "on demand [0, 1] 2" in cell.text, cell.text
+    assert "(the records of the last %%torchrun run, read as it ended, not now)" in cell.text
+    fr = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path)],
+                        capture_output=True, text=True, timeout=120)
+    said = fr.stdout + fr.stderr
+    assert fr.returncode == 0, said
+    verdict = re.search(r"Collective sequence number: (\d+) has errors.*?Error type: (\w+)", said, re.DOTALL)
+    assert verdict, said
+    doctor = re.search(r"doctor (\d+) (.+)", cell.text)
+    assert verdict[1] == doctor[1] and KINDS[verdict[2]] == doctor[2], (said, cell.text)  # the same seq, the same kind
+
+
+def test_which_rank_errors_are_failed_collectives():
+    """gloo's error from autograd (DDP) is one; a store's error or the learner's own is not."""
+    from ppkit.cluster.hang_doctor.outcomes import failed_in_a_collective
+    from ppkit.transport.messages import ErrorInfo
+
+    ddp = ErrorInfo("RuntimeError", "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by "
+                    "peer [127.0.0.1]:16275.", 'File ".../torch/autograd/graph.py", line 829, in _engine_run_backward')
+    assert failed_in_a_collective(ddp)
+    assert failed_in_a_collective(ErrorInfo("DistBackendError", "NCCL error", 'File "train.py", line 3'))
+    assert failed_in_a_collective(ErrorInfo("RuntimeError", "x", 'File ".../torch/distributed/distributed_c10d.py"'))
+    assert not failed_in_a_collective(ErrorInfo("DistStoreError", "Connection reset by peer", 'File "train.py"'))
+    assert not failed_in_a_collective(ErrorInfo("ValueError", "no", 'File "train.py", line 3'))
+
+
+def test_a_ranks_error_outside_ipython_renders_as_the_usual_traceback():
+    import ppkit
+
+    try:
+        raise ppkit.JobTimeoutError("the ranks did not finish", [0], {})
+    except ppkit.JobTimeoutError as exc:
+        error = exc
+    lines = error._render_traceback_()  # no IPython shell here: Python's own traceback
+    assert lines[0].startswith("Traceback") and lines[-1] == "ppkit.errors.JobTimeoutError: the ranks did not finish\n"
+    assert error.flight_records == {} and error.diagnosis is None

@@ -1,0 +1,238 @@
+"""Folding never changes what a line says about a rank: each folded line, read by the rule that
+docs/torchrun.md gives (a spread ``a…b``: every rank not named wrote a value from a to b; ``(rank r: v)``:
+rank r wrote v; anything else: every rank wrote exactly that), is true of every rank it names. Checked on
+the course's own prints (notebooks 01 and 02, real ranks), PyTorch's TP and SP examples, and random lines."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import re
+
+import pytest
+
+from ppkit.cluster.output import OutputSettings, RankPrinter
+from ppkit.cluster.output import fold as folding
+from ppkit.cluster.output.collapse import Collapser
+from ppkit.lessons import seed001
+
+NUMBER = r"[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
+HOLE = re.compile(rf"(?P<low>{NUMBER})(?P<unit>%|[^\W\d_]*)(?:…(?P<high>{NUMBER})(?P=unit))?"
+                  r"(?: \((?P<named>rank \d+: [^()]*?(?:, rank \d+: [^()]*?)*)\))?")
+
+
+def false_about(folded: str, rank: int, line: str) -> str | None:
+    """What ``folded`` says falsely about ``rank``, whose line was ``line`` (None: nothing)."""
+    if folded == line:
+        return None
+    parts, numbers = folding._split(line)
+    at = 0
+    for i, (text, unit, value) in enumerate(numbers):
+        if not folded.startswith(parts[i], at):
+            return f"the text around the numbers differs: {folded!r} against {line!r}"
+        at += len(parts[i])
+        hole = HOLE.match(folded, at)
+        if hole is None or hole["unit"] != unit:
+            return f"number {i} ({text}{unit}) is not where {folded!r} has it"
+        named = dict(item.split(": ", 1) for item in (hole["named"] or "").split(", ") if item)
+        if f"rank {rank}" in named:
+            if named[f"rank {rank}"] != text + unit:
+                return f"{folded!r} says rank {rank} wrote {named[f'rank {rank}']}, it wrote {text}{unit}"
+        elif hole["high"] is None:
+            if float(hole["low"]) != value or hole["low"] != text:
+                return f"{folded!r} says rank {rank} wrote {hole['low']}{unit}, it wrote {text}{unit}"
+        elif not float(hole["low"]) <= value <= float(hole["high"]):
+            return f"{folded!r} puts rank {rank}'s {text}{unit} between {hole['low']} and {hole['high']}"
+        at = hole.end()
+    if folded[at:] != parts[-1]:
+        return f"the text after the numbers differs: {folded!r} against {line!r}"
+    return None
+
+
+def check_truth(shown: list[tuple[str, list[int]]], printed: dict[int, list[str]]) -> None:
+    """Every shown ``(text, ranks)`` is true of each of its ranks, in each rank's order, and every line is shown."""
+    left = {rank: list(lines) for rank, lines in printed.items()}
+    for text, ranks in shown:
+        for rank in ranks:
+            assert left[rank], f"{text!r} is said of rank {rank}, which printed nothing more"
+            wrong = false_about(text, rank, left[rank].pop(0))
+            assert wrong is None, wrong
+    assert not any(left.values()), f"lines never shown: {left}"
+
+
+def collapsed(printed: dict[int, list[str]]) -> list[tuple[str, list[int]]]:
+    """What the collapser shows of each rank's lines, all printed at once."""
+    c = Collapser(sorted(printed))
+    for rank, lines in printed.items():
+        for line in lines:
+            c.add(rank, "stdout", line, 0.0)
+    return [(text, ranks) for _, text, ranks in c.ready(0.0) + c.flush()]
+
+
+def through_printer(printed: dict[int, list[str]]) -> list[tuple[str, list[int]]]:
+    """What a cell shows of each rank's lines, written rank after rank as %%torchrun's printer gets them."""
+    printer, out = RankPrinter(world_size=len(printed)), io.StringIO()
+    with contextlib.redirect_stdout(out), printer.use(OutputSettings(collapse=True)):
+        for rank, lines in printed.items():
+            printer.write(rank, "stdout", "".join(line + "\n" for line in lines))
+    shown = []
+    for line in out.getvalue().splitlines():
+        label, text = re.fullmatch(r"\[ranks? ([\d,-]+)\] (.*)", line).groups()
+        ranks = [r for part in label.split(",") for r in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+        shown.append((text, ranks))
+    return shown
+
+
+def shown_text(printed: dict[int, list[str]]) -> list[str]:
+    return [OutputSettings().label(ranks) + text for text, ranks in collapsed(printed)]
+
+
+# -- the cases seen ----------------------------------------------------------------------------------
+
+def test_a_number_that_is_the_rank_or_differs_on_every_rank_is_never_spread():
+    tp = {r: [f"Starting PyTorch TP example on rank {r}."] for r in range(2)}
+    assert shown_text(tp) == [f"[rank {r}] Starting PyTorch TP example on rank {r}." for r in range(2)]
+    bye = {r: [f"bye {r}"] for r in range(4)}
+    assert shown_text(bye) == [f"[rank {r}] bye {r}" for r in range(4)]
+    # a scatter: each rank got its own value, and no line may suggest which rank got which
+    got = {0: "10.5", 1: "40.25", 2: "99.5", 3: "20.75"}
+    scatter = {r: [f"rank {r} got {v}"] for r, v in got.items()}
+    assert shown_text(scatter) == [f"[rank {r}] rank {r} got {v}" for r, v in got.items()]
+    losses = {r: [f"loss {v}"] for r, v in enumerate(["2.31", "2.35", "2.91", "2.33"])}  # all different
+    assert len(collapsed(losses)) == 4
+
+
+def test_a_tensors_printed_form_is_kept_exact():
+    printed = {r: [f"Rank  {r}  has data  tensor([{10 * (r + 1)}.])", f"grad tensor([{r % 2}.5000, 1.0000])"]
+               for r in range(4)}
+    shown = collapsed(printed)
+    check_truth(shown, printed)
+    assert ("grad tensor([0.5000, 1.0000])", [0, 2]) in shown and ("grad tensor([1.5000, 1.0000])", [1, 3]) in shown
+    assert not any("…" in text for text, _ in shown), shown
+    # a tensor too long for one line: its middle and last lines hold no opening bracket
+    wrapped = {r: ["tensor([0.1000, 0.2000,", f"        0.{[1, 1, 2, 3][r]}500, 0.6000,",
+                   f"        0.{[1, 1, 2, 3][r]}700, 0.8000])"] for r in range(4)}
+    shown = collapsed(wrapped)
+    check_truth(shown, wrapped)
+    assert not any("…" in text for text, _ in shown), shown
+
+
+def test_lines_whose_counters_differ_are_never_joined():
+    printed = {0: ["step 8 loss 2.31"], 1: ["step 3 loss 2.35"], 2: ["step 8 loss 2.33"], 3: ["step 8 loss 2.32"]}
+    shown = collapsed(printed)
+    check_truth(shown, printed)
+    assert ("step 3 loss 2.35", [1]) in shown and not any("3…8" in text for text, _ in shown), shown
+    # DistributedSampler's uneven split: a count, said of the ranks that have it
+    samples = {r: [f"rank has {13 if r < 5 else 12} samples"] for r in range(8)}
+    assert shown_text(samples) == ["[ranks 0-4] rank has 13 samples", "[ranks 5-7] rank has 12 samples"]
+
+
+def test_a_split_between_two_values_says_which_ranks_have_which():
+    printed = {r: [f"loss {v}"] for r, v in enumerate(["2.31", "2.31", "7.5", "7.5"])}
+    assert shown_text(printed) == ["[ranks 0-1] loss 2.31", "[ranks 2-3] loss 7.5"]
+    # one rank off a majority of 4 or 8 is named on the line, as documented
+    one_off = {r: [f"loss {v}"] for r, v in enumerate(["2.31", "2.31", "2.91", "2.31"])}
+    assert shown_text(one_off) == ["[ranks 0-3] loss 2.31 (rank 2: 2.91)"]
+
+
+def test_timestamps_are_never_folded_so_a_log_parser_still_reads_them():
+    stamps = ["17:20:38,015", "17:20:38,991", "17:20:39,402", "17:20:38,015"]
+    printed = {r: [f"{s} INFO step done in 1.{r % 3}5s"] for r, s in enumerate(stamps)}
+    shown = collapsed(printed)
+    check_truth(shown, printed)
+    for text, _ in shown:
+        assert re.match(r"\d\d:\d\d:\d\d,\d{3} INFO", text), text
+    dated = {r: [f"12/07/2026 06:54:{22 + r % 2} PM Device Mesh created"] for r in range(4)}
+    assert all(re.fullmatch(r"12/07/2026 06:54:2\d PM Device Mesh created", t) for t, _ in collapsed(dated))
+
+
+def test_more_than_one_spread_on_a_line_is_never_shown():
+    """Two spreads side by side read as a mapping (the lowest loss with the shortest time): keep the lines apart."""
+    values = [("2.31", "1.2"), ("2.31", "1.9"), ("2.35", "1.2"), ("2.38", "1.5"), ("2.35", "1.9"), ("2.31", "1.5")]
+    printed = {r: [f"loss {a} took {b}s"] for r, (a, b) in enumerate(values)}
+    shown = collapsed(printed)
+    check_truth(shown, printed)
+    assert not any(text.count("…") > 1 for text, _ in shown), shown
+
+
+# -- random lines ------------------------------------------------------------------------------------
+
+WORDS = ["step", "loss", "rank", "took", "lr", "acc", "tensor([", "])", "at", ":", "of", "[", "]", "(", ")", ","]
+
+
+def _random_number(rng: random.Random, rank: int) -> str:
+    kind = rng.choice(["int", "float", "unit", "rank", "exp", "same"])
+    if kind == "int":
+        return str(rng.choice([3, 8, 12, 13, 100]))
+    if kind == "float":
+        return rng.choice(["2.31", "2.35", "2.91", "7.5", "-0.5", "0.0"])
+    if kind == "unit":
+        return rng.choice(["1.2s", "1.3s", "91%", "93%", "4ms"])
+    if kind == "rank":
+        return str(rank)
+    if kind == "exp":
+        return rng.choice(["1e-3", "2.5E-2", "1e-3"])
+    return "42"
+
+
+def test_random_lines_folded_say_nothing_false_about_any_rank():
+    rng = random.Random(52)
+    for _ in range(1500):
+        world = rng.choice([2, 3, 4, 8])
+        template = [rng.choice(WORDS + ["#"] * 4) for _ in range(rng.randint(1, 7))]
+        printed = {}
+        for rank in range(world):
+            fixed = random.Random(rng.random())  # some ranks share their numbers, some don't
+            pick = rng if rng.random() < 0.5 else fixed
+            printed[rank] = [" ".join(_random_number(pick, rank) if w == "#" else w for w in template)]
+        check_truth(collapsed(printed), printed)
+
+
+# -- the course's own prints and PyTorch's examples, at 4 ranks -----------------------------------------
+
+def _printed_by_rank(cluster, fn) -> dict[int, list[str]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cluster.run(fn)
+    printed: dict[int, list[str]] = {r: [] for r in range(cluster.world_size)}
+    for line in out.getvalue().splitlines():
+        match = re.match(r"\[rank (\d+)\] (.*)", line)
+        if match:
+            printed[int(match[1])].append(match[2])
+    return printed
+
+
+@pytest.mark.parametrize("fn", [seed001.test_broadcast, seed001.test_scatter, seed001.test_reduce,
+                                seed001.test_all_reduce, seed001.test_gather, seed001.test_all_gather])
+def test_notebook_02s_prints_at_four_real_ranks_fold_truthfully(cluster4, fn):
+    printed = _printed_by_rank(cluster4, fn)
+    assert all(printed.values()) or fn is seed001.test_gather, printed
+    shown = through_printer(printed)
+    check_truth(shown, printed)
+    assert not any("…" in text for text, _ in shown), shown  # the rank, a tensor's values: never spread
+    if fn is seed001.test_scatter:
+        assert [text for text, _ in shown if "has data" in text] == \
+            [f"Rank  {r}  has data  tensor([{r + 1}.])" for r in range(4)], shown
+
+
+@pytest.mark.parametrize("fn", [seed001.test_send_recv_sync, seed001.test_send_recv_async])
+def test_notebook_01s_prints_fold_truthfully(cluster2, fn):
+    printed = _printed_by_rank(cluster2, fn)  # its sends pair rank 0 with rank 1: the notebook runs 2 ranks
+    shown = through_printer(printed)
+    check_truth(shown, printed)
+    assert len(shown) == 2, shown
+
+
+def test_pytorchs_tp_and_sp_examples_prints_through_the_printer():
+    """The lines torch's examples/distributed/tensor_parallelism print at 4 ranks, each rank's as it writes it."""
+    printed = {rank: [f"Starting PyTorch TP example on rank {rank}.",
+                      f"Starting PyTorch Sequence Parallel example on rank {rank}.",
+                      f"12/07/2026 06:54:{22 + rank // 2} PM Device Mesh created: "
+                      "device_mesh=DeviceMesh('cpu', [0, 1, 2, 3])",
+                      f"12/07/2026 06:54:{23 + rank // 2} PM Tensor Parallel iter {rank % 2} completed",
+                      "Tensor Parallel training completed!"] for rank in range(4)}
+    shown = through_printer(printed)
+    assert ("Tensor Parallel training completed!", [0, 1, 2, 3]) in shown, shown
+    assert all((f"Starting PyTorch TP example on rank {r}.", [r]) in shown for r in range(4)), shown
+    check_truth(shown, printed)
