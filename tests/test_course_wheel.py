@@ -15,12 +15,12 @@ with useradd:
 - sees no repository: it runs in a mount namespace where the clone is an empty folder (only the test venv
   inside, see below), so a notebook that opened tests/, docs/ or scripts/ of the repository would fail.
 
-What it borrows, to keep to minutes: the learner's venv reads this test venv's site-packages (a .pth line,
-through a bind mount in /tmp, so that a clone in a private folder works too) for torch, JupyterLab and nbval, and
-its share/jupyter (JUPYTER_PATH) for the widgets' JupyterLab extension, instead of downloading 1 GB. pip still
-resolves the wheel's dependencies (with --no-index, against constraints.txt) and installs ppkit itself into the learner's venv; a .pth line
-is not a site dir, so this venv's editable ppkit (an import hook in a .pth) is not loaded, and the test
-asserts that `ppkit` is the wheel's. Not checked here: that PyPI's torch wheels install in an empty venv.
+What it borrows, to keep to minutes: the learner's venv reads this test venv's site-packages (a .pth line, through
+a bind mount in /tmp, so that a clone in a private folder works too) for torch, JupyterLab and nbval, and its
+share/jupyter (JUPYTER_PATH) for the widgets' JupyterLab extension, instead of downloading 1 GB. pip still resolves
+the wheel's dependencies (with --no-index, against constraints.txt) and installs ppkit itself into the learner's
+venv; a .pth line is not a site dir, so this venv's editable ppkit (an import hook in a .pth) is not loaded, and
+the test asserts that `ppkit` is the wheel's. Not checked here: that PyPI's torch wheels install in an empty venv.
 """
 
 from __future__ import annotations
