@@ -146,7 +146,7 @@ class JobInterrupted(_WithRecords, _ShownWithoutOwnFrames, KeyboardInterrupt):
         self.stacks = dict(stacks or {})
 
 
-# --- added on branch `lessons` (issue 3) ---------------------------------------------------------
+# --- the lessons ---------------------------------------------------------
 
 class ExerciseFailed(PPKitError, AssertionError):
     """An exercise checker found wrong results. ``failures`` lists each one, precisely."""
@@ -216,7 +216,7 @@ class ProcessExitedError(WorkerDiedError):
         self.signal_name = signal_name
 
 
-# --- pdb on ranks (issue 32) ---------------------------------------------------------------------
+# --- pdb on ranks ---------------------------------------------------------------------
 class DebuggerQuit(WorkerError):
     """A pdb session on a rank ended the job: the learner quit (``how`` "quit") or no one could
     answer its prompt ("no stdin": nbval, ``nbconvert --execute``). ``rank``: the rank, ``where``:
@@ -227,7 +227,7 @@ class DebuggerQuit(WorkerError):
         self.rank, self.how, self.where, self.restarted = rank, how, where, restarted
 
 
-# --- the parity tool (issue 48) ------------------------------------------------------------------
+# --- the parity tool ------------------------------------------------------------------
 class ParityError(PPKitError, AssertionError):
     """A parallel run differs from its one-process reference beyond tolerance (``ppkit.compare_runs``).
     ``report``: the ``ParityReport``, whose ``first`` names the step, tensor and rank."""

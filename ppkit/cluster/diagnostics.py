@@ -109,12 +109,6 @@ def join_failed(rank: int, error: ErrorInfo, hint: str) -> LaunchError:
         f"\n\n--- traceback on rank {rank} ---\n{error.traceback}")
 
 
-def fork_server_exited(log_path, log_tail: str) -> LaunchError:
-    return LaunchError(
-        "the fork server that starts the workers exited before they were ready.\n"
-        f"Its log ({log_path}) ends with:\n{log_tail}")
-
-
 def died_while_starting(rank: int, how: str) -> LaunchError:
     """``how``: the launcher's words for how it ended (``Launcher.describe_exit``)."""
     return LaunchError(f"rank {rank} died while starting: {how}. See its output above.")

@@ -16,7 +16,7 @@ to one as this process is and sorts what happens into three verdicts:
 Nothing is sent: a probe connects, waits for the first bytes, and closes. Still, a probe is a
 connection: TensorPipe's short-lived listeners take the first one that comes, so probing a running RPC
 world can break it (``ppkit preflight`` only counts its listeners). tests/exposure.py runs the probe as
-another Unix user (issue 24).
+another Unix user.
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def sampler_assignment(dataset_len: int, world_size: int, shuffle: bool = False,
 def data_parallel_here() -> dict:
     """What ``nn.DataParallel`` does on this machine: which devices it would split the batch over. Asked in a
     fresh Python (``data_parallel_in_this_process``): with GPUs, DataParallel moves the model to cuda:0, and the
-    kernel keeps no CUDA context of its own (issue 49)."""
+    kernel keeps no CUDA context of its own."""
     return gpus.in_fresh_process("ppkit.lessons.data_parallel", "data_parallel_in_this_process")
 
 

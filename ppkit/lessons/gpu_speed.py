@@ -2,7 +2,7 @@
 fp16 on a GPU without bf16 tensor cores: ``half_precision``).
 
 Each measurement runs in a fresh interpreter (``measure``), never in the kernel: it initialises CUDA, and the
-kernel keeps no CUDA context (issue 49). Without a GPU each says so with a ConfigError; the CPU lesson (an
+kernel keeps no CUDA context. Without a GPU each says so with a ConfigError; the CPU lesson (an
 achievable fp32 peak measured here, step_flops.py) is unchanged.
 """
 

@@ -1,7 +1,7 @@
 """GPUs for the lessons that use them when present: the backend and device a rank takes, the GPUs of this machine as
 the kernel may ask for them, and the datasheet peak that a GPU's MFU is measured against.
 
-The kernel never initialises CUDA (issue 49): a rank decides for itself (``rank_backend``, ``rank_device``), and
+The kernel never initialises CUDA: a rank decides for itself (``rank_backend``, ``rank_device``), and
 the kernel's view of the GPUs (``devices``) counts them through NVML (``torch.cuda.device_count`` before CUDA is
 initialised) and asks a fresh interpreter for their names, so that no CUDA context lands in the kernel.
 """

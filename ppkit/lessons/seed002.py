@@ -57,7 +57,7 @@ def main() -> dict:
     # import, so imported after init_process_group they pin the live group and destroy_process_group() cannot
     # free it. Its gloo threads then outlive Python: one still releasing the last all_gather's tensors when the
     # interpreter shuts down takes the GIL, is ended by Python (pthread_exit) inside a C++ destructor, and the
-    # rank aborts after printing its line ("terminate called without an active exception"; issue 30).
+    # rank aborts after printing its line ("terminate called without an active exception").
     dist.barrier()
     del model, optimizer
     dist.destroy_process_group()

@@ -77,8 +77,3 @@ def split_resnet50_at(model: nn.Module, cuts) -> tuple[nn.Sequential, ...]:
     shards = [nn.Sequential(*(stages[name] for name in group)) for group in names]
     shards[-1].extend([model.avgpool, nn.Flatten(1), model.fc])
     return tuple(shards)
-
-
-def build_shards(cut: str = DEFAULT_CUT, seed: int = 0) -> tuple[nn.Sequential, nn.Sequential]:
-    """The two shards of ``resnet50(seed)`` cut after ``cut``, as independent copies."""
-    return split_resnet50(resnet50(seed), cut)

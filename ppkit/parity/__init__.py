@@ -1,4 +1,4 @@
-"""Parity: does a parallel run compute what one process computes? (issue 48)
+"""Parity: does a parallel run compute what one process computes?
 
     rec = ppkit.ParityRecorder()                  # on every rank: record(step, model, loss) after backward
     runs = cluster.run(train, steps)              # each rank returns rec.run

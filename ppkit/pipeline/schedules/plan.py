@@ -73,11 +73,6 @@ def plan_of(schedule) -> dict[int, list[Op]]:
     return plan
 
 
-def format_plan(plan: dict[int, list[Op]]) -> str:
-    """One line per rank: ``rank 0: 0F0 0F1 2F0 ...`` (stage, kind, micro-batch)."""
-    return "\n".join(f"rank {rank}: {' '.join(map(str, ops))}" for rank, ops in sorted(plan.items()))
-
-
 def _needs(op: Op, num_stages: int) -> tuple | None:
     if op.kind == "F":
         return (op.stage - 1, "F", op.microbatch) if op.stage > 0 else None
