@@ -174,8 +174,11 @@ def test_lines_that_differ_only_in_numbers_fold_into_the_spread_naming_the_rank_
     folded = lines_of({rank: f"step 10 loss {loss}" for rank, loss in losses.items()})
     assert folded == [("stdout", "step 10 loss 2.31…2.35 (rank 5: 2.91)", list(range(8)))]
     assert OutputSettings().label(folded[0][2]) + folded[0][1] == "[ranks 0-7] step 10 loss 2.31…2.35 (rank 5: 2.91)"
-    # an even spread names no rank; a value that differs on every rank (two ranks that differ) is each rank's own
-    assert lines_of({0: "loss 1.0", 1: "loss 2.0", 2: "loss 3.0", 3: "loss 1.0"})[0][1] == "loss 1.0…3.0"
+    # an even spread names no rank; values too far apart to be one quantity up to noise (1.0 to 3.0) are said of
+    # the ranks of each; a value that differs on every rank (two ranks that differ) is each rank's own
+    assert lines_of({0: "loss 2.31", 1: "loss 2.33", 2: "loss 2.35", 3: "loss 2.31"})[0][1] == "loss 2.31…2.35"
+    wide = lines_of({0: "loss 1.0", 1: "loss 2.0", 2: "loss 3.0", 3: "loss 1.0"})
+    assert [(text, ranks) for _, text, ranks in wide] == [("loss 1.0", [0, 3]), ("loss 2.0", [1]), ("loss 3.0", [2])]
     assert lines_of({0: "loss 2.31", 1: "loss 9.99"}) == [("stdout", "loss 2.31", [0]), ("stdout", "loss 9.99", [1])]
 
 
@@ -190,14 +193,18 @@ def test_lines_that_differ_in_words_stay_apart():
 def test_the_folding_rule_reads_signs_exponents_ints_floats_percentages_and_durations():
     from ppkit.cluster.output.fold import fold
 
-    def f(*texts):
-        folded = fold(list(enumerate(texts)))
+    def f(*texts):  # the same line of each rank's output: a rank that stands out may be named
+        folded = fold(list(enumerate(texts)), aligned=True)
         return folded[0][1] if len(folded) == 1 else folded
 
-    assert f("delta -0.5", "delta +0.25", "delta 0.1", "delta -0.5") == "delta -0.5…+0.25"
+    assert f("delta -0.5", "delta -0.45", "delta -0.48", "delta -0.5") == "delta -0.5…-0.45"
+    # across zero no spread is one quantity up to noise: the ranks of each value are said
+    assert f("delta -0.5", "delta +0.25", "delta 0.1", "delta -0.5") == \
+        [([0, 3], "delta -0.5"), ([1], "delta +0.25"), ([2], "delta 0.1")]
     assert f("lr 1e-3", "lr 1e-3", "lr 1e-3", "lr 2.5E-2") == "lr 1e-3 (rank 3: 2.5E-2)"
     assert f("tokens 100.5", "tokens 100.5", "tokens 99.5", "tokens 101.5") == "tokens 99.5…101.5"
-    assert f("acc 91%", "acc 93%", "acc 92%", "acc 92%") == "acc 91%…93%"
+    assert f("acc 91.5%", "acc 93.0%", "acc 92.0%", "acc 92.0%") == "acc 91.5%…93.0%"
+    assert len(f("acc 91%", "acc 93%", "acc 92%", "acc 92%")) == 3  # a whole percentage: a progress, never spread
     assert f("step took 1.2s", "step took 1.3s", "step took 1.25s", "step took 1.2s", "step took 4.0s") == \
         "step took 1.2s…1.3s (rank 4: 4.0s)"
     assert f("x 1", "x 1.0") == [([0], "x 1"), ([1], "x 1.0")]  # a number is shown as the rank wrote it
@@ -229,8 +236,8 @@ def test_the_outlier_rule_is_a_robust_one():
 def test_ordinary_differences_between_ranks_name_no_rank_and_a_real_outlier_is_named():
     from ppkit.cluster.output.fold import fold
 
-    def f(texts):
-        folded = fold(list(enumerate(texts)))
+    def f(texts):  # the same line of each rank's output: a rank that stands out may be named
+        folded = fold(list(enumerate(texts)), aligned=True)
         return folded[0][1] if len(folded) == 1 else folded
 
     # DistributedSampler's uneven split: 3 ranks of 8 one sample short, said of the ranks that have each count
@@ -241,7 +248,9 @@ def test_ordinary_differences_between_ranks_name_no_rank_and_a_real_outlier_is_n
     assert f(["took 1.2s"] * 3 + ["took 1.3s"] + ["took 1.2s"] * 4) == \
         [([0, 1, 2, 4, 5, 6, 7], "took 1.2s"), ([3], "took 1.3s")]
     assert f(["loss 2.3100"] * 3 + ["loss 2.3101"] * 3 + ["loss 2.3102"] * 2) == "loss 2.3100…2.3102"
-    assert f(["grad norm -1e-9"] + ["grad norm 0"] * 6 + ["grad norm 1e-9"]) == "grad norm -1e-9…1e-9"
+    # across zero no relative tolerance holds: the ranks of each value are said (nothing named, nothing spread)
+    assert f(["grad norm -1e-9"] + ["grad norm 0"] * 6 + ["grad norm 1e-9"]) == \
+        [([0], "grad norm -1e-9"), ([1, 2, 3, 4, 5, 6], "grad norm 0"), ([7], "grad norm 1e-9")]
     # a real outlier: at 8 ranks, and at 4 whether the others agree exactly or not
     assert f(["loss 2.31"] * 5 + ["loss 2.91"] + ["loss 2.31"] * 2) == "loss 2.31 (rank 5: 2.91)"
     assert f(["loss 2.31", "loss 2.31", "loss 2.91", "loss 2.31"]) == "loss 2.31 (rank 2: 2.91)"
@@ -299,5 +308,5 @@ def test_no_collapse_keeps_every_ranks_raw_line(capsys):
 
 
 def test_a_line_with_a_nul_character_never_meets_a_numbered_line_of_that_shape():
-    assert lines_of({0: "a \x00 b", 1: "a 5.5 b", 2: "a 6.5 b", 3: "a 7.5 b", 4: "a 6.5 b"}) == [
-        ("stdout", "a \x00 b", [0]), ("stdout", "a 5.5…7.5 b", [1, 2, 3, 4])]
+    assert lines_of({0: "a \x00 b", 1: "a 2.31 b", 2: "a 2.33 b", 3: "a 2.35 b", 4: "a 2.33 b"}) == [
+        ("stdout", "a \x00 b", [0]), ("stdout", "a 2.31…2.35 b", [1, 2, 3, 4])]

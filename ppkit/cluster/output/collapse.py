@@ -8,6 +8,9 @@ its rank's queue leaves, with the lines of its shape (fold.py: its text without 
 head of other ranks' queues, once every shown rank has one there, or once no other rank can still
 print one next (its queue holds other lines and none of this shape), or at the latest ``WINDOW_S``
 after it was printed. A line redrawn with ``\\r`` (tqdm's) leaves only with the same line.
+
+Folding is a convenience and never loses a line: where it fails on a line (a bug, an input nobody foresaw),
+the lines are shown as each rank wrote them.
 """
 
 from __future__ import annotations
@@ -31,11 +34,14 @@ class Collapser:
         self._queues: dict[int, deque] = {rank: deque() for rank in ranks}  # rank -> (stream, shape, text, since)
         self._waiting: dict[int, Counter] = {rank: Counter() for rank in ranks}  # rank -> (stream, shape) queued
         self._count = 0
+        self._numbered: Counter = Counter()  # (rank, stream) -> lines added: a line's place in its rank's output
 
     def add(self, rank: int, stream: str, text: str, now: float, redrawn: bool = False) -> None:
         """``redrawn``: the line was drawn with ``\\r`` (a progress bar): it leaves only with the same line."""
-        shape = fold.exact(text) if redrawn else fold.shape(text)
-        self._queues.setdefault(rank, deque()).append((stream, shape, text, now))
+        shape = fold.exact(text) if redrawn else _shape(text)
+        number = self._numbered[rank, stream]
+        self._numbered[rank, stream] += 1
+        self._queues.setdefault(rank, deque()).append((stream, shape, text, now, number))
         self._waiting.setdefault(rank, Counter())[stream, shape] += 1
         self._count += 1
 
@@ -47,7 +53,7 @@ class Collapser:
             heads: dict[tuple, list] = {}  # (stream, shape) -> [ranks with one first, its earliest time]
             for rank, queue in self._queues.items():
                 if queue:
-                    stream, shape, _, since = queue[0]
+                    stream, shape, _, since, _ = queue[0]
                     head = heads.setdefault((stream, shape), [[], since])
                     head[0].append(rank)
                     head[1] = min(head[1], since)
@@ -77,11 +83,31 @@ class Collapser:
     def _pop(self, key: tuple, ranks: list[int]) -> list[tuple]:
         """The head lines of ``ranks`` (all of ``key``), folded: one line, or several where folding would blur
         which rank wrote what (fold.py)."""
-        lines = []
+        lines, numbers = [], set()
         for rank in sorted(ranks):
-            lines.append((rank, self._queues[rank].popleft()[2]))
+            _, _, text, _, number = self._queues[rank].popleft()
+            lines.append((rank, text))
+            numbers.add(number)
             self._waiting[rank][key] -= 1
             if not self._waiting[rank][key]:
                 del self._waiting[rank][key]
         self._count -= len(ranks)
-        return [(key[0], text, folded) for folded, text in fold.fold(lines)]
+        return [(key[0], text, folded) for folded, text in _fold(lines, aligned=len(numbers) == 1)]
+
+
+def _shape(text: str) -> tuple[str, str]:
+    try:
+        return fold.shape(text)
+    except Exception:  # noqa: BLE001 - folding must never cost a line: this one folds only with itself
+        return fold.exact(text)
+
+
+def _fold(lines: list[tuple[int, str]], aligned: bool) -> list[tuple[list[int], str]]:
+    """fold.fold, or where it fails, each rank's line as it wrote it (the same text of several ranks once)."""
+    try:
+        return fold.fold(lines, aligned=aligned)
+    except Exception:  # noqa: BLE001 - folding is a convenience; what the ranks wrote is the output
+        same: dict[str, list[int]] = {}
+        for rank, text in sorted(lines):
+            same.setdefault(text, []).append(rank)
+        return sorted(((ranks, text) for text, ranks in same.items()), key=lambda out: out[0][0])

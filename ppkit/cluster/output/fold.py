@@ -7,18 +7,29 @@ A line's ``shape`` is its text with its numbers taken out (``step # loss #``); l
 rank and cannot be read as something else. Otherwise the lines stay apart, grouped by the number that
 keeps them apart (each group folded again), one line per group with its ranks:
 
-- a number that says which line is which is never spread: a whole number without a unit (a step, an
-  epoch, a count: ``step 3`` never joins ``step 8``), the rank itself, or a value that differs on every
-  rank (each rank's own, a scatter's piece);
-- a number inside brackets (a tensor's, a list's or a tuple's printed form, a wrapped tensor's lines) or in
-  a time or a date (``17:20:38,015``, ``2026-12-07``) is kept as written, so a log parser still reads the line;
+- a number that says which line is which is never spread: a whole number without a unit or with ``%`` (a
+  step, an epoch, a count, a progress: ``step 3`` never joins ``step 8``), a number after a counter's name
+  (``epoch 1.50``, ``iter``, ``step``, ``batch``, ``progress``), the rank itself, a number that cannot be
+  compared (``1e400``), or a value that differs on every rank (each rank's own, a scatter's piece);
+- a number inside brackets (a tensor's, a list's or a tuple's printed form, a wrapped tensor's lines), next
+  to another with only a comma or spaces between (an array's wrapped line ``0.923 1.    1.462``, a table's
+  row), or in a time or a date (``17:20:38,015``, ``2026-12-07``) is kept as written, so the printed form
+  stays exact and a log parser still reads the line;
+- values are spread only where they are one quantity up to noise: the lowest and the highest of the spread
+  differ by at most ``REL_TOL`` of the larger magnitude (losses ``2.31…2.35``, times ``0.52s…0.53s``);
+  values further apart (a scatter's ``10.0`` … ``70.0``, a learner's bug that gave two ranks one chunk) stay
+  apart, each line with its ranks, so which rank holds what is never hidden;
 - a number with two values that names no rank is said of the ranks of each: ``[ranks 0-1] loss 2.31``
   and ``[ranks 2-3] loss 7.5``, not ``loss 2.31…7.5``;
 - at most one number of a line is spread (two spreads side by side read as lowest with lowest).
 
-A spread is the lowest ``…`` the highest, as the ranks wrote them. A rank that stands out is named with its
-value outside the spread (``standing_out``; a difference of one step in the last digit written names no
-rank). A word that differs keeps lines apart: ``nan`` against ``2.31``, ``ms`` against ``s``.
+A spread is the lowest ``…`` the highest, as the ranks wrote them. A rank that stands out
+(``standing_out``; a difference of one step in the last digit written names no rank) is named with its
+value outside the spread only where the lines are provably the same point of each rank's output: the
+same line of each rank's stream (``fold(..., aligned=True)``, which the collapser says). Lines joined
+only because they arrived together (a lagging rank's earlier epoch beside the others' later one) name no
+rank: the one that stands out is shown on a line of its own. A word that differs keeps lines apart:
+``nan`` against ``2.31``, ``ms`` against ``s``.
 
 A number is a decimal with an optional sign, fraction, exponent and unit (``-0.5``, ``1e-3``, ``91%``,
 ``1.2s``), not part of a word: ``worker3``, ``0x7f3a``, ``2.14.1`` and ``10.0.0.1`` are words. ANSI
@@ -37,6 +48,9 @@ SPREAD = "…"
 MAX_CHARS = 1000
 MAX_NUMBERS = 16
 Z = 3.5  # Iglewicz and Hoaglin's cut-off for the modified z-score
+REL_TOL = 0.1  # a spread's width, at most, as a share of its larger end's magnitude: one quantity up to noise
+_COUNTER = re.compile(r"(?:epoch|epochs|step|steps|iter|iters|iteration|it|batch|progress)\W*$", re.IGNORECASE)
+_ROW = re.compile(r"\.?[ \t]+")  # between two numbers of an array's or a table's row (numpy writes ``1.   2.``)
 HOLE = "\x00"  # where a number was, in a shape
 _WHOLE = re.compile(r"[-+]?\d+")
 _JOINS = {":", ",", "/", "-", "."}  # between the numbers of a time or a date
@@ -63,14 +77,15 @@ def exact(text: str) -> tuple[str, str]:
     return "=", text
 
 
-def fold(lines: list[tuple[int, str]]) -> list[tuple[list[int], str]]:
+def fold(lines: list[tuple[int, str]], aligned: bool = False) -> list[tuple[list[int], str]]:
     """``(rank, text)`` lines of one shape as ``(ranks, text)`` lines, in the order of their lowest rank:
     one line where the numbers may be folded (the module's docstring), else one for each group of ranks
-    that wrote the same."""
-    return _fold(sorted(lines))
+    that wrote the same. ``aligned``: the lines are the same line of each rank's output, so a rank that
+    stands out may be named on the folded line."""
+    return _fold(sorted(lines), aligned)
 
 
-def _fold(lines: list[tuple[int, str]]) -> list[tuple[list[int], str]]:
+def _fold(lines: list[tuple[int, str]], aligned: bool = False) -> list[tuple[list[int], str]]:
     texts = [text for _, text in lines]
     if all(text == texts[0] for text in texts):
         return [([rank for rank, _ in lines], texts[0])]
@@ -79,35 +94,50 @@ def _fold(lines: list[tuple[int, str]]) -> list[tuple[list[int], str]]:
     varying = [i for i in range(len(numbers[0])) if len({row[i][0] for row in numbers}) > 1]
     for i in varying:  # a number that says which line is which: the lines stay apart, by its value
         column = [row[i] for row in numbers]
-        if _in_structure(parts, i) or _in_time(parts, i) or _identifies(column, [rank for rank, _ in lines]):
-            return _apart(lines, [row[i][0] for row in numbers])
+        if (_in_structure(parts, i) or _in_time(parts, i) or _COUNTER.search(_ANSI.sub("", parts[i]))
+                or _identifies(column, [rank for rank, _ in lines])):
+            return _apart(lines, [row[i][0] for row in numbers], aligned)
     spreads, out = 0, [parts[0]]
     for i in range(len(numbers[0])):
         column = [(rank, row[i]) for (rank, _), row in zip(lines, numbers)]
         odd = standing_out([value for _, (_, _, value) in column],
                            resolution=max(resolution(text) for _, (text, _, _) in column))
         if i in varying and not odd and len({text for _, (text, _, _) in column}) == 2:
-            return _apart(lines, [row[i][0] for row in numbers])  # two values: say which ranks have which
+            return _apart(lines, [row[i][0] for row in numbers], aligned)  # two values: say which ranks have which
+        if odd and not aligned:  # not provably the same point of each rank's output: name no rank, show it apart
+            return _apart(lines, ["odd" if j in odd else "usual" for j in range(len(lines))], aligned)
+        if not _one_quantity([value for j, (_, (_, _, value)) in enumerate(column) if j not in odd]):
+            return _apart(lines, [row[i][0] for row in numbers], aligned)  # too far apart to be noise: who has what
         shown, spread = _spread(column, odd)
         spreads += spread
         out += [shown, parts[i + 1]]
     if spreads > 1:  # two spreads side by side read as a mapping, lowest with lowest: keep the lines apart
-        return _apart(lines, texts)
+        return _apart(lines, texts, aligned)
     return [([rank for rank, _ in lines], "".join(out))]
 
 
-def _apart(lines: list[tuple[int, str]], keys: list[str]) -> list[tuple[list[int], str]]:
+def _one_quantity(values: list[float]) -> bool:
+    """The values are one quantity up to noise: all the same, or the lowest and the highest within
+    ``REL_TOL`` of the larger magnitude."""
+    low, high = min(values), max(values)
+    return low == high or high - low <= REL_TOL * max(abs(low), abs(high))
+
+
+def _apart(lines: list[tuple[int, str]], keys: list[str], aligned: bool = False) -> list[tuple[list[int], str]]:
     """The lines grouped by ``keys`` (one a line), each group folded on its own, by lowest rank."""
     groups: dict[str, list] = {}
     for line, key in zip(lines, keys):
         groups.setdefault(key, []).append(line)
-    return sorted((out for group in groups.values() for out in _fold(group)), key=lambda out: out[0][0])
+    return sorted((out for group in groups.values() for out in _fold(group, aligned)), key=lambda out: out[0][0])
 
 
 def _identifies(column: list[tuple[str, str, float]], ranks: list[int]) -> bool:
-    """A number that tells the lines apart: a whole number without a unit (a step, a count, an id), the rank
-    itself, or a value that differs on every line (each rank's own: a scatter's piece)."""
-    if all(unit == "" and _WHOLE.fullmatch(text) for text, unit, _ in column):
+    """A number that tells the lines apart: a whole number without a unit or with ``%`` (a step, a count, an
+    id, a progress), the rank itself, a number that cannot be compared (not finite as written: ``1e400``),
+    or a value that differs on every line (each rank's own: a scatter's piece)."""
+    if all(unit in ("", "%") and _WHOLE.fullmatch(text) for text, unit, _ in column):
+        return True
+    if not all(math.isfinite(value) for _, _, value in column):
         return True
     if all(value == rank for (_, _, value), rank in zip(column, ranks)):
         return True
@@ -117,12 +147,14 @@ def _identifies(column: list[tuple[str, str, float]], ranks: list[int]) -> bool:
 def _in_structure(parts: list[str], i: int) -> bool:
     """Number ``i`` is an element of a tensor, a list or a tuple, printed as it is: inside brackets, before a
     bracket that closes one opened on an earlier line (a wrapped tensor's last line), or next to another
-    number with only a comma between (a wrapped tensor's middle line: ``0.5000, 0.6000,``)."""
+    number with only a comma between (a wrapped tensor's middle line: ``0.5000, 0.6000,``) or only spaces
+    (a numpy array's wrapped line ``0.923 1.    1.462``, a table's row ``1      1  2.350  0.920``)."""
     before, after = (_ANSI.sub("", "".join(side)) for side in (parts[:i + 1], parts[i + 1:]))  # ANSI's "[" is none
     opened = sum((c in "([{") - (c in ")]}") for c in before)
     closed = sum((c in ")]}") - (c in "([{") for c in after)
     listed = (i > 0 and parts[i].strip() == ",") or (i + 2 < len(parts) and parts[i + 1].strip() == ",")
-    return opened > 0 or closed > 0 or listed
+    row = (i > 0 and _ROW.fullmatch(parts[i])) or (i + 2 < len(parts) and _ROW.fullmatch(parts[i + 1]))
+    return opened > 0 or closed > 0 or listed or bool(row)
 
 
 def _in_time(parts: list[str], i: int) -> bool:
@@ -159,7 +191,11 @@ def resolution(number: str) -> float:
     """One step in the last digit of a number as written: ``2.31`` 0.01, ``12`` 1, ``2.5E-2`` 0.001."""
     mantissa, _, exponent = number.lower().partition("e")
     decimals = len(mantissa.partition(".")[2])
-    return 10.0 ** (int(exponent or 0) - decimals)
+    digits = exponent.lstrip("+-")
+    if len(digits) > 4:  # beyond any float's range (1e309 is inf, 1e-400 is 0): int() of 5000 digits even raises
+        return math.inf if not exponent.startswith("-") else 0.0
+    step = int(exponent or 0) - decimals
+    return math.inf if step > 308 else 10.0 ** max(step, -400)
 
 
 @functools.lru_cache(maxsize=1024)  # a line is split when it arrives (its shape) and again when it leaves
