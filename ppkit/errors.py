@@ -104,10 +104,12 @@ class RemoteError(WorkerError):
     exception's class name on that rank, ``messages`` to its message. ``stacks`` maps each rank
     that was still waiting -> where it waited; ``rendezvous`` maps rank -> the (scheme, host, port)
     of each env:// or tcp:// rendezvous its process made (a repeated port explains many hangs).
+    ``values`` maps each rank that returned -> what it returned (a profiled run's trace).
     """
 
     def __init__(self, message, ranks, tracebacks, exc_types, messages=None, stacks=None, rendezvous=None):
         super().__init__(message, ranks)
+        self.values: dict = {}
         self.tracebacks = dict(tracebacks)
         self.exc_types = dict(exc_types)
         self.messages = dict(messages or {})

@@ -4,10 +4,12 @@ saved as one Chrome trace, and drawn; cluster.profile() on the module's shared 2
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
 
+import ppkit
 from ppkit import ConfigError, Profile, RemoteError
 from ppkit.profiling import classify, collect, merge, summary, timeline
 from ppkit.profiling.clocks import Offset, measure
@@ -115,6 +117,40 @@ def test_a_job_that_fails_in_the_block_raises_and_ends_the_recording(cluster2):
     with cluster2.profile() as prof:  # the ranks' profilers were stopped: a new block starts
         cluster2.run(lambda rank, world_size: None)
     assert sorted(prof.ranks) == [0, 1]
+
+
+def _one_rank_raises(rank, world_size):
+    import time
+
+    import torch
+
+    torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    if rank == 1:
+        time.sleep(0.5)  # the other ranks have returned by then
+        raise ValueError("on purpose")
+
+
+def test_a_block_that_fails_keeps_what_every_rank_recorded(cluster2, tmp_path):
+    with pytest.raises(RemoteError, match="on purpose"), cluster2.profile() as prof:
+        cluster2.run(_one_rank_raises)
+    assert sorted(prof.ranks) == [0, 1] and prof.missing == {}, prof  # each rank's profiler ran to the end
+    assert all(any(e.name == "aten::mm" for e in prof.ranks[r]) for r in (0, 1))
+    prof.save(tmp_path / "failed.json")
+    assert sorted(os.listdir(tmp_path / "failed.ranks")) == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
+
+
+def test_a_spawn_whose_rank_raises_keeps_the_other_ranks_traces_and_says_which_is_missing(tmp_path):
+    with pytest.raises(ppkit.WorkerError, match="on purpose") as raised:
+        ppkit.spawn(_one_rank_raises, args=(2,), nprocs=3, profile=True)
+    prof = raised.value.profile
+    assert sorted(prof.ranks) == [0, 2] and list(prof.missing) == [1], prof
+    assert "it raised ValueError" in prof.missing[1] and "rank 1 has none" in "".join(raised.value.__notes__)
+    assert "no trace from rank 1: it raised ValueError" in repr(prof)
+    merged = json.loads(open(prof.save(tmp_path / "run.json")).read())
+    assert list(merged["ppkitMissingRanks"]) == ["1"]
+    assert (tmp_path / "run.ranks" / "missing.txt").read_text().startswith("rank 1: it raised ValueError")
+    with pytest.raises(ConfigError, match="holds no rank's trace.*no trace from rank 0: it raised"):
+        Profile(missing={0: "it raised ValueError"}).save(tmp_path / "empty.json")
 
 
 def test_clock_offsets_are_measured_as_ntp_does():

@@ -160,3 +160,27 @@ def test_a_rank_without_a_process_group_still_says_its_rank_and_world_size(tmp_p
              for r in (0, 1)]
     assert infos == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]
     assert "distributedInfo" not in raw  # what the rank sent is left as it was
+
+
+def test_a_filtered_or_cut_ranks_event_list_exports_only_the_ops_it_holds(tmp_path):
+    """A learner filters a rank's events the way torch's EventList allows, or sorts and cuts it in place: the
+    exported trace holds what the list holds (the whole trace only while it holds every op)."""
+    names = ["aten::add", "aten::mul", "aten::mm", "aten::relu"]
+    raw = _rank_trace([(n, 5813149088745.874 + i, 0.5) for i, n in enumerate(names)])
+    prof = Profile.from_results([{"trace": raw}, {"trace": json.loads(json.dumps(raw))}])
+
+    def written(events) -> list[str]:
+        events.export_chrome_trace(str(tmp_path / "out.json"))
+        trace = json.loads((tmp_path / "out.json").read_text())
+        assert trace["distributedInfo"]["rank"] == 0 and trace["traceEvents"][0]["ph"] == "M", trace
+        return [e["name"] for e in trace["traceEvents"] if e["ph"] == "X"]
+
+    events = prof.ranks[0]
+    assert written(events) == names
+    assert written(type(events)([e for e in events if e.name == "aten::mm"])) == ["aten::mm"]
+    events.sort(key=lambda e: e.name, reverse=True)
+    assert sorted(written(events)) == sorted(names)  # every op, in another order: the rank's whole trace
+    del events[:3]
+    assert written(events) == ["aten::add"]
+    with pytest.raises(ValueError, match="Export each rank.s list on its own"):
+        type(events)([*prof.ranks[0], *prof.ranks[1]]).export_chrome_trace(str(tmp_path / "both.json"))

@@ -74,9 +74,16 @@ def profiled(run, profile=True):
     run(collect.start, options)
     try:
         yield prof
-    except BaseException:  # a job of the block failed: the recording ends, and its error goes on
-        with contextlib.suppress(Exception):
-            run(collect.stop)
+    except BaseException as exc:  # a job of the block failed: what was recorded is kept, and its error goes on
+        try:
+            values = run(collect.stop)
+        except Exception as stop_error:  # noqa: BLE001 - the block's error is the one to raise
+            why = (f"the block raised {type(exc).__name__} and the recording could not be collected after it "
+                   f"({type(stop_error).__name__}: {str(stop_error).splitlines()[0] if str(stop_error) else ''})")
+            prof._load({}, offsets, missing={rank: why for rank in sorted(offsets)})
+        else:
+            results, missing = collect.recorded(values)
+            prof._load(results, offsets, world_size=len(values), missing=missing)
         raise
-    values = run(collect.stop)
-    prof._load({rank: v for rank, v in enumerate(values) if isinstance(v, dict)}, offsets, world_size=len(values))
+    results, missing = collect.recorded(run(collect.stop))
+    prof._load(results, offsets, world_size=len(results) + len(missing), missing=missing)

@@ -105,7 +105,10 @@ class Job:
             self._print_diagnosis()
             if waiting:
                 self._on_break(f"rank(s) {waiting} are still blocked after rank {min(errors)} failed.")
-            raise self._with_records(diagnostics.ranks_raised(errors, waiting, stacks, self.rendezvous))
+            error = self._with_records(diagnostics.ranks_raised(errors, waiting, stacks, self.rendezvous))
+            error.values = {r: byvalue.loads(m.value) for r, m in self.results.items()
+                            if isinstance(m, Result) and m.ok}  # a profiled run's traces, of the ranks that returned
+            raise error
         return [byvalue.loads(self.results[r].value) for r in range(self.world_size)]
 
     def waiting(self) -> list[int]:

@@ -92,6 +92,13 @@ def _quietly(step) -> None:
         os.close(devnull)
 
 
+def recorded(values: list) -> tuple[dict[int, dict], dict[int, str]]:
+    """``stop``'s values by rank: the ranks' recordings, and why each rank without one has none."""
+    results = {rank: value for rank, value in enumerate(values) if isinstance(value, dict)}
+    return results, {rank: "no profiler was running on it as the block ended" for rank in range(len(values))
+                     if rank not in results}
+
+
 def trace_of(prof) -> dict:
     """The rank's chrome trace (as torch writes it: JSON text) and where it ran. Not ``prof.events()``: building and
     sending it costs more than the rest of profiling together; the kernel rebuilds it (events.py)."""

@@ -17,10 +17,11 @@ KINDS = {"cpu_op": {}, "user_annotation": {"is_user_annotation": True},
 
 def event_list(trace: dict):
     """torch's EventList of the trace's CPU ops, nested by time on each thread as the profiler nests them;
-    its ``export_chrome_trace(path)`` writes the rank's own trace, as the rank's profiler would have."""
+    its ``export_chrome_trace(path)`` writes what the list holds: the rank's own trace, as the rank's profiler
+    would have, while it holds every op; a list filtered or cut down, only the ops it holds (``_Source``)."""
     from torch.autograd.profiler_util import FunctionEvent
 
-    built = []
+    built, source = [], _Source(trace)
     for raw in trace.get("traceEvents", []):
         if raw.get("ph") != "X" or raw.get("cat") not in KINDS:
             continue
@@ -30,24 +31,49 @@ def event_list(trace: dict):
             id=len(built), name=str(raw.get("name", "")), thread=int(raw.get("tid", 0)), start_us=start,
             end_us=start + float(raw.get("dur", 0.0)), input_shapes=args.get("Input Dims"), stack=[],
             sequence_nr=int(args.get("Sequence number", -1)), **KINDS[raw["cat"]]))
+        built[-1].ppkit_source = (source, raw)
+    source.count = len(built)
     events = _rank_event_list()(built)
-    events.trace = trace
     events._build_tree()  # children and self times, by time on each thread
     return events
 
 
+class _Source:
+    """The trace that events were rebuilt from, and how many were (each event holds it with its raw event)."""
+
+    def __init__(self, trace: dict):
+        self.trace, self.count = trace, 0
+
+    def written(self, raws: list[dict]) -> dict:
+        """The trace to write for a list that holds ``raws``: the whole trace where they are all its ops (in
+        any order), else its metadata (threads' names, ``distributedInfo``) and only these ops; flows and
+        instant events are left out, as they may join ops the list no longer holds."""
+        if len({id(raw) for raw in raws}) == len(raws) == self.count:
+            return self.trace
+        kept = [e for e in self.trace.get("traceEvents", []) if e.get("ph") == "M"]
+        return {**self.trace, "traceEvents": kept + raws}
+
+
 @functools.cache
 def _rank_event_list():
-    """torch's EventList whose ``export_chrome_trace`` writes the trace it was built from (torch's own writes
-    only the events it made itself, and of these rebuilt ones an empty list: ``[``)."""
+    """torch's EventList whose ``export_chrome_trace`` writes the ops it holds from the trace they were rebuilt
+    from (torch's own writes only the events it made itself, and of these rebuilt ones an empty list: ``[``)."""
     from torch.autograd.profiler_util import EventList
 
     class RankEventList(EventList):
-        trace: dict = {}
-
         def export_chrome_trace(self, path):
+            sources = [getattr(event, "ppkit_source", None) for event in self]
+            if not sources:
+                written = {"traceEvents": []}
+            elif None in sources or len({id(source) for source, _ in sources}) > 1:
+                raise ValueError(
+                    "this event list holds events that were not rebuilt from one rank's trace (events of "
+                    "several ranks, or events made elsewhere), so no one trace says what it holds. Export each "
+                    "rank's list on its own: prof.ranks[r].export_chrome_trace(path), or a list filtered from it.")
+            else:
+                written = sources[0][0].written([raw for _, raw in sources])
             with open(path, "w", encoding="utf-8") as file:
-                json.dump(self.trace, file)
+                json.dump(written, file)
 
     return RankEventList
 

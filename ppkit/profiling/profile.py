@@ -26,6 +26,8 @@ class Profile:
     ``ranks[r]``: rank r's own profiler events (torch's EventList, rebuilt from its trace:
     ``prof.ranks[0].key_averages().table()``; ``prof.ranks[0].export_chrome_trace(path)`` writes its trace).
     ``trace(r)``: rank r's own trace as its profiler wrote it, with its rank and world size.
+    ``missing[r]``: why rank r's trace is not here (it raised, it was stopped after another rank failed); a
+    run that failed keeps what the ranks that recorded sent.
     ``offsets[r]``: rank r's clock against the kernel's and its error bound (clocks.py).
     ``applied_offsets[r]``: the offsets taken off rank r's times: one per machine other than the kernel's
     (its ranks' intervals intersected, clocks.shared), where it exceeds its bound (a smaller one is noise,
@@ -34,13 +36,15 @@ class Profile:
     """
 
     def __init__(self, results: dict[int, dict] | None = None, offsets: dict[int, Offset] | None = None,
-                 here: str | None = None, world_size: int | None = None):
-        self._load(results or {}, offsets, here, world_size)
+                 here: str | None = None, world_size: int | None = None, missing: dict[int, str] | None = None):
+        self._load(results or {}, offsets, here, world_size, missing)
 
     def _load(self, results: dict[int, dict], offsets: dict[int, Offset] | None, here: str | None = None,
-              world_size: int | None = None) -> None:
+              world_size: int | None = None, missing: dict[int, str] | None = None) -> None:
         """Take the ranks' recordings (``cluster.profile()`` fills its Profile when its block ends);
-        ``world_size``: how many ranks ran (some may have sent no trace), None where unknown."""
+        ``world_size``: how many ranks ran (some may have sent no trace), None where unknown; ``missing``:
+        rank -> why it sent no trace (a rank raised, the run was stopped)."""
+        self.missing = dict(sorted((missing or {}).items()))
         self.offsets = dict(offsets or {})
         results = {rank: _parsed(result) for rank, result in results.items()}
         here = collect.clock_id() if here is None else here
@@ -51,10 +55,13 @@ class Profile:
         self.hosts = dict(self._merged.hosts)
 
     @classmethod
-    def from_results(cls, values: list, offsets: dict[int, Offset] | None = None) -> Profile:
-        """From a job's values by rank (collect.trace_of's dicts); a rank that sent none is left out."""
-        return cls({rank: value for rank, value in enumerate(values) if isinstance(value, dict)}, offsets,
-                   world_size=len(values))
+    def from_results(cls, values: list, offsets: dict[int, Offset] | None = None,
+                     missing: dict[int, str] | None = None) -> Profile:
+        """From a job's values by rank (collect.trace_of's dicts); a rank that sent none is left out, and
+        ``missing`` says why (rank -> reason; "sent no trace" where not given)."""
+        results = {rank: value for rank, value in enumerate(values) if isinstance(value, dict)}
+        missing = {**{r: "it sent no trace" for r in range(len(values)) if r not in results}, **(missing or {})}
+        return cls(results, offsets, world_size=len(values), missing=missing)
 
     def events(self, rank: int | None = None, kind: str | None = None) -> list[dict]:
         """The merged events as plain dicts, start order per thread: ``name``, ``rank``, ``tid``,
@@ -91,10 +98,18 @@ class Profile:
         ui.perfetto.dev and chrome://tracing open as it is, and beside it, in ``<name>.ranks/``, each rank's
         own trace as ``rank<r>.pt.trace.json`` (what HTA's ``TraceAnalysis(trace_dir=...)`` and TensorBoard's
         profiler plugin read: a folder of one trace per rank; another rank's file, from an earlier save there, is
-        removed). Returns the merged trace's path."""
+        removed). Ranks without a trace (``missing``) are listed, with why, in the merged trace's
+        ``ppkitMissingRanks`` and in ``missing.txt`` beside the ranks' traces. Returns the merged trace's path."""
+        if not self._traces:
+            raise ConfigError("this profile holds no rank's trace, so there is nothing to save"
+                              + (f": {self._missing_text()}." if self.missing else ".")
+                              + " Profile the run again once it runs through.")
         path = os.fspath(path)
+        merged = merge.chrome_trace(self._merged)
+        if self.missing:
+            merged["ppkitMissingRanks"] = {str(rank): why for rank, why in self.missing.items()}
         with open(path, "w", encoding="utf-8") as file:
-            json.dump(merge.chrome_trace(self._merged), file)
+            json.dump(merged, file)
         folder = ranks_folder(path)
         os.makedirs(folder, exist_ok=True)
         for name in os.listdir(folder):  # an earlier save's other ranks would join this run's in HTA's reading
@@ -104,7 +119,16 @@ class Profile:
         for rank, trace in self._traces.items():
             with open(os.path.join(folder, f"rank{rank}.pt.trace.json"), "w", encoding="utf-8") as file:
                 json.dump(trace, file)
+        listed = os.path.join(folder, "missing.txt")
+        if self.missing:
+            with open(listed, "w", encoding="utf-8") as file:
+                file.write("".join(f"rank {rank}: {why}\n" for rank, why in self.missing.items()))
+        elif os.path.exists(listed):  # an earlier save's
+            os.remove(listed)
         return path
+
+    def _missing_text(self) -> str:
+        return "; ".join(f"no trace from rank {rank}: {why}" for rank, why in self.missing.items())
 
     def timeline(self):
         """The interactive timeline (a plotly figure as ``.figure``); what the profile shows as."""
@@ -118,7 +142,8 @@ class Profile:
     def __repr__(self) -> str:
         events = self._merged.events
         span = max((e["start_us"] + e["dur_us"] for e in events), default=0.0) / 1000
-        return (f"<ppkit.Profile: {len(self.ranks)} ranks, {len(events)} ops over {span:.1f} ms; "
+        missing = f"; {self._missing_text()}" if self.missing else ""
+        return (f"<ppkit.Profile: {len(self.ranks)} ranks, {len(events)} ops over {span:.1f} ms{missing}; "
                 ".summary(), .save(path), .timeline()>")
 
 

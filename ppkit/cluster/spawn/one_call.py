@@ -39,7 +39,7 @@ class Call:
         __tracebackhide__ = True  # noqa: F841 - IPython then shows the rank's error, not this frame that raised it
         from ppkit.progress import hooks as progress  # the learner's record (ppkit/progress/), lazily: a layer above
 
-        kept, failed = (), False
+        kept, failed, offsets = (), False, None
         progress.job_started(self.caller.name, self.cluster.world_size)
         try:
             offsets = _clock_offsets(self.cluster) if self.profile else None
@@ -57,6 +57,8 @@ class Call:
             on_demand.remember(getattr(error, "diagnosis", None), self.caller.name)  # ppkit.collective_doctor()
             if kept:
                 parked.park(self.cluster, kept).error = error
+            if self.profile:
+                _keep_recorded(error, exc, self.cluster.world_size, offsets)
             raise error from None
         finally:
             progress.job_ended(self.caller.name, self.cluster.world_size, sys.exc_info()[1])  # its error, or None
@@ -86,6 +88,23 @@ def _profile(values: list, offsets: dict):
 
     return Profile.from_results(values, offsets)
 
+
+def _keep_recorded(error: BaseException, exc: BaseException, world_size: int, offsets) -> None:
+    """A profiled call that failed: the traces of the ranks that returned, as ``error.profile``, with why each
+    other rank's is missing (a rank that raises sends its error, not its trace)."""
+    sent = getattr(exc, "values", {})
+    raised = getattr(exc, "exc_types", {})
+    first = min(raised, default=None)
+    missing = {rank: (f"it raised {raised[rank]}, and a rank that raises sends its error, not its trace"
+                      if rank in raised else
+                      f"it was stopped after rank {first} failed" if first is not None else
+                      f"the call ended with {type(exc).__name__} before it sent its trace")
+               for rank in range(world_size) if not isinstance(sent.get(rank), dict)}
+    from ppkit.profiling.profile import Profile
+
+    error.profile = Profile.from_results([sent.get(rank) for rank in range(world_size)], offsets, missing)
+    error.add_note(f"The traces of ranks {sorted(error.profile.ranks)} are on this error's .profile; "
+                   + "; ".join(f"rank {rank} has none: {why}" for rank, why in missing.items()) + ".")
 
 def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple, profile=None):
     """What each process runs: mp.spawn's ``fn(i, *args)``, in the kernel's environment as it is
