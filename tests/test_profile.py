@@ -139,6 +139,25 @@ def test_a_block_that_fails_keeps_what_every_rank_recorded(cluster2, tmp_path):
     assert sorted(os.listdir(tmp_path / "failed.ranks")) == ["rank0.pt.trace.json", "rank1.pt.trace.json"]
 
 
+def _raises_while_rank_0_waits(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("on purpose")
+    dist.all_reduce(torch.ones(2))
+
+
+def test_a_block_whose_failure_leaves_ranks_blocked_says_why_no_trace_is_kept(fresh, tmp_path):
+    with pytest.raises(RemoteError, match="on purpose"), fresh.profile() as prof:
+        fresh.run(_raises_while_rank_0_waits, timeout=20)
+    assert len(prof.ranks) == 0 and list(prof.missing) == [0, 1], prof
+    assert "could not be collected" in prof.missing[0] and "still blocked" in prof.missing[0], prof.missing
+    with pytest.raises(ConfigError, match=r"holds no rank's trace.*no trace from ranks \[0, 1\]"):
+        prof.save(tmp_path / "blocked.json")
+    fresh.restart()
+
+
 def test_a_spawn_whose_rank_raises_keeps_the_other_ranks_traces_and_says_which_is_missing(tmp_path):
     with pytest.raises(ppkit.WorkerError, match="on purpose") as raised:
         ppkit.spawn(_one_rank_raises, args=(2,), nprocs=3, profile=True)

@@ -128,7 +128,12 @@ class Profile:
         return path
 
     def _missing_text(self) -> str:
-        return "; ".join(f"no trace from rank {rank}: {why}" for rank, why in self.missing.items())
+        """``no trace from rank 1: why``, the ranks of one reason said once."""
+        ranks: dict[str, list[int]] = {}
+        for rank, why in self.missing.items():
+            ranks.setdefault(why, []).append(rank)
+        return "; ".join(f"no trace from rank {these[0]}: {why}" if len(these) == 1 else
+                         f"no trace from ranks {these}: {why}" for why, these in ranks.items())
 
     def timeline(self):
         """The interactive timeline (a plotly figure as ``.figure``); what the profile shows as."""
