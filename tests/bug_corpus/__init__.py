@@ -15,11 +15,12 @@ import sys
 
 import cloudpickle
 
-from tests.bug_corpus import collectives, ddp, groups, p2p, parallel, parity_cases  # noqa: F401 (they register)
+from tests.bug_corpus import collectives, ddp, groups, p2p, parallel, parity_cases, run  # noqa: F401 (they register)
 from tests.bug_corpus.truth import PROGRAMS
 
-# the ranks get the programs by value: they need not import this package
-for _module in (collectives, ddp, groups, p2p, parallel, parity_cases, sys.modules["tests.bug_corpus.common"]):
+# the ranks get the programs (and run.py's rank-side wrappers) by value: they need not import this package, which
+# a fresh clone's ranks could not (pytest puts the repository on the test process's sys.path only)
+for _module in (collectives, ddp, groups, p2p, parallel, parity_cases, run, sys.modules["tests.bug_corpus.common"]):
     cloudpickle.register_pickle_by_value(_module)
 
 __all__ = ["PROGRAMS"]

@@ -26,7 +26,7 @@ def ddp_rank_one_step_fewer(rank, world_size):
 
 
 @program(2, CORRECT, "https://github.com/pytorch/pytorch/issues/38174 (uneven inputs, DDP's join context manager); "
-         + TORCH_DDP_TESTS + "::test_ddp_uneven_inputs")
+         + TORCH_DDP_TESTS + "::test_ddp_uneven_inputs", timeout=30)
 def ddp_uneven_with_join(rank, world_size):
     model = nn.parallel.DistributedDataParallel(mlp())
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -80,8 +80,8 @@ def ddp_no_sync_accumulation(rank, world_size):
         opt.zero_grad()
 
 
-@program(2, Truth("missing", ranks=(0,), op="all_reduce"), "a learner's accumulation where only rank 0 uses "
-         "no_sync: rank 1 all_reduces after every micro-batch")
+@program(2, Truth("missing", ranks=(0,)), "a learner's accumulation where only rank 0 uses no_sync: rank 1 "
+         "all_reduces after every micro-batch (measured: rank 0 ends, rank 1 waits in DDP's bucket rebuild)")
 def ddp_no_sync_on_one_rank(rank, world_size):
     model = nn.parallel.DistributedDataParallel(mlp())
     x, y = my_half(0, rank, world_size)
@@ -95,9 +95,9 @@ def ddp_no_sync_on_one_rank(rank, world_size):
         F.mse_loss(model(x), y).backward()
 
 
-@program(2, Truth("size_mismatch", ranks=(1,), visible=()), TORCH_DDP_TESTS +
-         "::test_ddp_model_diff_shape_across_ranks (rank 1 builds a wider layer; DDP's constructor compares the "
-         "shapes itself and raises on every rank, naming them: the record shows collectives that matched)")
+@program(2, Truth("size_mismatch", ranks=(1,), op="broadcast"), TORCH_DDP_TESTS +
+         "::test_ddp_model_diff_shape_across_ranks (rank 1 builds a wider layer: the broadcast of the module's "
+         "states from rank 0 moves buffers of different sizes; measured: rank 1 ends, rank 0 waits in it)")
 def ddp_models_differ(rank, world_size):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16 if rank == 0 else 32), nn.Tanh())

@@ -110,6 +110,8 @@ def classify(answer: Answer, truth: Truth, tool: str) -> Grade:
             return Grade("unsure", "the first difference is right; no cause named")
         return Grade("right")
     quiet = truth.kind == "correct" or tool not in truth.visible
+    if answer.error and quiet:  # it failed or refused: it said nothing false, and nothing either
+        return Grade("unsure", answer.error)
     if answer.unsure:
         return Grade("unsure", "it says it cannot tell")
     if quiet:

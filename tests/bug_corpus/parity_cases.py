@@ -87,7 +87,7 @@ def parity_ddp_correct(rank, world_size):
 
 
 @program(2, CORRECT, PARITY_REVIEW + ": a correct bf16-autocast DDP run", reference=reference(autocast=True),
-         **OPTIONS)
+         quick=True, **OPTIONS)
 def parity_ddp_bf16_autocast_correct(rank, world_size):
     return _dp(rank, world_size, ddp=True, autocast=True)
 
