@@ -58,6 +58,7 @@ class Program:
     tools: tuple[str, ...] = ("doctor",)       # "doctor" and/or "parity"
     entries: tuple[str, ...] = ("cluster", "spawn", "torchrun")
     timeout: float = 6.0                       # a hang ends as a JobTimeoutError after this many seconds
+                                               # (a correct program's default: 30 s, room for a loaded machine)
     reference: Callable | None = None          # parity: the one-process reference, a ParityRun
     quick: bool = False                        # in the suite's fixed part (tests/test_bug_corpus.py)
     tags: tuple[str, ...] = field(default_factory=tuple)
@@ -71,6 +72,7 @@ def program(world_size: int, truth: Truth, source: str, **options):
     def register(fn):
         if truth.kind not in {"correct"} | DOCTOR_KINDS | PARITY_KINDS | INVISIBLE_KINDS:
             raise ValueError(f"{fn.__name__}: unknown kind {truth.kind!r}")
+        options.setdefault("timeout", 30.0 if truth.kind == "correct" else 6.0)
         PROGRAMS.append(Program(fn.__name__, fn, world_size, truth, source, **options))
         return fn
     return register
