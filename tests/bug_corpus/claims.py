@@ -1,0 +1,115 @@
+"""What a tool's structured result states, as claims: facts the grader can hold against a program's truth.
+
+Today's results name their facts in these fields: the doctor's ``Diagnosis`` (``groups``: per process group
+the first call that does not match or that some ranks have not reached, ``deadlock``: pairs of ranks waiting
+on each other), the parity tool's ``ParityReport`` (``equal``, ``first``: step, tensor, rank; ``diagnosis``:
+what, why, check). Fields a newer tool may add are read with getattr and a default, so that an older result
+grades as before: a finding's ``kind``, a call's ``api``/``api_seq`` (the learner's name and number for a call
+the backend records otherwise), the doctor's ``cycles`` (waits of any length), ``unmatched`` p2p waits,
+``unsure`` (it saw something and cannot tell) and ``notes`` (a difference that completed harmlessly: not a
+claim of a problem), the parity diagnosis's ``cause``/``causes`` and ``unsure``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MISMATCH_WORDS = {"the op differs": "op_mismatch", "the sizes differ": "size_mismatch",
+                  "the dtypes differ": "dtype_mismatch"}
+
+
+@dataclass
+class Claim:
+    """One problem a tool states. ``ranks``: the ranks it names (for a mismatch, the ranks whose calls it
+    compares; for "missing", those it says have not reached the call); ``ops``: the calls' names by rank (every
+    name the result gives for a call); ``seq``: the call's number (the learner's where the result says it)."""
+    kind: str
+    ranks: frozenset[int] = frozenset()
+    ops: dict[int, set[str]] = field(default_factory=dict)
+    seq: int | None = None
+    group_ranks: tuple[int, ...] | None = None
+    step: int | None = None
+    name: str | None = None
+    causes: frozenset[str] = frozenset()
+
+
+@dataclass
+class Answer:
+    """A tool's answer reduced to what the grader checks: its claims, and whether it said it cannot tell."""
+    claims: list[Claim]
+    unsure: bool = False
+    error: str = ""  # the tool itself failed (raised)
+
+
+def _call_names(call: dict) -> set[str]:
+    return {name for name in (call.get("api"), call.get("api_op"), call.get("op")) if name}
+
+
+def _call_seq(call: dict, default: int | None) -> int | None:
+    return call.get("api_seq", default)
+
+
+def doctor_answer(diagnosis) -> Answer:
+    if isinstance(diagnosis, BaseException):
+        return Answer([], error=f"{type(diagnosis).__name__}: {diagnosis}")
+    claims: list[Claim] = []
+    for finding in getattr(diagnosis, "groups", []):
+        calls = getattr(finding, "calls", {}) or {}
+        ops = {r: _call_names(c) for r, c in calls.items()}
+        seqs = {_call_seq(c, getattr(finding, "seq", None)) for c in calls.values()}
+        seq = seqs.pop() if len(seqs) == 1 else getattr(finding, "seq", None)
+        group_ranks = tuple(getattr(finding, "ranks", ()) or ()) or None
+        mismatch = getattr(finding, "mismatch", "")
+        kind = getattr(finding, "kind", None) or MISMATCH_WORDS.get(mismatch, "mismatch" if mismatch else "")
+        if getattr(finding, "note_only", False):
+            continue  # a difference it reports as a harmless note, not as the problem
+        if mismatch:
+            claims.append(Claim(kind, frozenset(calls), ops, seq, group_ranks))
+        elif getattr(finding, "missing", None):
+            claims.append(Claim("missing", frozenset(finding.missing), ops, seq, group_ranks))
+    p2p = getattr(diagnosis, "p2p", {}) or {}
+    for pair in getattr(diagnosis, "deadlock", []) or []:
+        claims.append(Claim("p2p_deadlock", frozenset(pair), {r: {p2p.get(r, {}).get("op", "")} for r in pair}))
+    for cycle in getattr(diagnosis, "cycles", []) or []:
+        if len(cycle) > 2 or frozenset(cycle) not in {c.ranks for c in claims if c.kind == "p2p_deadlock"}:
+            claims.append(Claim("p2p_deadlock", frozenset(cycle), {r: {p2p.get(r, {}).get("op", "")} for r in cycle}))
+    for wait in getattr(diagnosis, "unmatched", []) or []:
+        ranks = wait if isinstance(wait, (tuple, list, set, frozenset)) else (wait,)
+        claims.append(Claim("p2p_unmatched", frozenset(ranks)))
+    unsure = bool(getattr(diagnosis, "unsure", False) or getattr(diagnosis, "cannot_tell", False))
+    return Answer(claims, unsure)
+
+
+# the parity tool's causes, from today's ``why`` sentence where the result has no ``cause`` field yet
+_WHY_CAUSES = [
+    ("pipeline stage's output was detached", "detached"), ("frozen", "frozen"), ("an overflow", "nonfinite"),
+    ("nothing reached it", "zeroed"), ("the forward is right and the backward is not", "backward_allreduce"),
+    ("drifted apart", "drift"), ("not a scale, a partial sum nor a swapped piece", "unknown"),
+    ("divided by the number of ranks, and then not all_reduced", "loss_parts"),
+    ("each rank recorded its own batch's loss", "loss_own"), ("each rank kept its own batch's gradient",
+                                                                "dp_missing"),
+    ("an all_reduce is missing", "partial"), ("alone did to it", "one_rank"),
+    ("summed where it should average", "sum_not_mean"), ("where a sum belongs", "mean_not_sum"),
+    ("a scale differs", "scale_other"), ("the shards are swapped", "swapped"),
+]
+
+
+def parity_causes(diagnosis) -> frozenset[str]:
+    named = getattr(diagnosis, "causes", None) or (
+        [diagnosis.cause] if getattr(diagnosis, "cause", None) else None)
+    if named:
+        return frozenset(named)
+    why = getattr(diagnosis, "why", "") or ""
+    return frozenset(tag for words, tag in _WHY_CAUSES if words in why) or frozenset({"unknown"})
+
+
+def parity_answer(report) -> Answer:
+    if isinstance(report, BaseException):
+        return Answer([], error=f"{type(report).__name__}: {report}")
+    if report.equal:
+        return Answer([], unsure=bool(getattr(report, "unsure", False)))
+    first = report.first
+    ranks = frozenset(d.rank for d in report.differences if d.step == first.step and d.name == first.name)
+    causes = parity_causes(report.diagnosis)
+    unsure = bool(getattr(report.diagnosis, "unsure", False)) or causes == {"unknown"}
+    return Answer([Claim("wrong_numbers", ranks, step=first.step, name=first.name, causes=causes)], unsure)
