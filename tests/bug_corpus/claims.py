@@ -61,7 +61,7 @@ def doctor_answer(diagnosis) -> Answer:
         group_ranks = tuple(getattr(finding, "ranks", ()) or ()) or None
         mismatch = getattr(finding, "mismatch", "")
         kind = getattr(finding, "kind", None) or MISMATCH_WORDS.get(mismatch, "mismatch" if mismatch else "")
-        if getattr(finding, "note_only", False):
+        if getattr(finding, "note_only", False) or getattr(finding, "harmless", False):
             continue  # a difference it reports as a harmless note, not as the problem
         if mismatch:
             claims.append(Claim(kind, frozenset(calls), ops, seq, group_ranks))
