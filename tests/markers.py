@@ -4,8 +4,9 @@
 A test gets every kind that applies (a notebook test is also ``kernel`` and ``cluster``):
 - ``hub``, ``browser``, ``slurm``, ``netns`` (two hosts in network namespaces), ``notebook``: as
   tests/timing.py's kinds (the component a test starts for real);
-- ``kernel``: it starts a Jupyter kernel (its file uses tests/kernels.py or tests/live_kernel.py);
-- ``cluster``: it starts ppkit ranks (a cluster fixture, ppkit.Cluster, spawn, torchrun, an RPC world);
+- ``kernel``: it starts a Jupyter kernel (the test or a fixture it uses names tests/kernels.py or live_kernel);
+- ``cluster``: it starts ppkit ranks (the test or a fixture it uses: a cluster fixture, ppkit.Cluster, spawn,
+  torchrun, an RPC world);
 - ``packaging``: it builds or installs the package (a wheel, a venv, a kernelspec for all users);
 - ``unit``: none of the above.
 ``slow`` stays as it is (set by hand, on tests over ~1.5 s); `make test-fast` is ``not slow`` without the
@@ -14,9 +15,10 @@ browser, hub and SLURM kinds.
 
 from __future__ import annotations
 
+import inspect
 import re
 from functools import cache
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import pytest
 
@@ -39,14 +41,32 @@ def kinds_of(item: pytest.Item, timing_kind: str) -> list[str]:
     if path.suffix == ".ipynb":
         kinds += ["kernel", "cluster"]
     else:
-        source = _source(str(item.path))
+        source = "\n".join(_source_of(fn) for fn in _functions(item))
         if _KERNEL.search(source):
             kinds.append("kernel")
-        if _CLUSTER.search(source) or "two_hosts" in getattr(item, "fixturenames", ()):
+        if _CLUSTER.search(source):
             kinds.append("cluster")
         if path.name in _PACKAGING:
             kinds.append("packaging")
     return list(dict.fromkeys(kinds)) or ["unit"]
+
+
+def _functions(item) -> list:
+    """The test function and every fixture it asks for (its whole closure), but not the suite's autouse
+    housekeeping (garbage, leftover checks, the RPC capacity world), which every test has."""
+    found = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (getattr(info, "name2fixturedefs", None) or {}).values():
+        found += [getattr(d, "func", None) for d in defs if not getattr(d, "_autouse", False)]
+    return [fn for fn in found if fn is not None]
+
+
+@cache
+def _source_of(fn) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
 
 
 def mark(items, kind_of) -> None:
@@ -55,9 +75,3 @@ def mark(items, kind_of) -> None:
             item.add_marker(kind)
 
 
-@cache
-def _source(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError:
-        return ""

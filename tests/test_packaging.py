@@ -115,7 +115,8 @@ def test_the_time_table_is_registered_for_every_run():
 
 def test_make_test_fast_leaves_out_the_slow_tests_and_readme_names_it():
     recipe = make_target("test-fast")
-    assert '-m "not slow and not slurm"' in recipe and "--ignore=tests/browser" in recipe
+    assert '-m "$(FAST_MARKERS)"' in recipe
+    assert "FAST_MARKERS ?= not slow and not slurm and not browser and not hub" in (REPO / "Makefile").read_text()
     assert "make test-fast" in (REPO / "README.md").read_text()
     assert "jupyter lab --notebook-dir=notebooks" in make_target("lab")
 
