@@ -21,7 +21,7 @@ import torch
 
 from ppkit.parity.tolerance import Tolerance, default_tolerance
 
-CLOSE = 1e-3  # a shape fits when what is left of the difference is this small next to the reference
+UNIT = 1e-2  # a factor this close to 1 is no factor: the tolerance's own drift, not a scale
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class Case:
     dp_size: int | None = None
     world_size: int = 1
     scale: float = 0.0                         # the reference tensor's largest |value|
+    loss_dtype: str = ""                       # the precision the loss at this step was judged in
+    graph: str = ""                            # the dtype this rank's loss graph showed at this step ("": none)
+    matched_before: bool = False               # this rank's piece equalled the reference's at the step before
 
 
 @dataclass(frozen=True)
@@ -58,28 +61,33 @@ class Diagnosis:
     what: str
     why: str
     check: str
+    shaped: bool = True                        # False: no shape fits (the words say what to compare next)
 
 
-def _fits(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """got equals want but for rounding (CLOSE of want's largest value)."""
+def _fits(case: Case, got: torch.Tensor, want: torch.Tensor) -> bool:
+    """got equals want but for the rounding the case's tolerance allows (the test that found the difference: a
+    shape fits exactly where a rank's piece would have passed)."""
     if got.shape != want.shape:
         return False
-    scale = float(want.abs().max()) if want.numel() else 0.0
-    return float((got - want).abs().max()) <= CLOSE * max(scale, 1e-30) if got.numel() else True
+    if not got.numel():
+        return True
+    scale = max(case.scale, float(want.abs().max()))
+    return case.tolerance.allows(float((got - want).abs().max()), scale, case.step)
 
 
-def _scale(got: torch.Tensor, want: torch.Tensor) -> float | None:
-    """c with got = c * want, when such a c explains the difference."""
+def _scale(case: Case, got: torch.Tensor, want: torch.Tensor) -> float | None:
+    """c with got = c * want, when such a c explains the difference; None for c within UNIT of 1 (a drift
+    past the tolerance is no factor)."""
     norm = float((want * want).sum())
     if norm == 0.0:
         return None
     c = float((got * want).sum()) / norm
-    return c if _fits(got, c * want) else None
+    return c if abs(c - 1) > UNIT and _fits(case, got, c * want) else None
 
 
-def _whole(c: float) -> int | None:
+def _whole(case: Case, c: float) -> int | None:
     k = round(c)
-    return k if k >= 2 and abs(c - k) < 1e-2 * k else None
+    return k if k >= 2 and abs(c - k) < max(UNIT, case.tolerance.at(case.step)[0]) * k else None
 
 
 def diagnose(case: Case) -> Diagnosis:
@@ -127,11 +135,12 @@ def diagnose(case: Case) -> Diagnosis:
                          "the stage boundary (send, recv, backward with the received gradient) and where "
                          "zero_grad and record are called")
     peers = {r: v.double() for r, v in case.peers.items() if v is not None}
-    found = (_skipped(case, got, thing) or _partial(case, got, want, peers) or _scaled(case, got, want, thing)
+    found = (_skipped(case, got, thing) or _updated(case, got, want, thing)
+             or _partial(case, got, want, peers) or _scaled(case, got, want, thing)
              or _swapped(case, got, thing) or _mixed(case, got, want, thing))
     if found:
         return found
-    if len(peers) > 1 and not all(_fits(v, got) for v in peers.values()):
+    if len(peers) > 1 and not all(_fits(case, v, got) for v in peers.values()):
         ranks = sorted(peers)
         if case.forward == "equal" and case.kind == "grad":
             return Diagnosis(f"ranks {ranks} hold different gradients of {case.name}, which they share, while the "
@@ -155,32 +164,76 @@ def diagnose(case: Case) -> Diagnosis:
     of = "of the reference's loss" if case.kind == "loss" else "of the tensor's largest value"
     where = ("the forward matches (the loss equals the reference's to float32's rounding at this step), so the "
              "backward differs" if case.forward == "equal" else "the numbers differ in no simple pattern")
+    optimizer = ("; for a parameter, also the optimizer: its learning rate, its settings or a step skipped on "
+                 "this rank (record what='grads' at the step before: gradients that equal the reference's point "
+                 "at the optimizer)" if case.kind == "param" else "")
     return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} {of}{_loose(case)}",
-                     f"{where}: not a scale, a partial sum nor a swapped piece; the data a rank or micro-batch saw, "
-                     f"their order, the start weights (a seed, no broadcast), or the layer's math differs"
+                     f"{where}: {_no_shape(case)}; the data a rank or micro-batch saw, their order, the start "
+                     f"weights (a seed, no broadcast), or the layer's math differs{optimizer}"
                      f"{_unseen_precision(case, rel)}",
                      "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
-                     "stages), then record what='params' or a layer's output to find the first that differs")
+                     "stages), then record what='params' or a layer's output to find the first that differs",
+                     shaped=False)
+
+
+def _no_shape(case: Case) -> str:
+    """What the shapes' tests ruled out, and, under a loose tolerance, that they could not rule it out."""
+    rtol = case.tolerance.at(case.step)[0]
+    if case.tolerance.dtype in ("torch.float32", "torch.float64", ""):
+        return (f"no scale (beyond {UNIT:.0%}), partial sum nor swapped piece fits it to within the tolerance "
+                f"({rtol:.2g} of the tensor's largest value)")
+    dtype = case.tolerance.dtype.removeprefix("torch.")
+    return (f"no scale, partial sum nor swapped piece fits it to within {dtype}'s tolerance ({rtol:.2g} of the "
+            f"tensor's largest value), but {dtype}'s rounding is large enough to hide such a fit, so the record "
+            "cannot tell whether one of them is the cause")
 
 
 def _loose(case: Case) -> str:
     """A loss that passed only within a loose tolerance is no evidence about the forward: say so."""
     if case.forward != "loose" or case.loss_rel is None:
         return ""
-    return (f"; the loss at step {case.step} passed, but only within the {case.tolerance.dtype.removeprefix('torch.')} "
-            f"tolerance: it differs by {case.loss_rel:.2g} of itself, so it does not show that the forward is right")
+    dtype = (case.loss_dtype or "torch.float32").removeprefix("torch.")
+    return (f"; the loss at step {case.step} passed, but only within the {dtype} tolerance: the largest rank's "
+            f"loss differs by {case.loss_rel:.2g} of the reference's, so it does not show that the forward is right")
 
 
 def _unseen_precision(case: Case, rel: float) -> str:
-    """A float32-judged difference small enough to be a lower precision's rounding: name that explanation too."""
-    if case.tolerance.dtype != "torch.float32" or not case.tolerance.grows:
+    """A float32-judged difference small enough to be a lower precision's rounding, on a rank whose loss graph
+    the recorder did not see (a float32 graph rules it out): name that explanation too."""
+    if case.tolerance.dtype != "torch.float32" or not case.tolerance.grows or case.graph:
         return ""
     if rel > default_tolerance("torch.bfloat16").at(case.step)[0]:
         return ""
     return ("; or, if the run computed in bfloat16 where the recorder could not see it (an autocast region that "
-            "ended before record, on ranks whose loss is a number, detached or absent, as a pipeline's is), a "
-            "difference this size is that rounding: ParityRecorder(precision=torch.bfloat16) on the ranks then "
-            "compares within it")
+            "ended before record, on ranks whose loss is a number, detached or absent, as a pipeline stage's "
+            "without the loss is), a difference this size is that rounding: ParityRecorder(precision=torch.bfloat16) "
+            "on the ranks then compares within it")
+
+
+def _updated(case: Case, got, want, thing: str) -> Diagnosis | None:
+    """A parameter that equalled the reference's at the step before and whose change since is c x the
+    reference's change: the step that made it was c x larger (the learning rate, or the gradient it used)."""
+    if case.kind != "param" or not case.matched_before or case.other_steps.get(case.step - 1) is None:
+        return None
+    before = case.other_steps[case.step - 1].double()
+    mine, theirs = got - before, want - before
+    norm = float((theirs * theirs).sum())
+    if before.shape != got.shape or norm == 0.0:
+        return None
+    c = float((mine * theirs).sum()) / norm
+    if abs(c - 1) <= UNIT or not case.tolerance.allows(float((mine - c * theirs).abs().max()), case.scale,
+                                                         case.step):
+        return None
+    factor = f"{round(c)}x" if abs(c - round(c)) < UNIT else f"{c:.3g}x"
+    return Diagnosis(f"rank {case.rank}'s {thing} equalled the reference's at step {case.step - 1}, and its change "
+                     f"since (its value minus the reference's at step {case.step - 1}) is {factor} the reference's "
+                     "update",
+                     f"the optimizer step between them was {factor} larger on rank {case.rank}: most likely its "
+                     f"learning rate is {factor} the reference's (an optimizer or scheduler built otherwise on this "
+                     "rank), or, with SGD, the gradient it stepped with was scaled after it was recorded",
+                     f"the optimizer rank {case.rank} builds (lr, scheduler, weight decay) against the reference's; "
+                     f"record what='grads' at step {case.step - 1}: gradients that equal the reference's point at "
+                     "the optimizer")
 
 
 def _skipped(case: Case, got, thing: str) -> Diagnosis | None:
@@ -217,11 +270,11 @@ def _skipped(case: Case, got, thing: str) -> Diagnosis | None:
 def _partial(case: Case, got, want, peers) -> Diagnosis | None:
     if len(peers) < 2 or any(v.shape != want.shape for v in peers.values()):
         return None
-    if all(_fits(v, got) for v in peers.values()):
+    if all(_fits(case, v, got) for v in peers.values()):
         return None  # the ranks agree: a sum of equal parts is a scale (1/world_size each), not parts
     ranks = sorted(peers)
     total = sum(peers.values())
-    if _fits(total, want):
+    if _fits(case, total, want):
         if case.kind == "loss":
             return Diagnosis(f"the ranks' losses add up to the reference's (ranks {ranks})",
                              "each rank's loss was divided by the number of ranks, and then not all_reduced",
@@ -236,7 +289,7 @@ def _partial(case: Case, got, want, peers) -> Diagnosis | None:
                          f"{missing}; in data parallel, the ranks' gradients were never summed",
                          "the block's entry: the input must go through an all_reduce-in-backward function "
                          "(copy_to_parallel) so that every rank gets the full gradient of what it shares")
-    if _fits(total / len(peers), want):
+    if _fits(case, total / len(peers), want):
         if case.kind == "loss":
             return Diagnosis(f"the mean of the ranks' losses is the reference's (ranks {ranks})",
                              "each rank recorded its own batch's loss",
@@ -251,17 +304,17 @@ def _partial(case: Case, got, want, peers) -> Diagnosis | None:
 
 
 def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
-    c = _scale(got, want)
+    c = _scale(case, got, want)
     if c is None:
         return None
     held = case.held
-    alike = all(g is not None and w is not None and _fits(g.double(), c * w.double()) for g, w in held.values())
+    alike = all(g is not None and w is not None and _fits(case, g.double(), c * w.double()) for g, w in held.values())
     on = "every rank" if len(held) > 1 and alike else f"rank {case.rank}"
-    k, inverse = _whole(c), _whole(1 / c) if c else None
+    k, inverse = _whole(case, c), _whole(case, 1 / c) if c else None
     if want.numel() == 1 and not (k or inverse):
         return None  # any number is some multiple of another: a scale says nothing about one value
     others = [r for r, (g, w) in held.items() if r != case.rank]
-    if others and all(g is not None and w is not None and _fits(g.double(), w.double())
+    if others and all(g is not None and w is not None and _fits(case, g.double(), w.double())
                       for r, (g, w) in held.items() if r != case.rank):
         factor = f"{k}x" if k else f"1/{inverse}" if inverse else f"{c:.3g}x"
         return Diagnosis(f"the {thing} is {factor} the reference on rank {case.rank} only",
@@ -321,7 +374,7 @@ def _ranks_pieces(ranks: list[int]) -> str:
 
 
 def _swapped(case: Case, got, thing: str) -> Diagnosis | None:
-    owners = [r for r, other in case.elsewhere.items() if _fits(got, other.double())]
+    owners = [r for r, other in case.elsewhere.items() if _fits(case, got, other.double())]
     if not owners:
         return None
     return Diagnosis(f"rank {case.rank} holds the piece of the {thing} that belongs to rank {owners[0]}",
@@ -344,7 +397,7 @@ def _mixed(case: Case, got, want, thing: str) -> Diagnosis | None:
     if not owners:
         return None
     for label, combined in (("the mean", sum(pieces) / len(pieces)), ("the sum", sum(pieces))):
-        if _fits(got, combined) and not _fits(got, want):
+        if _fits(case, got, combined) and not _fits(case, got, want):
             mine = f"its own piece and {_owners(owners)} (the reference's)"
             verb = "averaged with" if label == "the mean" else "added to"
             return Diagnosis(f"rank {case.rank}'s piece of the {thing} is {label} of {mine}: it was {verb} other "

@@ -58,24 +58,33 @@ LOW_PRECISION_ROUNDINGS = 8
 @dataclass(frozen=True)
 class Tolerance:
     """``rtol`` (of the tensor's largest value) and ``atol`` at step 0; ``grows``: multiplied by (1 + step);
-    ``dtype``: the precision it is derived for ("torch.float32", "tf32", ...)."""
+    ``dtype``: the precision it is derived for ("torch.float32", "tf32", ...). ``atol_always``: the learner's
+    ``atol=``, added to every comparison as torch.allclose adds it; the default's only judges an all-zero
+    reference (added to every comparison, eps(bf16) would pass a 2x bug on gradients of 1e-3)."""
 
     rtol: float
     atol: float
     dtype: str = ""
     grows: bool = True
+    atol_always: bool = False
 
     def at(self, step: int) -> tuple[float, float]:
         factor = 1 + step if self.grows else 1
         return self.rtol * factor, self.atol * factor
 
-    def allows(self, diff: float, scale: float, step: int) -> bool:
+    def bound(self, scale: float, step: int) -> float:
+        """The largest |difference| allowed in a tensor whose reference's largest |value| is ``scale``."""
         rtol, atol = self.at(step)
-        return diff <= atol + rtol * scale
+        return rtol * scale + (atol if self.atol_always or not scale else 0.0)
+
+    def allows(self, diff: float, scale: float, step: int) -> bool:
+        return diff <= self.bound(scale, step)
 
     def __str__(self) -> str:
         grows = " x (1 + step)" if self.grows else ""
-        return f"rtol {self.rtol:.2g}{grows} of a tensor's largest value, atol {self.atol:.2g}" + (
+        atol = (f", plus atol {self.atol:.2g}" if self.atol_always else
+                f" (atol {self.atol:.2g} for an all-zero reference)")
+        return f"rtol {self.rtol:.2g}{grows} of a tensor's largest value{atol}" + (
             f" ({self.dtype.removeprefix('torch.')})" if self.dtype else "")
 
 
@@ -103,4 +112,4 @@ def chosen_tolerance(dtype: str, rtol: float | None, atol: float | None) -> Tole
     if rtol is None and atol is None:
         return default
     return Tolerance(default.rtol if rtol is None else float(rtol), default.atol if atol is None else float(atol),
-                     default.dtype, grows=False)
+                     default.dtype, grows=False, atol_always=atol is not None)
