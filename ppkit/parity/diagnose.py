@@ -2,7 +2,8 @@
 
 Each test below matches one shape a distributed bug leaves in the numbers, tried in this order: nothing at
 all (a gradient that never arrived, or none on the whole rank), not a number, zero, a parameter equal to the
-reference's value at another step (an update skipped, or recorded after it), the sum or the mean over ranks
+reference's value at another step (an update skipped, or recorded after it), a parameter whose last update is c x
+the reference's (the learning rate), the sum or the mean over ranks
 that hold the same piece (an all_reduce missing), a whole multiple or fraction of the reference (a sum where a
 mean belongs, gradient accumulation, a division too many), the piece of another rank (shards swapped), a piece
 summed or averaged with other ranks' pieces (an all_reduce over the wrong group), ranks that should agree but
@@ -10,7 +11,9 @@ do not (they drifted apart). A difference none of them explains is named with wh
 
 Where two causes leave the same numbers, the words name both; an inference says what would confirm it. The
 loss is evidence about the forward only where it matches to float32's rounding: a loss within a bfloat16
-tolerance can still be 2 % wrong.
+tolerance can still be 2 % wrong. A shape fits where what is left of the difference is within the case's own
+tolerance (the test that found it), so a rank said to equal the reference passed that test; under bfloat16 that
+tolerance can hide a fit, and where none fits the words say that the record cannot tell.
 """
 
 from __future__ import annotations
@@ -297,10 +300,29 @@ def _partial(case: Case, got, want, peers) -> Diagnosis | None:
                              "and divide by the group's size")
         return Diagnosis(f"the mean over ranks {ranks} of the {_noun(case)} is the reference",
                          "each rank kept its own batch's gradient: the data-parallel all_reduce (and its average) "
-                         "is missing",
-                         "that DDP or FSDP wraps the model, or that every gradient is all_reduced and divided by the "
-                         "number of data-parallel ranks before the optimizer's step")
+                         f"is missing{_grouped(case, peers)}",
+                         "that DDP or FSDP wraps the model, or that every gradient is all_reduced over the "
+                         "data-parallel group (group=mesh['dp'].get_group()) and divided by its size before the "
+                         "optimizer's step")
     return None
+
+
+def _grouped(case: Case, peers: dict) -> str:
+    """Ranks that agree in groups (0 and 1, 2 and 3) while the groups differ: an all_reduce over each group, where
+    one across them belongs, leaves the same numbers as none at all, for a tensor the ranks of a group hold alike."""
+    groups: list[list[int]] = []
+    for rank in sorted(peers):
+        same = next((g for g in groups if _fits(case, peers[rank], peers[g[0]])), None)
+        if same is None:
+            groups.append([rank])
+        else:
+            same.append(rank)
+    if len(groups) < 2 or all(len(g) == 1 for g in groups):
+        return ""
+    listed = " and ".join(f"ranks {', '.join(map(str, g))}" for g in groups)
+    return (f", or it ran over the wrong group: {listed} each agree, so each group's ranks saw the same data (a "
+            "tensor-parallel group) and an all_reduce over such a group (mesh['tp'] where mesh['dp'] belongs) "
+            "changes nothing; the record cannot tell that from no all_reduce")
 
 
 def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:

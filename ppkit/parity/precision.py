@@ -4,12 +4,15 @@ reduce_dtype=torch.float32)`` computes in bfloat16 and hands back float32 gradie
 rounds a float32 matmul's operands to 10 mantissa bits. A tolerance derived from the recorded dtype would call
 their rounding a bug.
 
-``Seen`` is what the recorder saw, each source with its words for the report: the learner's ``precision=``,
-autocast on at the record call, the loss's autograd graph (it keeps each op's output dtype after backward),
-FSDP2's policy on the module that holds a parameter, and TF32 flags for a model on a GPU. What it cannot see:
-an autocast region that ended before ``record`` when the loss is passed as a number; then ``precision=`` says it.
-What one rank sees for a whole step (autocast, the graph, TF32) ``compare_runs`` applies to every rank's tensors of
-that step: a pipeline's first stage, which holds no loss, computed in what the last stage's graph shows.
+``Seen`` is what the recorder saw, each source with its words for the report: the learner's ``precision=``, the
+loss's autograd graph (it keeps each op's output dtype after backward; a float32 graph says the forward ran in
+float32), autocast on at the record call (only where there is no graph: a block left open around ``record`` says
+nothing about a forward that ran outside it), FSDP2's policies (a bfloat16 layer's rounding reaches every later
+activation and so every gradient: the whole step is judged in it, even where the policy covers part of the model),
+and TF32 flags for a model on a GPU. What it cannot see: an autocast region that ended before ``record`` when the
+loss is passed as a number; then ``precision=`` says it. What one rank sees for a whole step ``compare_runs``
+applies to every rank's tensors of that step: a pipeline's first stage, which holds no loss, computed in what the
+last stage's graph shows.
 """
 
 from __future__ import annotations
