@@ -103,21 +103,34 @@ def test_a_2x_bug_under_bf16_is_named_a_factor(cluster2):
     assert "not a scale" not in text
 
 
-def test_a_small_difference_on_every_rank_is_not_called_one_rank_s_factor():
-    """Two ranks that both differ a little from the reference (noise past the tolerance, as Adam makes): no
-    factor of 1x, and no rank said to equal the reference that the list shows differing."""
-    ref = one_process()
+def noisy(what: str, steps=None, alike=False) -> list[ppkit.ParityRun]:
+    """Two ranks' runs of the reference whose tensors (at ``steps``, all by default) differ from it by a
+    little noise past the tolerance, as Adam's division by sqrt(v) makes of float32's rounding; ``alike``: the
+    same noise on both ranks (DDP keeps them equal)."""
     runs = []
     for rank in range(2):
-        run = one_process()
+        run = one_process(what)
         run.rank, run.world_size = rank, 2
-        g = torch.Generator().manual_seed(rank)
-        for pieces in run.tensors.values():
-            for piece in pieces.values():
+        g = torch.Generator().manual_seed(0 if alike else rank)
+        for step, pieces in run.tensors.items():
+            for piece in pieces.values() if steps is None or step in steps else ():
                 piece.value.add_(1e-4 * piece.value.abs().max() * torch.randn(piece.value.shape, generator=g))
         runs.append(run)
-    text = str(ppkit.compare_runs(ref, runs))
+    return runs
+
+
+def test_a_small_difference_on_every_rank_is_not_called_one_rank_s_factor():
+    """No factor of 1x, and no rank said to equal the reference that the list shows differing."""
+    text = str(ppkit.compare_runs(one_process(), noisy("grads")))
     assert "1x the reference" not in text and "piece equals the reference" not in text, text
+
+
+def test_parameters_that_differ_under_a_matching_loss_are_not_blamed_on_the_backward():
+    """The loss equals the reference's; the parameters (as Adam leaves them on a correct run) do not: the
+    update differs, which the optimizer or Adam's rounding makes as well as a backward."""
+    text = str(ppkit.compare_runs(one_process("params"), noisy("params", steps=(1, 2), alike=True)))
+    assert "backward differs" not in text, text
+    assert "Adam" in text and "what='grads'" in text
 
 
 def test_fsdp2_policy_on_the_first_layer_only_is_judged_in_its_precision(cluster2):

@@ -165,17 +165,31 @@ def diagnose(case: Case) -> Diagnosis:
     scale = max(case.scale, float(want.abs().max()), 1e-30)
     rel = float((got - want).abs().max()) / scale
     of = "of the reference's loss" if case.kind == "loss" else "of the tensor's largest value"
+    if case.kind == "param":
+        return _param_differs(case, rel, thing)
     where = ("the forward matches (the loss equals the reference's to float32's rounding at this step), so the "
              "backward differs" if case.forward == "equal" else "the numbers differ in no simple pattern")
-    optimizer = ("; for a parameter, also the optimizer: its learning rate, its settings or a step skipped on "
-                 "this rank (record what='grads' at the step before: gradients that equal the reference's point "
-                 "at the optimizer)" if case.kind == "param" else "")
     return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} {of}{_loose(case)}",
                      f"{where}: {_no_shape(case)}; the data a rank or micro-batch saw, their order, the start "
-                     f"weights (a seed, no broadcast), or the layer's math differs{optimizer}"
-                     f"{_unseen_precision(case, rel)}",
+                     f"weights (a seed, no broadcast), or the layer's math differs{_unseen_precision(case, rel)}",
                      "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
                      "stages), then record what='params' or a layer's output to find the first that differs",
+                     shaped=False)
+
+
+def _param_differs(case: Case, rel: float, thing: str) -> Diagnosis:
+    """A parameter in no shape: its update differs, which its gradient, the start weights or the optimizer can
+    make, and so can Adam's division by sqrt(v) of float32's rounding: name all of them."""
+    return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} of the tensor's largest value"
+                     f"{_loose(case)}",
+                     f"the numbers differ in no simple pattern: {_no_shape(case)}; an update differs: its gradient "
+                     "(the data a rank saw, their order, the layer's math), the start weights (a seed, no "
+                     "broadcast), or the optimizer (its learning rate, its settings, a step skipped on this rank); "
+                     "or no bug at all: Adam and AdamW divide by sqrt(v), so a gradient element near zero turns "
+                     f"float32's rounding into an update as large as the learning rate{_unseen_precision(case, rel)}",
+                     "record what='grads' for the same steps: gradients equal to the reference's rule out the data "
+                     "and the backward and leave the optimizer (its settings, or Adam's amplified rounding where "
+                     "the differences stay below the learning rate)",
                      shaped=False)
 
 
