@@ -189,3 +189,10 @@ def test_an_equal_under_bf16_says_what_it_could_not_see(cluster2):
     assert report.equal
     assert "it cannot see a difference up to 0.063 of a tensor's largest value at step 0" in str(report), str(report)
     assert "cannot see" not in str(ppkit.compare_runs(one_process(), cluster2.run(dp_run)))  # float32: nothing hidden
+
+
+def test_a_loss_that_parts_after_a_matching_step_names_the_optimizer(cluster2):
+    """Gradients recorded (not parameters); rank 1's learning rate is 2x: everything matched at step 0, so the
+    step between is named beside the data."""
+    text = str(ppkit.compare_runs(one_process(), cluster2.run(dp_run, lr_rank1=2.0)))
+    assert "everything this rank recorded at step 0 matched" in text and "learning rate" in text, text

@@ -168,7 +168,8 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                 ok = False
                 yield diff, Case("loss", "loss", step, rank, got, want, losses, {},
                                  {r: (v, want) for r, v in losses.items()}, tolerance,
-                                 graph=ranks[rank].graphs.get(step, ""))
+                                 graph=ranks[rank].graphs.get(step, ""),
+                                 matched_before=step - 1 in ranks[rank].steps)
         if ok:
             loss_rel = max(float((v - want).abs()) / max(float(want.abs()), 1e-30) for v in losses.values())
             exact = default_tolerance("torch.float32").at(step)[0]

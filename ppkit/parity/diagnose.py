@@ -24,7 +24,7 @@ import torch
 
 from ppkit.parity.tolerance import Tolerance, default_tolerance
 
-UNIT = 1e-2  # a factor this close to 1 is no factor: the tolerance's own drift, not a scale
+UNIT = 1e-3  # a factor this close to 1 is no factor: a drift past the tolerance, not a scale
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Case:
     scale: float = 0.0                         # the reference tensor's largest |value|
     loss_dtype: str = ""                       # the precision the loss at this step was judged in
     graph: str = ""                            # the dtype this rank's loss graph showed at this step ("": none)
-    matched_before: bool = False               # this rank's piece equalled the reference's at the step before
+    matched_before: bool = False               # this rank recorded it at the step before, where nothing differed
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,8 @@ def diagnose(case: Case) -> Diagnosis:
              "backward differs" if case.forward == "equal" else "the numbers differ in no simple pattern")
     return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} {of}{_loose(case)}",
                      f"{where}: {_no_shape(case)}; the data a rank or micro-batch saw, their order, the start "
-                     f"weights (a seed, no broadcast), or the layer's math differs{_unseen_precision(case, rel)}",
+                     f"weights (a seed, no broadcast), or the layer's math differs{_stepped(case)}"
+                     f"{_unseen_precision(case, rel)}",
                      "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
                      "stages), then record what='params' or a layer's output to find the first that differs",
                      shaped=False)
@@ -193,16 +194,26 @@ def _param_differs(case: Case, rel: float, thing: str) -> Diagnosis:
                      shaped=False)
 
 
+def _stepped(case: Case) -> str:
+    """After a step where everything matched, the optimizer step between is as likely a cause as the data."""
+    if not case.matched_before:
+        return ""
+    return (f"; or the optimizer step between: everything this rank recorded at step {case.step - 1} matched the "
+            "reference, so its parameters may have been updated otherwise since (a learning rate or optimizer "
+            "setting of its own, an optimizer.step() skipped on a rank; record what='params' to see it)")
+
+
 def _no_shape(case: Case) -> str:
     """What the shapes' tests ruled out, and, under a loose tolerance, that they could not rule it out."""
     rtol = case.tolerance.at(case.step)[0]
+    of = "of the reference's loss" if case.kind == "loss" else "of the tensor's largest value"
     if case.tolerance.dtype in ("torch.float32", "torch.float64", ""):
-        return (f"no scale (beyond {UNIT:.0%}), partial sum nor swapped piece fits it to within the tolerance "
-                f"({rtol:.2g} of the tensor's largest value)")
+        return (f"no scale (beyond {UNIT:.1%}), partial sum nor swapped piece fits it to within the tolerance "
+                f"({rtol:.2g} {of})")
     dtype = case.tolerance.dtype.removeprefix("torch.")
-    return (f"no scale, partial sum nor swapped piece fits it to within {dtype}'s tolerance ({rtol:.2g} of the "
-            f"tensor's largest value), but {dtype}'s rounding is large enough to hide such a fit, so the record "
-            "cannot tell whether one of them is the cause")
+    return (f"no scale, partial sum nor swapped piece fits it to within {dtype}'s tolerance ({rtol:.2g} {of}), "
+            f"but {dtype}'s rounding is large enough to hide such a fit, so the record cannot tell whether one of "
+            "them is the cause")
 
 
 def _loose(case: Case) -> str:
@@ -241,7 +252,7 @@ def _updated(case: Case, got, want, thing: str) -> Diagnosis | None:
     if abs(c - 1) <= UNIT or not case.tolerance.allows(float((mine - c * theirs).abs().max()), case.scale,
                                                          case.step):
         return None
-    factor = f"{round(c)}x" if abs(c - round(c)) < UNIT else f"{c:.3g}x"
+    factor = f"{round(c)}x" if abs(c - round(c)) < UNIT else _factor(c)
     return Diagnosis(f"rank {case.rank}'s {thing} equalled the reference's at step {case.step - 1}, and its change "
                      f"since (its value minus the reference's at step {case.step - 1}) is {factor} the reference's "
                      "update",
@@ -352,7 +363,7 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
     others = [r for r, (g, w) in held.items() if r != case.rank]
     if others and all(g is not None and w is not None and _fits(case, g.double(), w.double())
                       for r, (g, w) in held.items() if r != case.rank):
-        factor = f"{k}x" if k else f"1/{inverse}" if inverse else f"{c:.3g}x"
+        factor = f"{k}x" if k else f"1/{inverse}" if inverse else _factor(c)
         return Diagnosis(f"the {thing} is {factor} the reference on rank {case.rank} only",
                          f"{_ranks_pieces(others)} the reference, so no collective is at "
                          "fault (a sum or an average over ranks would touch every rank's piece): something rank "
@@ -370,10 +381,15 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
                          "tensor-parallel all_reduce must sum), or divided twice (DDP averages already)",
                          f"every division by the world size ({inverse}): keep the one of the data-parallel average, "
                          "drop the others")
-    return Diagnosis(f"the {thing} is {c:.3g}x the reference on {on}",
+    return Diagnosis(f"the {thing} is {_factor(c)} the reference on {on}",
                      "a scale differs: the learning rate, the loss's normalisation (a sum over tokens where the "
                      "reference takes the mean), gradient accumulation's division, or a loss scale",
                      "every factor applied to the loss and the gradients, against the reference's")
+
+
+def _factor(c: float) -> str:
+    """c as a factor, with the digits that tell it from 1."""
+    return f"{c:.4g}x" if abs(c - 1) < 1e-2 else f"{c:.3g}x"
 
 
 def _whole_causes(case: Case, k: int) -> str:
