@@ -61,8 +61,9 @@ def _diagnosis(cases: list) -> Diagnosis:
         found = diagnose(case)
         if found.shaped:
             head = cases[0]
-            return Diagnosis(f"{found.what} (the first difference, the {head.kind} of rank {head.rank} at step "
-                             f"{head.step}, fits no shape by itself)", found.why, found.check)
+            what = {"loss": "loss", "grad": f"gradient {head.name}"}.get(head.kind, f"parameter {head.name}")
+            return Diagnosis(f"{found.what} (the first difference, rank {head.rank}'s {what} at step {head.step}, "
+                             "fits no shape by itself)", found.why, found.check)
     return first
 
 

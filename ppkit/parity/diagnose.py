@@ -79,13 +79,15 @@ def _fits(case: Case, got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def _scale(case: Case, got: torch.Tensor, want: torch.Tensor) -> float | None:
-    """c with got = c * want, when such a c explains the difference; None for c within UNIT of 1 (a drift
-    past the tolerance is no factor)."""
+    """c with got = c * want, when such a c explains the difference; None for c so near 1 (within UNIT, or twice
+    the tolerance: bf16's lets 1.1x fit what is no scale) that the fit says nothing."""
     norm = float((want * want).sum())
     if norm == 0.0:
         return None
     c = float((got * want).sum()) / norm
-    return c if abs(c - 1) > UNIT and _fits(case, got, c * want) else None
+    near = max(UNIT, 2 * case.tolerance.at(case.step)[0])  # nearer 1, the tolerance alone could make the fit
+    return c if (abs(c - 1) > near or _whole(case, c) or _whole(case, 1 / c)) and _fits(case, got, c * want) \
+        else None
 
 
 def _whole(case: Case, c: float) -> int | None:

@@ -86,9 +86,10 @@ class ParityReport:
         first, end = worst.at(self.steps[0])[0], worst.at(last)[0]
         dtype = worst.dtype.removeprefix("torch.")
         at_end = f" and {end:.2g} at step {last}" if end != first else ""
+        measured = " (measured: a gradient 5 % too large on every rank)" if dtype == "bfloat16" else ""
         return (f" Within {dtype}'s rounding it cannot see a difference up to {first:.2g} of a tensor's largest "
-                f"value at step {self.steps[0]}{at_end}: a bug that small passes unseen (measured: a gradient 5 % too "
-                "large on every rank, under bfloat16 autocast); compare in float32 to rule it out.")
+                f"value at step {self.steps[0]}{at_end}: a bug that small passes unseen{measured}; compare in "
+                "float32 to rule it out.")
 
     @property
     def equal(self) -> bool:
