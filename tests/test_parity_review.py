@@ -162,6 +162,7 @@ def test_autocast_left_open_at_record_does_not_judge_a_float32_run_in_bf16():
     report = ppkit.compare_runs(one_process(amp_at_record=True), [one_process(factor=1.05)])
     assert not report.equal, str(report)
     assert report.first.kind == "grad"
+    assert "1.05x the reference" in str(report) and "learning rate" not in str(report)  # no lr scales a gradient
 
 
 def test_notebook_14_s_llama_with_a_planted_2x_under_bf16_is_flagged():

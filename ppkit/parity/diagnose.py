@@ -384,8 +384,9 @@ def _scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
                          f"every division by the world size ({inverse}): keep the one of the data-parallel average, "
                          "drop the others")
     return Diagnosis(f"the {thing} is {_factor(c)} the reference on {on}",
-                     "a scale differs: the learning rate, the loss's normalisation (a sum over tokens where the "
-                     "reference takes the mean), gradient accumulation's division, or a loss scale",
+                     f"a scale differs: {'the learning rate, ' if case.kind == 'param' else ''}the loss's "
+                     "normalisation (a sum over tokens where the reference takes the mean), gradient accumulation's "
+                     "division, or a loss scale",
                      "every factor applied to the loss and the gradients, against the reference's")
 
 
