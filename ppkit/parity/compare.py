@@ -52,10 +52,11 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
 
 
 def _diagnosis(cases: list) -> Diagnosis:
-    """The first difference's diagnosis; where it fits no shape (a loss, one number, rarely does), the first
-    difference of the same step that does, so that a loss judged first does not hide what the tensors show."""
+    """The first difference's diagnosis; where that is a loss in no shape (one number rarely fits one), the first
+    difference of the same step that has a shape, so that a loss judged first does not hide what the tensors
+    show."""
     first = diagnose(cases[0])
-    if first.shaped:
+    if first.shaped or cases[0].kind != "loss":
         return first
     for case in cases[1:]:
         found = diagnose(case)
