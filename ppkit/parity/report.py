@@ -15,8 +15,8 @@ SHOWN = 6  # differences listed after the first one's explanation
 class Difference:
     """One rank's loss or tensor at one step, beyond tolerance. ``abs_diff``: the largest absolute
     difference; ``rel_diff``: that over ``scale``, the largest absolute value of the reference's whole tensor
-    (a loss: the reference's loss); ``allowed``: the largest ``rel_diff`` the tolerance allows at this step (an
-    all-zero reference: the largest ``abs_diff``); ``note``: "no gradient" and the like,
+    (a loss: the reference's loss); ``allowed``: the largest ``rel_diff`` the tolerance allows at this step, atol
+    included (an all-zero reference: the largest ``abs_diff``); ``note``: "no gradient" and the like,
     where no number says it."""
 
     step: int
