@@ -386,7 +386,8 @@ def fsdp_tp_train(rank, world_size, steps=2, bad=None, by_hand=None):
     shard (rank (dp, tp) holds rows 8 * (2 * tp + dp) onward: still a box), fc2's weight (Shard(0), Shard(1)):
     a 2-D box. bad: {rank: parameter} whose piece of the gradient is 3x at step 0 on that rank. by_hand: no
     FSDP2; the data-parallel all_reduce by hand on each local gradient, over "dp" (right) or "world" (the bug:
-    the group holds both tp pieces too), divided by that group's size ("world/dp": divided by the dp size)."""
+    the group holds both tp pieces too) or "tp" (the bug: the tp group where the dp one belongs), divided by that
+    group's size ("world/dp": divided by the dp size)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -401,7 +402,8 @@ def fsdp_tp_train(rank, world_size, steps=2, bad=None, by_hand=None):
         x, y = sp_data(step)
         loss = F.mse_loss(model(x.chunk(2)[dp]), y.chunk(2)[dp])
         loss.backward()
-        group = {"dp": mesh["dp"].get_group(), "world": dist.group.WORLD, "world/dp": dist.group.WORLD}.get(by_hand)
+        group = {"dp": mesh["dp"].get_group(), "world": dist.group.WORLD, "world/dp": dist.group.WORLD,
+                 "tp": mesh["tp"].get_group()}.get(by_hand)
         for p in model.parameters() if group else ():
             local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             dist.all_reduce(local, group=group)
@@ -621,3 +623,5 @@ def test_an_all_reduce_over_the_wrong_group_is_named(cluster4):
     divided = str(ppkit.compare_runs(sp_reference(1), cluster4.run(fsdp_tp_train, 1, by_hand="world/dp")))
     assert "the gradient of 3.bias is 2x the reference on every rank" in divided  # replicated over tp: counted twice
     assert "an all_reduce over all 4 ranks where the 2 data-parallel ranks' group belongs" in divided, divided
+    tp = str(ppkit.compare_runs(sp_reference(1), cluster4.run(fsdp_tp_train, 1, by_hand="tp")))
+    assert "wrong group" in tp and "mesh['tp'] where mesh['dp'] belongs" in tp, tp  # not only "missing"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from ppkit.errors import ConfigError
-from ppkit.parity.diagnose import Case, diagnose
+from ppkit.parity.diagnose import Case, Diagnosis, diagnose
 from ppkit.parity.pieces import check_covered, same_place, wanted
 from ppkit.parity.precision import least_precise
 from ppkit.parity.record import ParityRecorder, ParityRun, Piece
@@ -38,16 +38,34 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     steps = _common_steps(ref, ranks)
     tolerances = _Tolerances(ref, ranks, rtol, atol)
     differences: list[Difference] = []
-    first_case = None
+    first_cases: list = []  # every difference of the first step that has one
     for step in steps:
         for diff, case in _step_differences(ref, ranks, step, tolerances, absent):
             differences.append(diff)
-            first_case = first_case or case
-    diagnosis = diagnose(first_case) if first_case else None
+            if not first_cases or first_cases[0].step == step:
+                first_cases.append(case)
+    diagnosis = _diagnosis(first_cases) if first_cases else None
     held = {n for run in ranks.values() for step in steps for n in run.tensors.get(step, {})}
     names = [n for n in dict.fromkeys(n for step in steps for n in ref.tensors.get(step, {})) if n in held]
     losses = any(run.losses for run in ranks.values())
     return ParityReport(differences, diagnosis, tolerances.used(), steps, names, sorted(ranks), ref.kind, losses)
+
+
+def _diagnosis(cases: list) -> Diagnosis:
+    """The first difference's diagnosis; where that is a loss in no shape (one number rarely fits one), the first
+    difference of the same step that has a shape, so that a loss judged first does not hide what the tensors
+    show."""
+    first = diagnose(cases[0])
+    if first.shaped or cases[0].kind != "loss":
+        return first
+    for case in cases[1:]:
+        found = diagnose(case)
+        if found.shaped:
+            head = cases[0]
+            what = {"loss": "loss", "grad": f"gradient {head.name}"}.get(head.kind, f"parameter {head.name}")
+            return Diagnosis(f"{found.what} (the first difference, rank {head.rank}'s {what} at step {head.step}, "
+                             "fits no shape by itself)", found.why, found.check)
+    return first
 
 
 class _Tolerances:
@@ -137,6 +155,7 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
     computed = least_precise(*(run.computed.get(step, "") for run in [ref, *ranks.values()]))
     forward = ""  # "equal": every rank's loss equals the reference's to float32's rounding; "loose": within
     loss_rel = None  # the tolerance only (a bf16 one, say), which does not show that the forward is right
+    loss_dtype = ""
     if step in ref.losses:
         want = torch.tensor(ref.losses[step], dtype=torch.float64)
         losses = {r: torch.tensor(run.losses[step], dtype=torch.float64)
@@ -145,11 +164,14 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
         for rank, got in losses.items():
             dtype = least_precise(ref.loss_dtypes.get(step, ""), ranks[rank].loss_dtypes.get(step, ""), computed)
             tolerance = tolerances.of(dtype, "loss")
+            loss_dtype = least_precise(loss_dtype, tolerance.dtype)
             diff = _difference("loss", "loss", step, rank, got, want, tolerance, float(want.abs()))
             if diff:
                 ok = False
                 yield diff, Case("loss", "loss", step, rank, got, want, losses, {},
-                                 {r: (v, want) for r, v in losses.items()}, tolerance)
+                                 {r: (v, want) for r, v in losses.items()}, tolerance,
+                                 graph=ranks[rank].graphs.get(step, ""),
+                                 matched_before=step - 1 in ranks[rank].steps)
         if ok:
             loss_rel = max(float((v - want).abs()) / max(float(want.abs()), 1e-30) for v in losses.values())
             exact = default_tolerance("torch.float32").at(step)[0]
@@ -180,7 +202,8 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                 yield diff, Case(kind, name, step, rank, piece.value, wants[rank], peers, elsewhere,
                                  {r: (held[r].value, wants[r]) for r in held}, tolerance, forward, loss_rel,
                                  other_steps, no_grads, step in ranks[rank].losses, ranks[rank].dp_size,
-                                 ranks[rank].world_size, scale)
+                                 ranks[rank].world_size, scale, loss_dtype, ranks[rank].graphs.get(step, ""),
+                                 name in ranks[rank].tensors.get(step - 1, {}))
 
 
 def _dtype(piece: Piece) -> str:
@@ -221,7 +244,7 @@ def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: 
     if got is None and want is None:
         return None
     if got is None or want is None:
-        return Difference(step, kind, name, rank, float("inf"), float("inf"), 0.0, tolerance.at(step)[0],
+        return Difference(step, kind, name, rank, float("inf"), float("inf"), 0.0, tolerance.bound(scale, step),
                           "no gradient" if got is None else "a gradient the reference has not")
     if got.numel() == 0:
         return None
@@ -229,5 +252,6 @@ def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: 
     diff = float(delta) if torch.isfinite(delta) else float("inf")
     if tolerance.allows(diff, scale, step):
         return None
+    bound = tolerance.bound(scale, step)
     return Difference(step, kind, name, rank, diff, diff / scale if scale else float("inf"), scale,
-                      tolerance.at(step)[0], "")
+                      bound / scale if scale else bound, "")

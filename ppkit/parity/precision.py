@@ -4,12 +4,15 @@ reduce_dtype=torch.float32)`` computes in bfloat16 and hands back float32 gradie
 rounds a float32 matmul's operands to 10 mantissa bits. A tolerance derived from the recorded dtype would call
 their rounding a bug.
 
-``Seen`` is what the recorder saw, each source with its words for the report: the learner's ``precision=``,
-autocast on at the record call, the loss's autograd graph (it keeps each op's output dtype after backward),
-FSDP2's policy on the module that holds a parameter, and TF32 flags for a model on a GPU. What it cannot see:
-an autocast region that ended before ``record`` when the loss is passed as a number; then ``precision=`` says it.
-What one rank sees for a whole step (autocast, the graph, TF32) ``compare_runs`` applies to every rank's tensors of
-that step: a pipeline's first stage, which holds no loss, computed in what the last stage's graph shows.
+``Seen`` is what the recorder saw, each source with its words for the report: the learner's ``precision=``, the
+loss's autograd graph (it keeps each op's output dtype after backward; a float32 graph says the forward ran in
+float32), autocast on at the record call (only where there is no graph: a block left open around ``record`` says
+nothing about a forward that ran outside it), FSDP2's policies (a bfloat16 layer's rounding reaches every later
+activation and so every gradient: the whole step is judged in it, even where the policy covers part of the model),
+and TF32 flags for a model on a GPU. What it cannot see: an autocast region that ended before ``record`` when the
+loss is passed as a number; then ``precision=`` says it. What one rank sees for a whole step ``compare_runs``
+applies to every rank's tensors of that step: a pipeline's first stage, which holds no loss, computed in what the
+last stage's graph shows.
 """
 
 from __future__ import annotations
@@ -45,16 +48,24 @@ class Seen:
         self.everywhere: list[tuple[str, str]] = []
         if explicit:
             self.everywhere.append((explicit, "precision= given to ParityRecorder"))
+        # the graph shows what the forward ran in; autocast's state at the record call only where there is none (a
+        # block left open around record, in a kernel, says nothing about a forward that ran outside it)
+        self.graph = _graph_dtype(loss)
+        if self.graph and EPS[self.graph] > EPS["torch.float32"]:
+            self.everywhere.append((self.graph, f"the loss's autograd graph computed in "
+                                                f"{self.graph.removeprefix('torch.')} (autocast, or a cast of the "
+                                                "model or its inputs)"))
         for device in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(device):
+            if not self.graph and torch.is_autocast_enabled(device):
                 dtype = name(torch.get_autocast_dtype(device))
                 self.everywhere.append((dtype, f"autocast ({device}, {dtype.removeprefix('torch.')}) on at record"))
-        graph = _graph_dtype(loss)
-        if graph:
-            self.everywhere.append((graph, f"the loss's autograd graph computed in {graph.removeprefix('torch.')} "
-                                           "(autocast, or a cast of the model or its inputs)"))
         modules = _modules(model)
         self.by_param = _fsdp_param_dtypes(modules)
+        if self.by_param:  # a layer's rounding reaches every later activation, and through them every gradient
+            dtype, why = self.by_param[max(self.by_param, key=lambda k: EPS[self.by_param[k][0]])]
+            self.everywhere.append((dtype, f"{why} on {'part' if _partly(modules, self.by_param) else 'all'} of "
+                                           "the model, whose rounding every later layer's activations and so every "
+                                           "gradient of the step carry"))
         tf32 = _tf32(modules)
         if tf32:
             self.everywhere.append(("tf32", tf32))
@@ -72,8 +83,8 @@ class Seen:
 
 
 def _graph_dtype(loss) -> str:
-    """The least precise floating dtype among the outputs of the ops that made ``loss`` (lower than float32
-    only; "" when there is no graph)."""
+    """The least precise floating dtype among the outputs of the ops that made ``loss`` ("torch.float32" for a
+    graph that ran in float32; "" when there is no graph: a number, a detached tensor)."""
     node = getattr(loss, "grad_fn", None)
     seen, todo, dtypes = set(), [node], set()
     while todo:
@@ -86,8 +97,11 @@ def _graph_dtype(loss) -> str:
             if dtype in _FLOATS:
                 dtypes.add(name(dtype))
         todo += [child for child, _ in node.next_functions]
-    low = least_precise(*dtypes)
-    return low if low and EPS[low] > EPS["torch.float32"] else ""
+    return least_precise(*dtypes)
+
+
+def _partly(modules: list[nn.Module], by_param: dict) -> bool:
+    return any(id(p) not in by_param for m in modules for p in m.parameters())
 
 
 def _modules(model) -> list[nn.Module]:

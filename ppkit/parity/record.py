@@ -64,6 +64,7 @@ class ParityRun:
     computed: dict[int, str] = field(default_factory=dict)  # step -> a lower precision seen for the whole step
     precision: dict[str, str] = field(default_factory=dict)    # each precision seen -> why (for the report)
     dp_size: int | None = None                  # the size of mean_over's group: the data-parallel ranks
+    graphs: dict[int, str] = field(default_factory=dict)  # step -> the least precise dtype its loss's graph shows
 
     @property
     def steps(self) -> list[int]:
@@ -128,6 +129,8 @@ class ParityRecorder:
             raise ConfigError(f"step {step} was recorded twice on rank {self.run.rank}: call record once per step, "
                               "after backward and before the optimizer's step.")
         seen = Seen(model, loss, self.precision)
+        if seen.graph:
+            self.run.graphs[step] = seen.graph
         if seen.everywhere:  # autocast, the loss's graph, precision=, TF32: what the whole step computed in
             self.run.computed[step] = self._precision(*seen.of("torch.float32"))
         if loss is not None:

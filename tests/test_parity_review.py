@@ -1,0 +1,206 @@
+"""Programs a reviewer wrote against compare_runs that its authors had not chosen, kept as tests: what a learner
+does (mixed precision on part of a model, a loss recorded as the docs say, an optimizer set up otherwise on one
+rank, autocast left open in a kernel), each with what is true and what the tool must, or must not, say.
+
+Every parallel run is one job on the module's 2-rank cluster (cluster2); the helpers are test_parity's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from test_parity import LR, STEPS, data, make_model
+from torch import nn
+
+import ppkit
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def one_process(what="grads", weight=1.0, amp_at_record=False, factor=1.0, steps=STEPS) -> ppkit.ParityRun:
+    """The reference in this process: the loss x ``weight`` (gradients of the size ``weight`` sets); ``factor``:
+    a planted bug, the backward's loss x factor; ``amp_at_record``: an autocast block left open around the record
+    call (a kernel's earlier cell), while the model ran in float32."""
+    model, rec = make_model(), ppkit.ParityRecorder(what)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = data(step)
+        loss = weight * F.mse_loss(model(x), y)
+        (loss * factor).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp_at_record):
+            rec.record(step, model, loss)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+def dp_run(rank, world_size, what="grads", amp=False, average=True, weight=1.0, lr_rank1=1.0, skip=None, late=None):
+    """Data parallel by hand (all_reduce, then / world_size unless not ``average``), the loss recorded with
+    mean_over as the docs say; ``amp``: the forward under CPU autocast in bfloat16; ``lr_rank1``: rank 1's
+    optimizer built with that multiple of the learning rate; ``skip``: (rank, step) that leaves out
+    optimizer.step(); ``late``: (step, factor), the loss x factor before backward from that step on (the last)."""
+    model, rec = make_model(), ppkit.ParityRecorder(what)
+    opt = torch.optim.SGD(model.parameters(), lr=LR * (lr_rank1 if rank == 1 else 1.0))
+    for step in range(late[0] + 1 if late else STEPS):
+        x, y = (t.chunk(world_size)[rank] for t in data(step))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = model(x)
+        loss = weight * F.mse_loss(out.float(), y)
+        (loss * (late[1] if late and step == late[0] else 1.0)).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            if average:
+                p.grad /= world_size
+        rec.record(step, model, loss, mean_over=dist.group.WORLD)
+        if (rank, step) != skip:
+            opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+def fsdp_first_layer_bf16(rank, world_size, bad_rank=None):
+    """FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on the first Linear only, the loss
+    recorded as loss.item(); bad_rank: that rank's targets shifted by 0.08 (its data differs)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = make_model()
+    fully_shard(model[0], mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                      reduce_dtype=torch.float32,
+                                                                      output_dtype=torch.float32))
+    for layer in model[1:]:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    rec, opt = ppkit.ParityRecorder(), torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = (t.chunk(world_size)[rank] for t in data(step))
+        loss = F.mse_loss(model(x).float(), y + (0.08 if rank == bad_rank else 0.0))
+        loss.backward()
+        rec.record(step, model, loss.item(), mean_over=dist.group.WORLD)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+def test_a_2x_bug_on_small_bf16_gradients_is_flagged(cluster2):
+    """Gradients of about 2e-3 under bf16 autocast, summed where they should be averaged: eps(bf16) must not be
+    added to every comparison as an absolute allowance."""
+    report = ppkit.compare_runs(one_process(weight=0.01), cluster2.run(dp_run, amp=True, average=False, weight=0.01))
+    assert not report.equal, str(report)
+    assert "2x the reference on every rank" in str(report), str(report)
+    assert "atol 1.2e-07" in str(report)  # float32's rounding floor, not bf16's 7.8e-3
+
+
+def test_a_2x_bug_under_bf16_is_named_a_factor(cluster2):
+    text = str(ppkit.compare_runs(one_process(), cluster2.run(dp_run, amp=True, average=False)))
+    assert "2x the reference on every rank" in text, text
+    assert "not a scale" not in text
+
+
+def noisy(what: str, steps=None, alike=False) -> list[ppkit.ParityRun]:
+    """Two ranks' runs of the reference whose tensors (at ``steps``, all by default) differ from it by a
+    little noise past the tolerance, as Adam's division by sqrt(v) makes of float32's rounding; ``alike``: the
+    same noise on both ranks (DDP keeps them equal)."""
+    runs = []
+    for rank in range(2):
+        run = one_process(what)
+        run.rank, run.world_size = rank, 2
+        g = torch.Generator().manual_seed(0 if alike else rank)
+        for step, pieces in run.tensors.items():
+            for piece in pieces.values() if steps is None or step in steps else ():
+                piece.value.add_(1e-4 * piece.value.abs().max() * torch.randn(piece.value.shape, generator=g))
+        runs.append(run)
+    return runs
+
+
+def test_a_small_difference_on_every_rank_is_not_called_one_rank_s_factor():
+    """No factor of 1x, and no rank said to equal the reference that the list shows differing."""
+    text = str(ppkit.compare_runs(one_process(), noisy("grads")))
+    assert "1x the reference" not in text and "piece equals the reference" not in text, text
+
+
+def test_parameters_that_differ_under_a_matching_loss_are_not_blamed_on_the_backward():
+    """The loss equals the reference's; the parameters (as Adam leaves them on a correct run) do not: the
+    update differs, which the optimizer or Adam's rounding makes as well as a backward."""
+    text = str(ppkit.compare_runs(one_process("params"), noisy("params", steps=(1, 2), alike=True)))
+    assert "backward differs" not in text, text
+    assert "Adam" in text and "what='grads'" in text
+
+
+def test_fsdp2_policy_on_the_first_layer_only_is_judged_in_its_precision(cluster2):
+    """Every later layer's activations carry the first layer's bf16 rounding, and so every gradient does."""
+    ref = one_process()
+    report = ppkit.compare_runs(ref, cluster2.run(fsdp_first_layer_bf16))
+    assert report.equal, str(report)
+    assert "MixedPrecisionPolicy" in str(report)
+    wrong = str(ppkit.compare_runs(ref, cluster2.run(fsdp_first_layer_bf16, bad_rank=1)))
+    assert "only within the bfloat16 tolerance" in wrong and "float32 tolerance" not in wrong, wrong
+    assert "x the reference" not in wrong  # rank 1's data differs: no scale is claimed that bf16 could make
+
+
+def test_a_skipped_optimizer_step_is_named_with_the_loss_recorded(cluster2):
+    text = str(ppkit.compare_runs(one_process("params"), cluster2.run(dp_run, "params", skip=(1, 0))))
+    assert "rank 1's parameter" in text and "equals the reference's value at step 0" in text, text
+    assert "skipped optimizer.step()" in text
+
+
+def test_a_learning_rate_twice_the_reference_s_on_one_rank_is_named(cluster2):
+    text = str(ppkit.compare_runs(one_process("params"), cluster2.run(dp_run, "params", lr_rank1=2.0)))
+    assert "learning rate" in text and "rank 1" in text, text
+    assert "2x the reference's update" in text, text
+    assert "bfloat16" not in text  # the loss's graph showed float32: no unseen bf16 to offer
+
+
+def test_autocast_left_open_at_record_does_not_judge_a_float32_run_in_bf16():
+    """The model ran in float32 (the loss's graph says so): a 5 % bug must be flagged."""
+    report = ppkit.compare_runs(one_process(amp_at_record=True), [one_process(factor=1.05)])
+    assert not report.equal, str(report)
+    assert report.first.kind == "grad"
+    assert "1.05x the reference" in str(report) and "learning rate" not in str(report)  # no lr scales a gradient
+
+
+def test_notebook_14_s_llama_with_a_planted_2x_under_bf16_is_flagged():
+    from ppkit.lessons import capstone as cap
+    from ppkit.models import llama
+
+    def run(factor: float) -> ppkit.ParityRun:
+        net, rec = llama.Llama(cap.RUN.config, cap.RUN.seed), ppkit.ParityRecorder()
+        x, y = cap.batch_at(cap.RUN, 0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=factor != 1.0):
+            loss = cap.loss_fn(net(x).float(), y)
+        (loss * factor).backward()
+        rec.record(0, net, loss)
+        return rec.run
+
+    report = ppkit.compare_runs(run(1.0), [run(2.0)])
+    assert not report.equal, str(report)
+    assert report.tolerance.dtype == "torch.bfloat16"
+    flagged = {d.name for d in report.differences}
+    assert len(flagged) == len(report.names), f"{len(flagged)} of {len(report.names)} gradients flagged"
+    assert "2x the reference" in str(report), str(report)
+
+
+def test_an_equal_under_bf16_says_what_it_could_not_see(cluster2):
+    report = ppkit.compare_runs(one_process(), cluster2.run(dp_run, amp=True))
+    assert report.equal
+    assert "it cannot see a difference up to 0.063 of a tensor's largest value at step 0" in str(report), str(report)
+    assert "cannot see" not in str(ppkit.compare_runs(one_process(), cluster2.run(dp_run)))  # float32: nothing hidden
+
+
+def test_a_loss_that_parts_after_a_matching_step_names_the_optimizer(cluster2):
+    """Gradients recorded (not parameters); rank 1's learning rate is 2x: everything matched at step 0, so the
+    step between is named beside the data."""
+    text = str(ppkit.compare_runs(one_process(), cluster2.run(dp_run, lr_rank1=2.0)))
+    assert "everything this rank recorded at step 0 matched" in text and "learning rate" in text, text
+
+
+def test_a_late_1_5x_bug_under_bf16_is_not_called_2x(cluster2):
+    """At step 5 bf16's tolerance is 0.38 of a tensor's largest value: 1.5 is not 2 within it."""
+    text = str(ppkit.compare_runs(one_process(steps=6), cluster2.run(dp_run, amp=True, late=(5, 1.5))))
+    assert "2x the reference" not in text, text
