@@ -113,6 +113,34 @@ def test_a_rank_without_a_record_is_said_to_have_none_not_to_have_not_reached_it
             "not known") in text, text
 
 
+def test_the_learners_own_error_with_glooss_words_is_not_a_failed_collective(kc):
+    """Rank 0's own OSError (a download failing) says "Connection closed by peer": #1 still completed on both
+    ranks, and rank 0 raised before #2. The stack where rank 1 waits shows no ppkit frame (the recorder's wrapper
+    of Work.wait)."""
+    text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\nif i == 0:\n"
+                       "    raise OSError('downloading shard 3: Connection closed by peer')\ndist.all_reduce(t)",
+                   timeout=30)
+    assert "raised OSError: downloading shard 3" in text, text
+    assert "every rank that answered completed collective #1" in text, text
+    assert "collective #2 is not reached by every rank" in text, text
+    assert "rank 0 has not reached it: it raised OSError" in text, text
+    assert "ppkit/" not in text, text  # flight_calls.py's wait, in rank 1's stack
+
+
+def test_on_demand_after_a_later_run_succeeded_the_doctor_does_not_call_the_failed_one_the_last(kc):
+    cell = run_cell(kc, "def bad(i, n):\n    join(i, n)\n    if i == 0:\n        raise ValueError('bad run')\n"
+                        "    dist.all_reduce(torch.ones(4))\nspawn(bad, 2, 30)\n"
+                        "print('after the failed run:', ppkit.collective_doctor())\n"
+                        "def good(i, n):\n    join(i, n)\n    dist.all_reduce(torch.ones(4))\nspawn(good, 2, 30)\n"
+                        "d = ppkit.collective_doctor()\nprint('problem', d.problem)\nprint(d)")
+    assert cell.error is None, cell.text
+    failed, good = cell.text.split("problem ")
+    assert good.startswith("False"), cell.text
+    assert "the last ppkit.spawn run ended without error" in good, cell.text
+    assert "collective #" not in good and "every collective" not in good, cell.text
+    assert "(the records of the last ppkit.spawn run, which failed; read as it ended, not now)" in failed, cell.text
+
+
 def test_the_learners_line_is_shown_as_ipython_names_the_cell(kc):
     text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\n"
                        "dist.all_reduce(t) if i == 0 else dist.broadcast(t, src=0)")
@@ -192,6 +220,24 @@ def test_a_ranks_error_is_shown_once_without_ppkits_frames(kc):
     assert "ppkit/" not in ANSI.sub("", cell.traceback), shown
 
 
+@pytest.mark.parametrize("raised", [
+    "def load():\n    try:\n        int('x')\n    except ValueError as e:\n"
+    "        raise RuntimeError('chained-boom') from e\nif r == 1:\n    load()\n",
+    "if r == 1:\n    raise ExceptionGroup('group-boom', [ValueError('sub-a'), TypeError('sub-b')])\n"],
+    ids=["chained_cause", "exception_group"])
+def test_a_ranks_chained_or_grouped_error_keeps_its_cause_and_members_and_no_ppkit_frame(kc, raised):
+    cell = run_cell(kc, "%%torchrun --nproc-per-node 2\nimport os\nr = int(os.environ['RANK'])\n" + raised)
+    assert cell.error is not None and cell.error[0] == "ProcessRaisedError", cell.text
+    shown = cell.text + ANSI.sub("", cell.traceback)
+    assert "ppkit/" not in shown, shown
+    if "chained" in raised:
+        assert "ValueError: invalid literal for int() with base 10: 'x'" in shown, shown  # the cause
+        assert "The above exception was the direct cause of the following exception:" in shown, shown
+        assert "RuntimeError: chained-boom" in shown, shown
+    else:
+        assert "| ValueError: sub-a" in shown and "| TypeError: sub-b" in shown, shown  # the group's members
+
+
 @pytest.mark.parametrize("order", ["alone", "with_work"])
 def test_ranks_get_pythons_sigint_handler_whenever_load_ext_started_the_fork_server(tmp_path, order):
     """``alone``: %load_ext ppkit alone in its cell, the fork server starting after the cell ended, when
@@ -237,7 +283,7 @@ print(asked)
     assert "records [0, 1]" in cell.text, cell.text
     assert "doctor 2 the op differs" in cell.text, cell.text
     assert "on demand [0, 1] 2" in cell.text, cell.text
-    assert "(the records of the last %%torchrun run, read as it ended, not now)" in cell.text
+    assert "(the records of the last %%torchrun run, which failed; read as it ended, not now)" in cell.text
     fr = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path)],
                         capture_output=True, text=True, timeout=120)
     said = fr.stdout + fr.stderr
@@ -254,10 +300,19 @@ def test_which_rank_errors_are_failed_collectives():
     from ppkit.transport.messages import ErrorInfo
 
     ddp = ErrorInfo("RuntimeError", "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by "
-                    "peer [127.0.0.1]:16275.", 'File ".../torch/autograd/graph.py", line 829, in _engine_run_backward')
+                    "peer [127.0.0.1]:16275.", '  File "train.py", line 9, in <module>\n'
+                    '  File ".../torch/autograd/graph.py", line 829, in _engine_run_backward')
     assert failed_in_a_collective(ddp)
     assert failed_in_a_collective(ErrorInfo("DistBackendError", "NCCL error", 'File "train.py", line 3'))
     assert failed_in_a_collective(ErrorInfo("RuntimeError", "x", 'File ".../torch/distributed/distributed_c10d.py"'))
+    waited = ErrorInfo("RuntimeError", "[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out", (
+        '  File ".../torch/distributed/distributed_c10d.py", line 3913, in all_reduce\n'
+        '  File ".../ppkit/transport/flight_calls.py", line 115, in wait'))  # the recorder's wrapper of Work.wait
+    assert failed_in_a_collective(waited)
+    # the learner's own errors with gloo's words, raised in the learner's code, are not (a download failing)
+    own = 'Traceback (most recent call last):\n  File "/tmp/ipykernel_1/398.py", line 5, in case\n'
+    assert not failed_in_a_collective(ErrorInfo("OSError", "downloading shard 3: Connection closed by peer", own))
+    assert not failed_in_a_collective(ErrorInfo("RuntimeError", "fetch: gloo/transport/ said no", own))
     assert not failed_in_a_collective(ErrorInfo("DistStoreError", "Connection reset by peer", 'File "train.py"'))
     assert not failed_in_a_collective(ErrorInfo("ValueError", "no", 'File "train.py", line 3'))
 

@@ -136,7 +136,7 @@ def explain(diagnosis) -> str:
         lines.append(f"  rank(s) {diagnosis.unanswered} sent no record (stopped, or gone).")
     if diagnosis.off:
         lines.append(f"  rank(s) {diagnosis.off} record nothing: TORCH_FR_BUFFER_SIZE=0 turned the recorder off.")
-    if len(lines) == 1 + bool(diagnosis.source):
+    if len(lines) == 1 + bool(diagnosis.source) and (diagnosis.records or not diagnosis.source):  # source: why none
         lines.append("  every collective each rank started has completed on every rank that answered.")
     return "\n".join(lines) + "\n"
 

@@ -23,11 +23,12 @@ from ppkit.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from ppkit.transport import byvalue, interpreter_exit
+from ppkit.transport import byvalue, interpreter_exit, shown_traceback
 
 STOPPED = "Every process of this call has been stopped. The next ppkit.spawn starts fresh ones."
-# the frames of ppkit's own that run the learner's code in a process: a traceback starts after them
-OWN_FRAMES = (", in _call_rank", ", in run_as_rank", ", in _run_target", ", in _run_code")  # _run_code: runpy's, -m
+# the frames of ppkit's own that run the learner's code in a process: a stack starts after them (the ranks trim
+# their tracebacks and stacks so already: transport/shown_traceback.py)
+OWN_FRAMES = tuple(f", in {name}" for name in shown_traceback.RUNNERS)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,12 @@ class Call:
                 _keep_recorded(error, exc, self.cluster.world_size, offsets)
             raise error from None
         finally:
-            progress.job_ended(self.caller.name, self.cluster.world_size, sys.exc_info()[1])  # its error, or None
+            ended = sys.exc_info()[1]
+            progress.job_ended(self.caller.name, self.cluster.world_size, ended)  # its error, or None
+            if ended is None:  # collective_doctor() then says so, not what an earlier failed run's doctor read
+                on_demand.succeeded(self.caller.name)
+            elif not failed:  # interrupted or refused before its ranks ran to an end
+                on_demand.remember(None, self.caller.name)
             if failed:  # as torchrun's agent stops them: SIGTERM, then SIGKILL; one that raised may stay (parked.py)
                 self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug." if kept
                                               else f"{self.caller.name} stopped its processes after a failure.")
