@@ -159,6 +159,22 @@ def test_the_learners_line_is_shown_under_torchrun(kc):
                      text), text
 
 
+def test_a_rank_killed_by_a_signal_is_said_to_have_no_record_and_the_others_call_not_to_have_completed(kc):
+    """3 ranks under %%torchrun; rank 1 dies by SIGSEGV after #1 while ranks 0 and 2 call #2. gloo retires their
+    failed #2 as if it completed: only their errors say it did not."""
+    cell = run_cell(kc, "%%torchrun --nproc-per-node 3 --timeout 40\n"
+                        "import os, signal, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                        "t = torch.ones(4); dist.all_reduce(t)\n"
+                        "if dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGSEGV)\ndist.all_reduce(t)\n")
+    text = cell.text + str(cell.error)
+    assert cell.error is not None and cell.error[0] == "ProcessExitedError", text
+    assert "every collective each rank started has completed" not in text, text
+    assert "every rank that answered completed collective #1" in text, text
+    assert "collective #2 has not completed on every rank" in text, text
+    assert ("rank 1: no record: it was killed by signal SIGSEGV; whether it called collective #2 is not known"
+            in text), text
+
+
 def test_on_demand_a_rank_whose_job_raised_is_said_to_have_raised(kc):
     assert run_cell(kc, "cluster = ppkit.start(2)").error is None
     cell = run_cell(kc, "%%ranks --timeout 20\nt = torch.ones(4)\nif rank == 0:\n    raise ValueError('no')\n"
@@ -197,6 +213,40 @@ def test_kernel_interrupt_runs_the_doctor(kernel):
     assert "collective #1 does not match: the op differs" in cell.text, cell.text
     assert "rank 0: all_reduce #1 of [4] Float" in cell.text and "rank 1: broadcast #1 of [4] Float" in cell.text
     assert run_cell(kc, "cluster.close()").error is None
+
+
+def test_kernel_interrupt_runs_a_torchrun_ranks_keyboardinterrupt_handler(kernel, tmp_path):
+    """As torchrun passes Ctrl-C on (SIGINT to each worker): each rank's ``except KeyboardInterrupt:`` saves its
+    checkpoint and exits. Interrupted once every rank is in its loop."""
+    km, kc = kernel
+    folder = str(tmp_path)
+
+    def interrupt_when_looping():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all((tmp_path / f"looping_{r}").exists() for r in (0, 1)):
+            time.sleep(0.1)
+        time.sleep(0.5)
+        km.interrupt_kernel()
+
+    watcher = threading.Thread(target=interrupt_when_looping, daemon=True)
+    watcher.start()
+    cell = run_cell(kc, f"""%%torchrun --nproc-per-node 2 --timeout 120
+import os, time, torch.distributed as dist
+dist.init_process_group('gloo')
+r = dist.get_rank()
+open(os.path.join({folder!r}, f'looping_{{r}}'), 'w').close()
+try:
+    for step in range(1000):
+        time.sleep(0.2)
+except KeyboardInterrupt:
+    open(os.path.join({folder!r}, f'ckpt_{{r}}.txt'), 'w').write(f'saved at {{step}}')
+    print('saved', r, flush=True)
+    raise SystemExit(0)
+""")
+    watcher.join(5)
+    assert cell.error is not None and cell.error[0] == "JobInterrupted", cell.text
+    assert sorted(p.name for p in tmp_path.glob("ckpt_*.txt")) == ["ckpt_0.txt", "ckpt_1.txt"], cell.text
+    assert (tmp_path / "ckpt_1.txt").read_text().startswith("saved at "), cell.text
 
 
 def test_glooss_own_explanation_reaches_the_learner_every_time(kc):

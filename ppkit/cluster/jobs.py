@@ -12,6 +12,8 @@ from __future__ import annotations
 import linecache
 import math
 import os
+import signal
+import socket
 import time
 
 from ppkit.cluster import diagnostics, hang_doctor
@@ -28,6 +30,7 @@ from ppkit.transport.sending import Broadcast
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
 SEND_S = 60.0  # a run without a time limit still gives up sending its job after this long
 CANCEL_WAIT_S = 2.0  # after Kernel > Interrupt, how long the ranks get to stop
+INTERRUPT_GRACE_S = 3.0  # a last job's ranks after their SIGINT: time for a learner's `except KeyboardInterrupt:`
 
 
 def new_cell_sources(sent: set[str]) -> tuple[CellSource, ...]:
@@ -79,6 +82,7 @@ class Job:
         self.records: dict[int, dict] = {}  # rank -> its flight record's last words, as it aborted (hang_doctor/)
         self.diagnosis: hang_doctor.Diagnosis | None = None  # the doctor's last reading, put on the job's error
         self.exited: set[int] = set()  # ranks whose process exited with status 0 without answering (os._exit(0))
+        self.last, self.watch, self._workers = False, None, {}  # run() sets them
 
     def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float | None, workers: dict,
             last: bool = False, watch: HangWatch | None = None) -> list:
@@ -87,7 +91,7 @@ class Job:
         ``timeout`` None: no limit. ``watch`` (a HangWatch) says once where the ranks wait if they seem hung.
         ``last``: each rank's process ends with the job, so a rank whose process exits with status
         0 before it answers (``os._exit(0)``) has succeeded, returning None."""
-        self.last, self.watch = last, watch
+        self.last, self.watch, self._workers = last, watch, workers
         deadline = time.monotonic() + (math.inf if timeout is None else timeout)
         self._deliver(Run(self.job_id, payload, sources, last), timeout or SEND_S,
                       min(deadline, time.monotonic() + SEND_S) if timeout is None else deadline)
@@ -178,6 +182,7 @@ class Job:
             elif isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
+                self._hear_the_others(rank)
                 self._print_diagnosis({rank: self._launcher.describe_exit(rank)})
                 self._printer.flush()
                 self._on_break(f"rank {rank} died.")
@@ -195,6 +200,14 @@ class Job:
             grace_ends = grace_ends and grace_ends + pause
             if self.debug.ended:
                 self._stop_debugging(self.debug.ended)
+
+    def _hear_the_others(self, dead: int) -> None:
+        """A rank died: the others' answers for ``ERROR_GRACE_S`` at most. Those blocked in a collective with it
+        fail at once (gloo: "Connection closed by peer"), and gloo retires a failed call as if it completed: only
+        their errors tell the doctor that the call did not complete."""
+        deadline = time.monotonic() + ERROR_GRACE_S
+        while [r for r in self.waiting() if r != dead] and (item := self._inbox.next(deadline)):
+            self._take(item)
 
     def _exited_cleanly(self, rank: int) -> bool:
         """A last job's rank whose process ended with status 0 without answering (``os._exit(0)``)."""
@@ -268,6 +281,8 @@ class Job:
         try:
             stacks = self._stacks(self.waiting())
             self._print_diagnosis()  # before the cancel: the ranks still wait where the learner saw them hang
+            if self.last:  # processes of ppkit.spawn or %%torchrun: Ctrl-C as torchrun passes it on
+                self._interrupt(self.waiting())
             for rank in self.waiting():
                 self._send(rank, Cancel(self.job_id))
             deadline = time.monotonic() + CANCEL_WAIT_S
@@ -281,6 +296,25 @@ class Job:
         if stuck:
             self._on_break(f"rank(s) {stuck} did not stop when the job was interrupted.")
         raise self._with_records(diagnostics.interrupted(stuck, stacks))
+
+    def _interrupt(self, ranks: list[int]) -> None:
+        """SIGINT to each rank's process on this machine, as torchrun's agent sends it on Ctrl-C: Python's handler
+        raises KeyboardInterrupt in the rank's main thread, so its ``except KeyboardInterrupt:`` runs (save a
+        checkpoint, then exit). Its answer is awaited for ``INTERRUPT_GRACE_S``; a rank blocked outside Python
+        (in a collective) runs no handler until it returns, and the cancel that follows is the fallback."""
+        here = socket.gethostname()
+        sent = []
+        for rank in ranks:
+            worker = self._workers.get(rank, {})
+            if worker.get("pid") and worker.get("host") in (here, None):
+                try:
+                    os.kill(worker["pid"], signal.SIGINT)
+                    sent.append(rank)
+                except OSError:  # gone already
+                    pass
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        while set(sent) & set(self.waiting()) and (item := self._inbox.next(deadline)):
+            self._take(item)
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
         return diagnostics.ask_stacks(self._send, self._inbox, ranks, rendezvous=self.rendezvous)
