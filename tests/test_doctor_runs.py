@@ -212,7 +212,32 @@ def test_kernel_interrupt_runs_the_doctor(kernel):
     assert "possibly hung" not in cell.text, cell.text
     assert "collective #1 does not match: the op differs" in cell.text, cell.text
     assert "rank 0: all_reduce #1 of [4] Float" in cell.text and "rank 1: broadcast #1 of [4] Float" in cell.text
+    shown = ANSI.sub("", cell.traceback)
+    assert "During handling of the above exception" not in shown, shown  # JobInterrupted alone
+    assert "ppkit/" not in shown, shown  # nor ppkit's frames in where each rank waits
     assert run_cell(kc, "cluster.close()").error is None
+
+
+def test_kernel_interrupt_while_torchruns_ranks_start_says_so_and_the_next_run_works(kernel):
+    """The processes' start is held back here (as on a loaded machine) so that the interrupt lands in it."""
+    km, kc = kernel
+    slow = run_cell(kc, "from ppkit.cluster.spawn import call as spawn_call\nstart = spawn_call._start\n"
+                        "spawn_call._start = lambda key: (time.sleep(60), start(key))[1]")
+    assert slow.error is None, slow.text
+    timer = threading.Timer(4.0, km.interrupt_kernel)
+    timer.start()
+    source = "%%torchrun --nproc-per-node 3 --timeout 30\nprint('ran')\n"  # 3: not the kept 2-process server
+    try:
+        cell = run_cell(kc, source)
+    finally:
+        timer.cancel()
+        run_cell(kc, "spawn_call._start = start")
+    assert cell.error is not None and cell.error[0] == "JobInterrupted", cell.text
+    assert "were starting: none of them ran" in cell.error[1], cell.error
+    shown = ANSI.sub("", cell.traceback)
+    assert "During handling of the above exception" not in shown and "ppkit/" not in shown, shown
+    again = run_cell(kc, source)
+    assert again.error is None and again.text.count("ran") == 3 or "[ranks 0-2] ran" in again.text, again.text
 
 
 def test_kernel_interrupt_runs_a_torchrun_ranks_keyboardinterrupt_handler(kernel, tmp_path):

@@ -95,9 +95,12 @@ class Job:
         deadline = time.monotonic() + (math.inf if timeout is None else timeout)
         self._deliver(Run(self.job_id, payload, sources, last), timeout or SEND_S,
                       min(deadline, time.monotonic() + SEND_S) if timeout is None else deadline)
+        interrupted = False
         try:
             self._collect(deadline, timeout, workers)
         except KeyboardInterrupt:
+            interrupted = True  # handled after this block: the cell shows JobInterrupted, not it and its frames
+        if interrupted:
             if self.debug.active is None:
                 self._cancel()
             self._stop_debugging(Ended(self.debug.active, "interrupted", ""))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import traceback
 
 # the frames of ppkit's own that run the learner's code in a process: a stack starts after the last of them
-RUNNERS = ("_call_rank", "run_as_rank", "_run_target", "_run_code")  # _run_code: runpy's, for -m
+# (the worker's job loop, a %%ranks cell's exec, ppkit.spawn's and %%torchrun's call; _run_code: runpy's, for -m)
+RUNNERS = ("_run_job", "exec_cell", "_call_rank", "run_as_rank", "_run_target", "_run_code")
 # the recorder's wrapper of Work.wait (flight_calls.py): in every stack that waits in a collective
 WRAPPERS = ("ppkit/transport/flight_calls.py",)
 

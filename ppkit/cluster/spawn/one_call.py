@@ -67,11 +67,24 @@ class Call:
                 on_demand.succeeded(self.caller.name)
             elif not failed:  # interrupted or refused before its ranks ran to an end
                 on_demand.remember(None, self.caller.name)
-            if failed:  # as torchrun's agent stops them: SIGTERM, then SIGKILL; one that raised may stay (parked.py)
-                self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug." if kept
-                                              else f"{self.caller.name} stopped its processes after a failure.")
-            if not kept:
-                self.cluster.stop_workers(f"{self.caller.name} stops its processes when a call ends.")
+            cut_short = False
+            try:
+                self._stop(failed, kept)
+            except KeyboardInterrupt:  # a stop is idempotent: finish what the interrupt cut short
+                self._stop(failed, kept)
+                cut_short = ended is None
+            if cut_short:  # outside the handler: the cell shows this, not the KeyboardInterrupt and ppkit's frames
+                raise JobInterrupted(
+                    f"interrupted while {self.caller.name} stopped its {self.caller.units}, after {self.caller.work} "
+                    f"had returned on every one of them: the run ended without error, and every "
+                    f"{self.caller.unit} has been stopped. The next {self.caller.name} starts fresh ones.")
+
+    def _stop(self, failed: bool, kept: tuple[int, ...]) -> None:
+        if failed:  # as torchrun's agent stops them: SIGTERM, then SIGKILL; one that raised may stay (parked.py)
+            self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug." if kept
+                                          else f"{self.caller.name} stopped its processes after a failure.")
+        if not kept:
+            self.cluster.stop_workers(f"{self.caller.name} stops its processes when a call ends.")
 
 
 def _to_keep(exc: BaseException) -> tuple[int, ...]:
