@@ -198,20 +198,24 @@ def test_ranks_has_a_hang_watch(kc):
 
 
 def test_kernel_interrupt_runs_the_doctor(kernel):
+    """Interrupted twice: the second, while the doctor reads (held back 4 s here), does not cut its reading."""
     km, kc = kernel
-    assert run_cell(kc, "os.environ['PPKIT_HANG_S'] = '0'\ncluster = ppkit.start(2)").error is None
-    timer = threading.Timer(8.0, km.interrupt_kernel)
-    timer.start()
+    assert run_cell(kc, "os.environ['PPKIT_HANG_S'] = '0'\ncluster = ppkit.start(2)\n"
+                        "from ppkit.cluster import jobs\nask = jobs.hang_doctor.ask_records\n"
+                        "jobs.hang_doctor.ask_records = lambda *a, **k: (time.sleep(4), ask(*a, **k))[1]").error is None
+    timers = [threading.Timer(8.0, km.interrupt_kernel), threading.Timer(10.0, km.interrupt_kernel)]
+    [timer.start() for timer in timers]
     try:
         cell = run_cell(kc, "%%ranks --timeout 60\nt = torch.ones(4)\n"
                             "dist.all_reduce(t) if rank == 0 else dist.broadcast(t, src=0)\n")
     finally:
-        timer.cancel()
-        run_cell(kc, "os.environ['PPKIT_HANG_S'] = '2'")
+        [timer.cancel() for timer in timers]
+        run_cell(kc, "os.environ['PPKIT_HANG_S'] = '2'\njobs.hang_doctor.ask_records = ask")
     assert cell.error is not None and cell.error[0] == "JobInterrupted", cell.text
     assert "possibly hung" not in cell.text, cell.text
     assert "collective #1 does not match: the op differs" in cell.text, cell.text
     assert "rank 0: all_reduce #1 of [4] Float" in cell.text and "rank 1: broadcast #1 of [4] Float" in cell.text
+    assert "interrupted again: the collective doctor reads the ranks' records first" in cell.text, cell.text
     shown = ANSI.sub("", cell.traceback)
     assert "During handling of the above exception" not in shown, shown  # JobInterrupted alone
     assert "ppkit/" not in shown, shown  # nor ppkit's frames in where each rank waits

@@ -283,7 +283,12 @@ class Job:
         stacks = {}
         try:
             stacks = self._stacks(self.waiting())
-            self._print_diagnosis()  # before the cancel: the ranks still wait where the learner saw them hang
+            try:
+                self._print_diagnosis()  # before the cancel: the ranks still wait where the learner saw them hang
+            except KeyboardInterrupt:  # a second one: the reading is bounded (gather.WAIT_S), finish it; a third stops
+                print("[ppkit] interrupted again: the collective doctor reads the ranks' records first (a few "
+                      "seconds), then the job is stopped.", flush=True)
+                self._print_diagnosis()
             if self.last:  # processes of ppkit.spawn or %%torchrun: Ctrl-C as torchrun passes it on
                 self._interrupt(self.waiting())
             for rank in self.waiting():
