@@ -23,7 +23,7 @@ from ppkit.cluster.hang_doctor.analysis import KINDS
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 START = """
-import os, time, signal, threading
+import os, sys, time, signal, threading
 import torch, torch.distributed as dist
 import ppkit
 from ppkit.lessons.data_parallel import free_port
@@ -96,6 +96,13 @@ def test_a_rank_that_leaves_through_os_exit_sends_its_record_and_is_said_to_have
                    timeout=30)
     assert "collective #2 is not reached by every rank" in text, text  # its record: it completed #1 only
     assert "rank 1 has not reached it: its process exited with status 0 before its job returned" in text, text
+
+
+def test_a_rank_that_leaves_through_sys_exit_0_is_said_to_have_done_so(kc):
+    text = spawned(kc, "t = torch.ones(4)\ndist.all_reduce(t)\nif i == 1:\n    sys.exit(0)\ndist.all_reduce(t)",
+                   n=3, timeout=30)
+    assert "collective #2 is not reached by every rank" in text, text
+    assert "rank 1 has not reached it: it exited through sys.exit (status 0) and its process ended" in text, text
 
 
 def test_a_rank_without_a_record_is_said_to_have_none_not_to_have_not_reached_it():
@@ -194,6 +201,8 @@ def test_ranks_has_a_hang_watch(kc):
     assert cell.error is not None and cell.error[0] == "JobTimeoutError", cell.text
     assert "possibly hung" in cell.text, cell.text
     assert cell.text.index("possibly hung") < cell.text.index("collective #1 does not match"), cell.text
+    assert cell.text.count("collective #1 does not match") == 1, cell.text  # the timeout's reading is the same
+    assert "the records read as they did when the hang watch showed them above" in cell.text, cell.text
     assert run_cell(kc, "cluster.close()").error is None
 
 
@@ -371,6 +380,27 @@ print(asked)
     assert verdict, said
     doctor = re.search(r"doctor (\d+) (.+)", cell.text)
     assert verdict[1] == doctor[1] and KINDS[verdict[2]] == doctor[2], (said, cell.text)  # the same seq, the same kind
+
+
+def test_the_dump_files_name_the_learners_line_as_torchs_frames():
+    from ppkit.cluster.hang_doctor.fr_dumps import dump
+
+    call = {"group": "0", "desc": "default_pg", "seq": 1, "p2p_seq": 0, "is_p2p": False, "op": "all_reduce",
+            "profiling_name": "gloo:all_reduce", "input_sizes": [[4]], "output_sizes": [[4]], "input_dtypes": ["Float"],
+            "output_dtypes": ["Float"], "state": "completed", "done": True, "time_created_ns": 1,
+            "at": {"file": "<%%torchrun cell 3>", "line": 4, "func": "<module>", "code": "dist.all_reduce(t)"}}
+    entry = dump(0, {"calls": [call], "groups": {"0": {"desc": "default_pg", "ranks": [0, 1]}}}, 2)["entries"][0]
+    assert entry["frames"] == [{"name": "<module>", "filename": "<%%torchrun cell 3>", "line": 4}], entry
+
+
+def test_an_interrupted_torchrun_names_its_blocked_ranks_as_ranks():
+    from ppkit.cluster.spawn import explain
+    from ppkit.cluster.torchrun.launch import CELL_MAGIC
+    from ppkit.errors import JobInterrupted
+
+    text = str(explain.interrupted(JobInterrupted("", [1], {1: '  File "<%%torchrun cell 2>", line 3\n'}), CELL_MAGIC))
+    assert "(rank(s) [1] were blocked outside Python" in text and "Where each rank was:" in text, text
+    assert "process" not in text.replace("Every process of this call", ""), text
 
 
 def test_which_rank_errors_are_failed_collectives():

@@ -83,6 +83,7 @@ class Job:
         self.diagnosis: hang_doctor.Diagnosis | None = None  # the doctor's last reading, put on the job's error
         self.exited: set[int] = set()  # ranks whose process exited with status 0 without answering (os._exit(0))
         self.last, self.watch, self._workers = False, None, {}  # run() sets them
+        self._shown = ""  # the doctor's reading as the hang watch printed it
 
     def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float | None, workers: dict,
             last: bool = False, watch: HangWatch | None = None) -> list:
@@ -224,6 +225,8 @@ class Job:
         stacks = self._stacks(self.waiting())
         diagnosis = self._diagnosis()
         message = self.watch.look(stacks, diagnosis.records, diagnosis if diagnosis.problem else None)
+        if message and diagnosis.problem:
+            self._shown = str(diagnosis)  # a timeout or interrupt that reads the same does not print it again
         if message:
             self._printer.flush()  # every rank has been silent for the watch's time: a half line is whole
             print(message, end="", flush=True)
@@ -260,7 +263,9 @@ class Job:
         diagnosis = self.diagnosis = self._diagnosis(ended)
         if diagnosis.problem:
             self._printer.flush()
-            print(diagnosis, end="", flush=True)
+            same = str(diagnosis) == self._shown
+            print("[ppkit] collective doctor: the records read as they did when the hang watch showed them above.\n"
+                  if same else diagnosis, end="", flush=True)
 
     def _with_records(self, error):
         error.diagnosis = self.diagnosis

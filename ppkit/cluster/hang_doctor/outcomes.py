@@ -29,6 +29,15 @@ def failed_in_a_collective(error) -> bool:
             or error.type == "RuntimeError" and "/torch/" in raised_in and bool(GLOO_SAYS.match(error.message)))
 
 
+SYS_EXIT = "ppkit: fn ended through sys.exit with status 0"  # what a rank's last job returns then (one_call.py)
+
+
+def _exited(result) -> bool:
+    from ppkit.transport import byvalue
+
+    return result.value == byvalue.dumps(SYS_EXIT)
+
+
 def of_results(results: dict, last: bool, finished: str = "it finished its job", raised: str = "it raised"
                ) -> tuple[dict[int, str], set[int]]:
     """``results``: rank -> its Result (or Cancelled) of one job. How each rank that answered ended, and the
@@ -38,7 +47,8 @@ def of_results(results: dict, last: bool, finished: str = "it finished its job",
         if not hasattr(result, "ok"):  # Cancelled: no outcome of its own
             continue
         if result.ok:
-            ended[rank] = finished + (" and its process ended" if last else "")
+            how = "it exited through sys.exit (status 0)" if last and _exited(result) else finished
+            ended[rank] = how + (" and its process ended" if last else "")
         else:
             ended[rank] = f"{raised} {result.value.type}"
             if failed_in_a_collective(result.value):

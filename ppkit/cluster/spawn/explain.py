@@ -197,8 +197,8 @@ def timed_out(exc: JobTimeoutError, timeout: float, caller: Caller = SPAWN) -> J
 def interrupted(exc: JobInterrupted, caller: Caller = SPAWN) -> JobInterrupted:
     exiting = _exiting(exc.stacks)
     blocked = [r for r in exc.ranks if r not in exiting]
-    stuck = f" (process(es) {blocked} were blocked outside Python, e.g. in a collective)" if blocked else ""
-    where = (" Where each process was:\n" + _stacks(exc.stacks)) if exc.stacks else ""
+    stuck = f" ({caller.some} {blocked} were blocked outside Python, e.g. in a collective)" if blocked else ""
+    where = (f" Where each {caller.unit} was:\n" + _stacks(exc.stacks)) if exc.stacks else ""
     return JobInterrupted(f"interrupted{stuck}.{_exit_waits(exiting, caller)} {caller.stopped}{where}", exc.ranks,
                           exc.stacks)
 

@@ -14,7 +14,7 @@ from ppkit.checks import positive
 from ppkit.cluster import hang_watch
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.debug import parked
-from ppkit.cluster.hang_doctor import on_demand
+from ppkit.cluster.hang_doctor import on_demand, outcomes
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.rpc import pickler as rpc_pickle
 from ppkit.cluster.spawn import explain
@@ -145,6 +145,8 @@ def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple, prof
     except SystemExit as exc:  # sys.exit(0) ends a process of mp.spawn successfully
         if exc.code not in (None, 0):
             raise
+        return outcomes.SYS_EXIT  # the doctor then says so, not "it finished its job"
+    return None
 
 
 def time_limit(timeout) -> float | None:
