@@ -154,6 +154,8 @@ def test_the_learners_line_is_shown_as_ipython_names_the_cell(kc):
     assert "does not match: the op differs" in text, text
     assert re.search(r"called at Cell In\[\d+\], line 5: dist.all_reduce\(t\) if i == 0", text), text
     assert not re.search(r"called at [^,]*ipykernel_", text), text  # not the kernel's temporary file
+    assert "ipykernel_" not in text, text  # nor in the ranks' stacks
+    assert re.search(r"^  Cell In\[\d+\], line 5, in case$", text, re.MULTILINE), text
 
 
 def test_the_learners_line_is_shown_under_torchrun(kc):

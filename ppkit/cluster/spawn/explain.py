@@ -9,6 +9,7 @@ that every process of the call is already gone.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from dataclasses import dataclass
 
@@ -90,7 +91,25 @@ def _translated(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: 
 
 def from_fn(text: str) -> str:
     """A stack or traceback from the call of ``fn`` on: the frames of the worker that ran it (its
-    job loop, ``_call_rank``) say nothing to a learner who called mp.spawn."""
+    job loop, ``_call_rank``) say nothing to a learner who called mp.spawn. A notebook cell's frame is
+    named as IPython and the collective doctor name it (``Cell In[4], line 5``), not by the kernel's file."""
+    return _cells_named(_after_runners(text))
+
+
+_FRAME = re.compile(r'^([ |]*)File "([^"]+)", line (\d+)', re.MULTILINE)
+
+
+def _cells_named(text: str) -> str:
+    from ppkit.cluster.hang_doctor.report import place
+
+    def named(match: re.Match) -> str:
+        cell = place(match[2])
+        return f"{match[1]}{cell}, line {match[3]}" if cell.startswith("Cell In[") else match[0]
+
+    return _FRAME.sub(named, text)
+
+
+def _after_runners(text: str) -> str:
     lines = text.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.startswith("  File ")]
     ours = [i for i in starts if lines[i].rstrip().endswith(OWN_FRAMES)]
