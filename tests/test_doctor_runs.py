@@ -349,7 +349,8 @@ def test_ranks_get_pythons_sigint_handler_whenever_load_ext_started_the_fork_ser
         assert "[ranks 0-1] sigint True" in cell.text or cell.text.count("sigint True") == 2, cell.text
 
 
-def test_a_torchrun_runs_records_are_on_its_error_and_fr_trace_reads_them_as_the_doctor_does(kc, tmp_path):
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_a_torchrun_runs_records_are_on_its_error_and_fr_trace_reads_them_as_the_doctor_does(kc, tmp_path, nproc):
     cell = run_cell(kc, f"""
 src = '''import torch, torch.distributed as dist
 dist.init_process_group('gloo')
@@ -358,7 +359,7 @@ dist.all_reduce(t)
 dist.all_reduce(t) if dist.get_rank() == 0 else dist.broadcast(t, src=0)
 '''
 try:
-    get_ipython().run_cell_magic('torchrun', '--nproc-per-node 2 --timeout 9', src)
+    get_ipython().run_cell_magic('torchrun', '--nproc-per-node {nproc} --timeout 9', src)
 except ppkit.JobTimeoutError as exc:
     error = exc
 print('records', sorted(error.flight_records))
@@ -370,9 +371,9 @@ print('on demand', sorted(asked.records), asked.mismatched[0].seq)
 print(asked)
 """)
     assert cell.error is None, cell.text
-    assert "records [0, 1]" in cell.text, cell.text
+    assert f"records {list(range(nproc))}" in cell.text, cell.text
     assert "doctor 2 the op differs" in cell.text, cell.text
-    assert "on demand [0, 1] 2" in cell.text, cell.text
+    assert f"on demand {list(range(nproc))} 2" in cell.text, cell.text
     assert "(the records of the last %%torchrun run, which failed; read as it ended, not now)" in cell.text
     fr = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path)],
                         capture_output=True, text=True, timeout=120)
