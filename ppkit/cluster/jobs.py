@@ -12,6 +12,8 @@ from __future__ import annotations
 import linecache
 import math
 import os
+import signal
+import socket
 import time
 
 from ppkit.cluster import diagnostics, hang_doctor
@@ -28,6 +30,7 @@ from ppkit.transport.sending import Broadcast
 ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
 SEND_S = 60.0  # a run without a time limit still gives up sending its job after this long
 CANCEL_WAIT_S = 2.0  # after Kernel > Interrupt, how long the ranks get to stop
+INTERRUPT_GRACE_S = 3.0  # a last job's ranks after their SIGINT: time for a learner's `except KeyboardInterrupt:`
 
 
 def new_cell_sources(sent: set[str]) -> tuple[CellSource, ...]:
@@ -79,6 +82,8 @@ class Job:
         self.records: dict[int, dict] = {}  # rank -> its flight record's last words, as it aborted (hang_doctor/)
         self.diagnosis: hang_doctor.Diagnosis | None = None  # the doctor's last reading, put on the job's error
         self.exited: set[int] = set()  # ranks whose process exited with status 0 without answering (os._exit(0))
+        self.last, self.watch, self._workers = False, None, {}  # run() sets them
+        self._shown = ""  # the doctor's reading as the hang watch printed it
 
     def run(self, payload: bytes, sources: tuple[CellSource, ...], timeout: float | None, workers: dict,
             last: bool = False, watch: HangWatch | None = None) -> list:
@@ -87,13 +92,16 @@ class Job:
         ``timeout`` None: no limit. ``watch`` (a HangWatch) says once where the ranks wait if they seem hung.
         ``last``: each rank's process ends with the job, so a rank whose process exits with status
         0 before it answers (``os._exit(0)``) has succeeded, returning None."""
-        self.last, self.watch = last, watch
+        self.last, self.watch, self._workers = last, watch, workers
         deadline = time.monotonic() + (math.inf if timeout is None else timeout)
         self._deliver(Run(self.job_id, payload, sources, last), timeout or SEND_S,
                       min(deadline, time.monotonic() + SEND_S) if timeout is None else deadline)
+        interrupted = False
         try:
             self._collect(deadline, timeout, workers)
         except KeyboardInterrupt:
+            interrupted = True  # handled after this block: the cell shows JobInterrupted, not it and its frames
+        if interrupted:
             if self.debug.active is None:
                 self._cancel()
             self._stop_debugging(Ended(self.debug.active, "interrupted", ""))
@@ -178,6 +186,7 @@ class Job:
             elif isinstance(item.msg, Closed) and not item.from_launcher:  # the fork server's ranks report for it
                 rank = item.source
                 self._launcher.wait_exit_status(rank)
+                self._hear_the_others(rank)
                 self._print_diagnosis({rank: self._launcher.describe_exit(rank)})
                 self._printer.flush()
                 self._on_break(f"rank {rank} died.")
@@ -196,6 +205,14 @@ class Job:
             if self.debug.ended:
                 self._stop_debugging(self.debug.ended)
 
+    def _hear_the_others(self, dead: int) -> None:
+        """A rank died: the others' answers for ``ERROR_GRACE_S`` at most. Those blocked in a collective with it
+        fail at once (gloo: "Connection closed by peer"), and gloo retires a failed call as if it completed: only
+        their errors tell the doctor that the call did not complete."""
+        deadline = time.monotonic() + ERROR_GRACE_S
+        while [r for r in self.waiting() if r != dead] and (item := self._inbox.next(deadline)):
+            self._take(item)
+
     def _exited_cleanly(self, rank: int) -> bool:
         """A last job's rank whose process ended with status 0 without answering (``os._exit(0)``)."""
         if not self.last:
@@ -208,6 +225,8 @@ class Job:
         stacks = self._stacks(self.waiting())
         diagnosis = self._diagnosis()
         message = self.watch.look(stacks, diagnosis.records, diagnosis if diagnosis.problem else None)
+        if message and diagnosis.problem:
+            self._shown = str(diagnosis)  # a timeout or interrupt that reads the same does not print it again
         if message:
             self._printer.flush()  # every rank has been silent for the watch's time: a half line is whole
             print(message, end="", flush=True)
@@ -244,7 +263,9 @@ class Job:
         diagnosis = self.diagnosis = self._diagnosis(ended)
         if diagnosis.problem:
             self._printer.flush()
-            print(diagnosis, end="", flush=True)
+            same = str(diagnosis) == self._shown
+            print("[ppkit] collective doctor: the records read as they did when the hang watch showed them above.\n"
+                  if same else diagnosis, end="", flush=True)
 
     def _with_records(self, error):
         error.diagnosis = self.diagnosis
@@ -267,7 +288,14 @@ class Job:
         stacks = {}
         try:
             stacks = self._stacks(self.waiting())
-            self._print_diagnosis()  # before the cancel: the ranks still wait where the learner saw them hang
+            try:
+                self._print_diagnosis()  # before the cancel: the ranks still wait where the learner saw them hang
+            except KeyboardInterrupt:  # a second one: the reading is bounded (gather.WAIT_S), finish it; a third stops
+                print("[ppkit] interrupted again: the collective doctor reads the ranks' records first (a few "
+                      "seconds), then the job is stopped.", flush=True)
+                self._print_diagnosis()
+            if self.last:  # processes of ppkit.spawn or %%torchrun: Ctrl-C as torchrun passes it on
+                self._interrupt(self.waiting())
             for rank in self.waiting():
                 self._send(rank, Cancel(self.job_id))
             deadline = time.monotonic() + CANCEL_WAIT_S
@@ -281,6 +309,25 @@ class Job:
         if stuck:
             self._on_break(f"rank(s) {stuck} did not stop when the job was interrupted.")
         raise self._with_records(diagnostics.interrupted(stuck, stacks))
+
+    def _interrupt(self, ranks: list[int]) -> None:
+        """SIGINT to each rank's process on this machine, as torchrun's agent sends it on Ctrl-C: Python's handler
+        raises KeyboardInterrupt in the rank's main thread, so its ``except KeyboardInterrupt:`` runs (save a
+        checkpoint, then exit). Its answer is awaited for ``INTERRUPT_GRACE_S``; a rank blocked outside Python
+        (in a collective) runs no handler until it returns, and the cancel that follows is the fallback."""
+        here = socket.gethostname()
+        sent = []
+        for rank in ranks:
+            worker = self._workers.get(rank, {})
+            if worker.get("pid") and worker.get("host") in (here, None):
+                try:
+                    os.kill(worker["pid"], signal.SIGINT)
+                    sent.append(rank)
+                except OSError:  # gone already
+                    pass
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        while set(sent) & set(self.waiting()) and (item := self._inbox.next(deadline)):
+            self._take(item)
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
         return diagnostics.ask_stacks(self._send, self._inbox, ranks, rendezvous=self.rendezvous)

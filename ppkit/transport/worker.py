@@ -18,10 +18,18 @@ import signal
 import socket
 import sys
 import threading
-import traceback
 from datetime import timedelta
 
-from ppkit.transport import byvalue, channel, flight_record, interpreter_exit, metrics, procs, rendezvous
+from ppkit.transport import (
+    byvalue,
+    channel,
+    flight_record,
+    interpreter_exit,
+    metrics,
+    procs,
+    rendezvous,
+    shown_traceback,
+)
 from ppkit.transport.capture import OutputPipe
 from ppkit.transport.debug.messages import DebugLine, PostMortem
 from ppkit.transport.debug.rank_pdb import RankDebugger, drop_async_exc
@@ -181,7 +189,7 @@ class Worker:
                 self._jobs.put(msg)
             elif isinstance(msg, AskStacks):
                 frame = sys._current_frames().get(self._main_ident)
-                text = "".join(traceback.format_stack(frame)) if frame else "(no Python frame)"
+                text = shown_traceback.stack_text(frame) if frame else "(no Python frame)"
                 text = interpreter_exit.waiting_for() or text  # fn returned: the threads the exit waits for
                 self.send(Stacks(self._current, text, rendezvous.history()))
             elif isinstance(msg, AskFlightRecord):  # answered here, while the main thread waits in a collective
@@ -297,7 +305,7 @@ def _error_info(exc: BaseException, skip: int = 0, note: str | None = None, rend
     for _ in range(skip):
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    text = shown_traceback.exception_text(exc, tb)
     return ErrorInfo(type(exc).__name__, note or str(exc), text, tuple(rendezvous))
 
 

@@ -48,5 +48,13 @@ def _entry(index: int, call: dict) -> dict:
             "time_created_ns": call["time_created_ns"], "input_sizes": call["input_sizes"],
             "input_dtypes": call["input_dtypes"], "output_sizes": call["output_sizes"],
             "output_dtypes": call["output_dtypes"], "state": call["state"], "retired": call["done"],
-            "is_p2p": call["is_p2p"], "timeout_ms": 0, "frames": [], "thread_name": "", "thread_id": "",
+            "is_p2p": call["is_p2p"], "timeout_ms": 0, "frames": _frames(call.get("at")), "thread_name": "",
+            "thread_id": "",
             "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
+
+
+def _frames(at: dict | None) -> list[dict]:
+    """The learner's line that made the call, where the record has it, as torch's dumps give a frame."""
+    if not at:
+        return []
+    return [{"name": at.get("func", ""), "filename": at["file"], "line": at["line"]}]

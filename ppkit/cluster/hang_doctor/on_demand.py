@@ -6,19 +6,32 @@ from ppkit.cluster.hang_doctor import outcomes
 from ppkit.cluster.hang_doctor.analysis import Diagnosis, diagnose
 from ppkit.errors import ClusterStateError
 
-_last_run: list = [None]  # the Diagnosis a ppkit.spawn or %%torchrun run's error carried, the latest
+_last_run: list = [None]  # what collective_doctor() says without a cluster: the reading of the latest ppkit.spawn
+# or %%torchrun run, or, where that run ended otherwise, a Diagnosis with no records that says how it ended
 
 
 def remember(diagnosis: Diagnosis | None, caller: str) -> None:
-    """A ppkit.spawn or %%torchrun run failed with the doctor's reading ``diagnosis``: kept for
-    ``collective_doctor()``."""
-    if diagnosis is not None:
-        diagnosis.source = f"the records of the last {caller} run, read as it ended, not now"
-        _last_run[0] = diagnosis
+    """A ppkit.spawn or %%torchrun run failed with the doctor's reading ``diagnosis`` (None: it read none):
+    kept for ``collective_doctor()``, in place of any earlier run's."""
+    if diagnosis is None:
+        diagnosis = _nothing(f"the last {caller} run failed before the doctor read its records: nothing to read")
+    else:
+        diagnosis.source = f"the records of the last {caller} run, which failed; read as it ended, not now"
+    _last_run[0] = diagnosis
+
+
+def succeeded(caller: str) -> None:
+    """A ppkit.spawn or %%torchrun run ended without error: an earlier run's reading is no longer the last run's."""
+    _last_run[0] = _nothing(f"the last {caller} run ended without error, so the doctor did not read its records; "
+                            "an earlier failed run's reading is on that run's error, as .diagnosis")
+
+
+def _nothing(why: str) -> Diagnosis:
+    return Diagnosis(groups=[], p2p={}, deadlock=[], ended={}, unanswered=[], off=[], source=why)
 
 
 def last_run() -> Diagnosis | None:
-    """What ``collective_doctor()`` without a %%ranks cluster returns: the last failed run's reading, if any."""
+    """What ``collective_doctor()`` without a %%ranks cluster returns: the last run's reading, if any."""
     return _last_run[0]
 
 
@@ -26,10 +39,11 @@ def collective_doctor(cluster=None) -> Diagnosis:
     """Read every rank's flight record now and say where the ranks' collectives disagree.
 
     ``cluster``: a ``ppkit.Cluster`` (default: the one ``%%ranks`` runs on; without one, what the doctor
-    read as the last ``ppkit.spawn`` / ``%%torchrun`` run failed). Useful after
-    a run timed out with ranks still blocked (the cluster waits for ``cluster.restart()``): their reader
-    threads still answer. The result prints as the doctor's text; ``.problem`` says whether it found one;
-    ``.records`` holds the records, and ``.write_dumps(folder)`` writes them as torch's dump files.
+    read as the last ``ppkit.spawn`` / ``%%torchrun`` run failed, or that the last run ended without
+    error). Useful after a run timed out with ranks still blocked (the cluster waits for
+    ``cluster.restart()``): their reader threads still answer. The result prints as the doctor's text;
+    ``.problem`` says whether it found one; ``.records`` holds the records, and ``.write_dumps(folder)``
+    writes them as torch's dump files.
 
     >>> ppkit.collective_doctor(cluster)      # doctest: +SKIP
     [ppkit] collective doctor (torch's flight record of each rank):

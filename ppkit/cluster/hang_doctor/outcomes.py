@@ -7,18 +7,35 @@ call as if it completed).
 
 from __future__ import annotations
 
-# a backend's error (c10d's DistBackendError) and gloo's transport's words when a peer is gone: a failed
-# collective wherever Python saw it raised (DDP's reducer raises it from autograd, with no torch/distributed
-# frame; torch 2.14's gloo raises it as a RuntimeError). Not the store's errors (DistStoreError, DistNetworkError):
-# a store's get or wait is no collective.
+import re
+
+# a backend's error (c10d's DistBackendError) is a failed collective wherever Python saw it raised. gloo's transport
+# errors (a peer gone: "Connection closed by peer") come as a RuntimeError whose message starts with gloo's C++
+# source line, raised from torch's own code (DDP's reducer raises it from autograd, with no torch/distributed
+# frame). The words alone are not one: a learner's own OSError may say "Connection closed by peer". Not the store's
+# errors either (DistStoreError, DistNetworkError): a store's get or wait is no collective.
 BACKEND_ERRORS = ("DistBackendError",)
-BACKEND_WORDS = ("gloo/transport/", "Connection closed by peer")
+GLOO_SAYS = re.compile(r"^\[[^\]]*gloo/[^\]]*:\d+\]")  # "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561]"
+OWN_WRAPPER = "ppkit/transport/flight_calls.py"  # wraps Work.wait: a failed wait raises in it
+_FILE = re.compile(r'^\s*File "([^"]+)"', re.MULTILINE)
 
 
 def failed_in_a_collective(error) -> bool:
-    """``error``: a rank's ErrorInfo. Its traceback passes through torch/distributed/, or it is c10d's or gloo's."""
-    return ("torch/distributed/" in error.traceback.replace("\\", "/") or error.type in BACKEND_ERRORS
-            or any(words in error.message for words in BACKEND_WORDS))
+    """``error``: a rank's ErrorInfo. Raised in torch.distributed, or c10d's error, or gloo's raised by torch."""
+    files = [name.replace("\\", "/") for name in _FILE.findall(error.traceback)]
+    files = [name for name in files if not name.endswith(OWN_WRAPPER)]
+    raised_in = files[-1] if files else ""  # the innermost frame: where Python saw it raised
+    return ("torch/distributed/" in raised_in or error.type in BACKEND_ERRORS
+            or error.type == "RuntimeError" and "/torch/" in raised_in and bool(GLOO_SAYS.match(error.message)))
+
+
+SYS_EXIT = "ppkit: fn ended through sys.exit with status 0"  # what a rank's last job returns then (one_call.py)
+
+
+def _exited(result) -> bool:
+    from ppkit.transport import byvalue
+
+    return result.value == byvalue.dumps(SYS_EXIT)
 
 
 def of_results(results: dict, last: bool, finished: str = "it finished its job", raised: str = "it raised"
@@ -30,7 +47,8 @@ def of_results(results: dict, last: bool, finished: str = "it finished its job",
         if not hasattr(result, "ok"):  # Cancelled: no outcome of its own
             continue
         if result.ok:
-            ended[rank] = finished + (" and its process ended" if last else "")
+            how = "it exited through sys.exit (status 0)" if last and _exited(result) else finished
+            ended[rank] = how + (" and its process ended" if last else "")
         else:
             ended[rank] = f"{raised} {result.value.type}"
             if failed_in_a_collective(result.value):

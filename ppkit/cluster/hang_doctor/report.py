@@ -136,8 +136,11 @@ def explain(diagnosis) -> str:
         lines.append(f"  rank(s) {diagnosis.unanswered} sent no record (stopped, or gone).")
     if diagnosis.off:
         lines.append(f"  rank(s) {diagnosis.off} record nothing: TORCH_FR_BUFFER_SIZE=0 turned the recorder off.")
-    if len(lines) == 1 + bool(diagnosis.source):
+    if len(lines) == 1 + bool(diagnosis.source) and (diagnosis.records or not diagnosis.source):  # source: why none
         lines.append("  every collective each rank started has completed on every rank that answered.")
+    named = {rank for finding in diagnosis.groups for rank in finding.unrecorded}
+    for rank in sorted(set(diagnosis.ended) - set(diagnosis.records) - named):  # gone without its final record
+        lines.append(f"  rank {rank}: no record: {diagnosis.ended[rank]}; which collectives it called is not known")
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,7 @@ from ppkit.cluster.controller import Cluster
 from ppkit.cluster.debug import parked
 from ppkit.cluster.spawn import explain
 from ppkit.cluster.spawn.one_call import Call, time_limit
-from ppkit.errors import ClusterStateError, ConfigError
+from ppkit.errors import ClusterStateError, ConfigError, JobInterrupted
 from ppkit.transport.zygote import PRELOAD_ENV
 
 PRELOAD = ("torch._dynamo",)  # DDP, FSDP and DTensor import it on first use: 1-2 s in each new process
@@ -69,7 +69,7 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
     if profiling is not None and not join:
         raise ConfigError("profile=True needs join=True: the profile is what the call returns once every process "
                           "has finished. Leave join out, or profile a join=False run's function with torch.profiler.")
-    call = Call(_fresh_cluster(key), fn, args, timeout, _environ[key])
+    call = Call(_processes(key, explain.SPAWN), fn, args, timeout, _environ[key])
     call.profile = profiling
     if join:
         return call.run()
@@ -142,7 +142,7 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: expla
         raise ClusterStateError(
             f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running, on the processes {caller.name} "
             "needs. Call its join() first (context.join()).")
-    call = Call(_fresh_cluster(key), fn, args, timeout, _environ[key], caller)
+    call = Call(_processes(key, caller), fn, args, timeout, _environ[key], caller)
     call.shown, call.profile = shown or call.shown, profile
     if output is not None:  # ${hostname}: each rank's, as it said when it started
         output = output.on_hosts({rank: worker["host"] for rank, worker in call.cluster.workers.items()})
@@ -187,6 +187,16 @@ def _prestart(key: tuple, closes: int) -> None:
                 cluster.stop_workers("ppkit.spawn started its fork server ahead of the first call.")
         except Exception:  # noqa: BLE001 - the first call starts it again and reports what fails
             pass
+
+
+def _processes(key: tuple, caller: explain.Caller) -> Cluster:
+    """``_fresh_cluster(key)``; Kernel > Interrupt while the processes start says so, without ppkit's frames."""
+    try:
+        return _fresh_cluster(key)
+    except KeyboardInterrupt:
+        pass  # raised below, outside this block: the KeyboardInterrupt and its frames are not shown with it
+    raise JobInterrupted(f"interrupted while the {key[0]} {caller.units} of this {caller.name} were starting: none "
+                         f"of them ran {caller.work} yet. The next {caller.name} starts fresh ones.")
 
 
 def _fresh_cluster(key: tuple) -> Cluster:

@@ -9,6 +9,7 @@ that every process of the call is already gone.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from dataclasses import dataclass
 
@@ -23,11 +24,12 @@ from ppkit.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from ppkit.transport import byvalue, interpreter_exit
+from ppkit.transport import byvalue, interpreter_exit, shown_traceback
 
 STOPPED = "Every process of this call has been stopped. The next ppkit.spawn starts fresh ones."
-# the frames of ppkit's own that run the learner's code in a process: a traceback starts after them
-OWN_FRAMES = (", in _call_rank", ", in run_as_rank", ", in _run_target", ", in _run_code")  # _run_code: runpy's, -m
+# the frames of ppkit's own that run the learner's code in a process: a stack starts after them (the ranks trim
+# their tracebacks and stacks so already: transport/shown_traceback.py)
+OWN_FRAMES = tuple(f", in {name}" for name in shown_traceback.RUNNERS)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,25 @@ def _translated(exc: BaseException, pids: dict[int, int], nprocs: int, timeout: 
 
 def from_fn(text: str) -> str:
     """A stack or traceback from the call of ``fn`` on: the frames of the worker that ran it (its
-    job loop, ``_call_rank``) say nothing to a learner who called mp.spawn."""
+    job loop, ``_call_rank``) say nothing to a learner who called mp.spawn. A notebook cell's frame is
+    named as IPython and the collective doctor name it (``Cell In[4], line 5``), not by the kernel's file."""
+    return _cells_named(_after_runners(text))
+
+
+_FRAME = re.compile(r'^([ |]*)File "([^"]+)", line (\d+)', re.MULTILINE)
+
+
+def _cells_named(text: str) -> str:
+    from ppkit.cluster.hang_doctor.report import place
+
+    def named(match: re.Match) -> str:
+        cell = place(match[2])
+        return f"{match[1]}{cell}, line {match[3]}" if cell.startswith("Cell In[") else match[0]
+
+    return _FRAME.sub(named, text)
+
+
+def _after_runners(text: str) -> str:
     lines = text.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.startswith("  File ")]
     ours = [i for i in starts if lines[i].rstrip().endswith(OWN_FRAMES)]
@@ -196,8 +216,8 @@ def timed_out(exc: JobTimeoutError, timeout: float, caller: Caller = SPAWN) -> J
 def interrupted(exc: JobInterrupted, caller: Caller = SPAWN) -> JobInterrupted:
     exiting = _exiting(exc.stacks)
     blocked = [r for r in exc.ranks if r not in exiting]
-    stuck = f" (process(es) {blocked} were blocked outside Python, e.g. in a collective)" if blocked else ""
-    where = (" Where each process was:\n" + _stacks(exc.stacks)) if exc.stacks else ""
+    stuck = f" ({caller.some} {blocked} were blocked outside Python, e.g. in a collective)" if blocked else ""
+    where = (f" Where each {caller.unit} was:\n" + _stacks(exc.stacks)) if exc.stacks else ""
     return JobInterrupted(f"interrupted{stuck}.{_exit_waits(exiting, caller)} {caller.stopped}{where}", exc.ranks,
                           exc.stacks)
 

@@ -14,7 +14,7 @@ from ppkit.checks import positive
 from ppkit.cluster import hang_watch
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.debug import parked
-from ppkit.cluster.hang_doctor import on_demand
+from ppkit.cluster.hang_doctor import on_demand, outcomes
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.rpc import pickler as rpc_pickle
 from ppkit.cluster.spawn import explain
@@ -61,12 +61,30 @@ class Call:
                 _keep_recorded(error, exc, self.cluster.world_size, offsets)
             raise error from None
         finally:
-            progress.job_ended(self.caller.name, self.cluster.world_size, sys.exc_info()[1])  # its error, or None
-            if failed:  # as torchrun's agent stops them: SIGTERM, then SIGKILL; one that raised may stay (parked.py)
-                self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug." if kept
-                                              else f"{self.caller.name} stopped its processes after a failure.")
-            if not kept:
-                self.cluster.stop_workers(f"{self.caller.name} stops its processes when a call ends.")
+            ended = sys.exc_info()[1]
+            progress.job_ended(self.caller.name, self.cluster.world_size, ended)  # its error, or None
+            if ended is None:  # collective_doctor() then says so, not what an earlier failed run's doctor read
+                on_demand.succeeded(self.caller.name)
+            elif not failed:  # interrupted or refused before its ranks ran to an end
+                on_demand.remember(None, self.caller.name)
+            cut_short = False
+            try:
+                self._stop(failed, kept)
+            except KeyboardInterrupt:  # a stop is idempotent: finish what the interrupt cut short
+                self._stop(failed, kept)
+                cut_short = ended is None
+            if cut_short:  # outside the handler: the cell shows this, not the KeyboardInterrupt and ppkit's frames
+                raise JobInterrupted(
+                    f"interrupted while {self.caller.name} stopped its {self.caller.units}, after {self.caller.work} "
+                    f"had returned on every one of them: the run ended without error, and every "
+                    f"{self.caller.unit} has been stopped. The next {self.caller.name} starts fresh ones.")
+
+    def _stop(self, failed: bool, kept: tuple[int, ...]) -> None:
+        if failed:  # as torchrun's agent stops them: SIGTERM, then SIGKILL; one that raised may stay (parked.py)
+            self.cluster.stop_workers_but(kept, f"{self.caller.name} kept rank {kept[0]} for %debug." if kept
+                                          else f"{self.caller.name} stopped its processes after a failure.")
+        if not kept:
+            self.cluster.stop_workers(f"{self.caller.name} stops its processes when a call ends.")
 
 
 def _to_keep(exc: BaseException) -> tuple[int, ...]:
@@ -127,6 +145,8 @@ def _call_rank(rank: int, world_size: int, fn, args: tuple, environ: tuple, prof
     except SystemExit as exc:  # sys.exit(0) ends a process of mp.spawn successfully
         if exc.code not in (None, 0):
             raise
+        return outcomes.SYS_EXIT  # the doctor then says so, not "it finished its job"
+    return None
 
 
 def time_limit(timeout) -> float | None:
