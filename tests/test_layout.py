@@ -27,6 +27,9 @@ LONGER = {
                                 "runner and post-mortems are already parts of their own (job_running.py, debug/)",
     "ppkit.exercises.course": "plain data, one entry per exercise of the course, read in one place by catalog.py "
                               "and by ppkit room without importing torch",
+    "ppkit.transport.worker": "one rank's process: its job loop (main thread) and its reader thread share the job in "
+                              "hand, the cancel and the output pipes; what has a concern of its own is already a "
+                              "module (capture, metrics, flight_record, shown_traceback, interpreter_exit, debug/)",
 }
 LONGEST = 500  # even a listed module: past this, it holds more than one concern
 

@@ -15,7 +15,8 @@ import itertools
 import threading
 from collections.abc import Callable
 
-from ppkit.cluster.jobs import Job, check_job_function, new_cell_sources, pack_job
+from ppkit.cluster.job_payload import check_job_function, new_cell_sources, pack_job
+from ppkit.cluster.jobs import Job
 from ppkit.cluster.links import RankLinks
 
 

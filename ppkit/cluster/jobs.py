@@ -9,7 +9,6 @@ e.g. stopped with SIGSTOP, would otherwise block a large job's send for ever: tr
 
 from __future__ import annotations
 
-import linecache
 import math
 import os
 import signal
@@ -21,7 +20,6 @@ from ppkit.cluster.debug.sessions import Ended, Sessions, ended_error
 from ppkit.cluster.hang_doctor import outcomes
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
-from ppkit.errors import ConfigError
 from ppkit.transport import byvalue, channel
 from ppkit.transport.flight_messages import FlightRecord
 from ppkit.transport.messages import Cancel, Cancelled, CellSource, Result, Run
@@ -31,37 +29,6 @@ ERROR_GRACE_S = 3.0  # after one rank raises, how long the others get to finish
 SEND_S = 60.0  # a run without a time limit still gives up sending its job after this long
 CANCEL_WAIT_S = 2.0  # after Kernel > Interrupt, how long the ranks get to stop
 INTERRUPT_GRACE_S = 3.0  # a last job's ranks after their SIGINT: time for a learner's `except KeyboardInterrupt:`
-
-
-def new_cell_sources(sent: set[str]) -> tuple[CellSource, ...]:
-    """Notebook cells' source the workers have not had yet (``sent`` names those they have).
-
-    IPython keeps each cell's code in ``linecache`` only (mtime None), not on disk; without it
-    a remote traceback or stack would name the cell's line but not show it.
-    """
-    # a full entry is (size, mtime, lines, fullname); a lazy one (a module's, not read yet) has one item
-    new = tuple(CellSource(name, "".join(entry[2])) for name, entry in list(linecache.cache.items())
-                if len(entry) == 4 and entry[1] is None and name not in sent)
-    sent.update(cell.filename for cell in new)
-    return new
-
-
-def check_job_function(fn) -> None:
-    if not callable(fn):
-        raise ConfigError(
-            f"run() needs a function to call on every rank, got {type(fn).__name__} "
-            f"{fn!r:.60}. Pass the function itself: cluster.run(my_fn), not cluster.run(my_fn()).")
-
-
-def pack_job(fn, args: tuple, kwargs: dict) -> bytes:
-    """``fn`` and its arguments pickled by value, as every rank will unpickle them."""
-    try:
-        return byvalue.dumps((fn, args, kwargs))
-    except Exception as exc:
-        raise ConfigError(
-            f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments to the workers: "
-            f"{exc}. Pass data (tensors, numbers, lists), not open files, locks or "
-            "process handles.") from exc
 
 
 class Job:
