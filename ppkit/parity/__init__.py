@@ -7,7 +7,8 @@
 
 record.py is the ranks' side (DTensors, hand-cut shards, pipeline stages that hold some names) and precision.py
 the precision each tensor was computed in; compare.py the kernel's, pieces.py where each piece lies, tolerance.py
-the default tolerance and how it is derived, diagnose.py the words, report.py the result (docs/parity.md).
+the default tolerance and how it is derived, diagnose.py the words (from case.py's Case: fit.py, patterns.py,
+optimizer_steps.py, rounding.py), report.py the result (docs/parity.md).
 """
 
 from ppkit.parity.compare import compare_runs

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import torch
 
 from ppkit.errors import ConfigError
-from ppkit.parity.diagnose import Case, Diagnosis, diagnose
+from ppkit.parity.case import Case, Diagnosis
+from ppkit.parity.diagnose import diagnose
 from ppkit.parity.pieces import check_covered, same_place, wanted
 from ppkit.parity.precision import least_precise
 from ppkit.parity.record import ParityRecorder, ParityRun, Piece

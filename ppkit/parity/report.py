@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppkit.errors import ParityError
-from ppkit.parity.diagnose import Diagnosis
+from ppkit.parity.case import Diagnosis
 from ppkit.parity.tolerance import Tolerance
 
 SHOWN = 6  # differences listed after the first one's explanation

@@ -1,0 +1,74 @@
+"""What the optimizer did, read from a parameter: an update skipped (or recorded after it), an update c x the
+reference's (the learning rate), and, after a step where everything matched, the step between as a cause."""
+
+from __future__ import annotations
+
+from ppkit.parity.case import Case, Diagnosis
+from ppkit.parity.fit import UNIT, as_factor
+
+
+def updated(case: Case, got, want, thing: str) -> Diagnosis | None:
+    """A parameter that equalled the reference's at the step before and whose change since is c x the
+    reference's change: the step that made it was c x larger (the learning rate, or the gradient it used)."""
+    if case.kind != "param" or not case.matched_before or case.other_steps.get(case.step - 1) is None:
+        return None
+    before = case.other_steps[case.step - 1].double()
+    mine, theirs = got - before, want - before
+    norm = float((theirs * theirs).sum())
+    if before.shape != got.shape or norm == 0.0:
+        return None
+    c = float((mine * theirs).sum()) / norm
+    if abs(c - 1) <= UNIT or not case.tolerance.allows(float((mine - c * theirs).abs().max()), case.scale,
+                                                         case.step):
+        return None
+    factor = f"{round(c)}x" if abs(c - round(c)) < UNIT else as_factor(c)
+    return Diagnosis(f"rank {case.rank}'s {thing} equalled the reference's at step {case.step - 1}, and its change "
+                     f"since (its value minus the reference's at step {case.step - 1}) is {factor} the reference's "
+                     "update",
+                     f"the optimizer step between them was {factor} larger on rank {case.rank}: most likely its "
+                     f"learning rate is {factor} the reference's (an optimizer or scheduler built otherwise on this "
+                     "rank), or, with SGD, the gradient it stepped with was scaled after it was recorded",
+                     f"the optimizer rank {case.rank} builds (lr, scheduler, weight decay) against the reference's; "
+                     f"record what='grads' at step {case.step - 1}: gradients that equal the reference's point at "
+                     "the optimizer")
+
+
+def skipped(case: Case, got, thing: str) -> Diagnosis | None:
+    """A parameter equal to the reference's value at another step: the nearest earlier one (that rank missed the
+    updates since), else a later one (it took updates the reference had not yet, or records after the step)."""
+    if case.kind != "param":
+        return None
+    order = sorted((t for t in case.other_steps if t < case.step), reverse=True) + \
+        sorted(t for t in case.other_steps if t > case.step)
+    for step in order:
+        other = case.other_steps[step]
+        if other is None or other.shape != got.shape:
+            continue
+        if not case.tolerance.allows(float((got - other.double()).abs().max()), case.scale, case.step):
+            continue
+        what = f"rank {case.rank}'s {thing} at step {case.step} equals the reference's value at step {step}"
+        if step > case.step:
+            return Diagnosis(what, "this rank records the parameters at another point of the loop than the "
+                                   "reference (after optimizer.step() here, before it there), or it stepped "
+                                   f"{step - case.step} more time(s) than the reference",
+                             "where record is called on both sides: after backward and before optimizer.step()")
+        missed = case.step - step
+        return Diagnosis(what,
+                         f"the parameter missed {missed} update{'s' if missed > 1 else ''}: most likely rank "
+                         f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, a "
+                         "GradScaler that found inf and skipped it), or its optimizer does not hold this "
+                         "parameter; or this rank records the parameters at another point of the loop than the "
+                         "reference (before optimizer.step() here, after it there)",
+                         "that every rank calls optimizer.step() at every step, and that the optimizer was "
+                         "built over this model's parameters (after wrapping it)")
+    return None
+
+
+def stepped(case: Case) -> str:
+    """After a step where everything matched, the optimizer step between is as likely a cause as the data."""
+    if not case.matched_before:
+        return ""
+    return (f"; or the optimizer step between: everything this rank recorded at step {case.step - 1} matched the "
+            "reference, so its parameters may have been updated otherwise since (a learning rate or optimizer "
+            "setting of its own, an optimizer.step() skipped on a rank; record what='params' to see it)")
+
