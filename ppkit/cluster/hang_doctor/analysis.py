@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ppkit.cluster.hang_doctor.words import call_words, line_words, p2p_words, pair
+
 KINDS = {"COLLECTIVE_TYPE_MISMATCH": "the op differs", "SIZE_OR_SYNTAX_MISMATCH": "the sizes differ",
          "COLLECTIVE_DTYPE_MISMATCH": "the dtypes differ"}
 REDUCE_OP = "the reduce op differs"
@@ -136,10 +138,6 @@ def matches(wait: dict, other: dict | None, rank: int) -> bool:
             and wait.get("tag", 0) == other.get("tag", 0))
 
 
-def pair(op: str, other: str) -> bool:
-    return ("send" in op) != ("send" in other)
-
-
 def _failed(record: dict) -> dict:
     calls = [dict(call) for call in record.get("calls", [])]
     done = dict(record.get("done", {}))
@@ -261,8 +259,6 @@ def _event(call: dict) -> dict:
 
 def _instead(rank: int, group: str, records: dict, ended: dict) -> str:
     """Where a rank that has not reached a group's collective is."""
-    from ppkit.cluster.hang_doctor.report import call_words, line_words, p2p_words
-
     if rank in ended:
         return ended[rank]
     record = records.get(rank)
