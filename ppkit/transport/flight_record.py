@@ -36,7 +36,6 @@ NCCL_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 DEFAULT_BUFFER = 2000  # torch's own default (FlightRecorder.hpp)
 KEEP = 16  # calls per process group sent to the kernel
 P2P_CALLS = ("send", "recv", "isend", "irecv")
-_OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # ppkit/ itself
 
 
 def buffer_size(environ=os.environ) -> int:
@@ -210,7 +209,7 @@ def _p2p_pending() -> list[dict]:
 
 
 def _in_distributed(frame) -> bool:
-    inside = os.path.join(_torch_dir(), "distributed")
+    inside = os.path.join(flight_calls.torch_dir(), "distributed")
     while frame is not None:
         if frame.f_code.co_filename.startswith(inside):
             return True
@@ -218,15 +217,10 @@ def _in_distributed(frame) -> bool:
     return False
 
 
-def _torch_dir() -> str:
-    torch = sys.modules.get("torch")
-    return os.path.dirname(torch.__file__) if torch is not None and torch.__file__ else os.sep + "torch" + os.sep
-
-
 def _learner_line(frames) -> dict:
     """The innermost frame outside torch, ppkit and the standard library: the learner's line."""
     for filename, line, name in frames:
-        if _is_learners(filename):
+        if flight_calls.is_learners(filename):
             return {"file": filename, "line": line, "func": name,
                     "code": linecache.getline(filename, line).strip()}
     return {}
@@ -234,12 +228,4 @@ def _learner_line(frames) -> dict:
 
 def _own_code(filename: str) -> bool:
     """The learner's code, a cell's included (``<%%torchrun cell 3>``, ``<ipython-input-...>``)."""
-    return not filename.startswith("<frozen") if filename.startswith("<") else _is_learners(filename)
-
-
-def _is_learners(filename: str) -> bool:
-    if filename.startswith("<") and not filename.startswith(("<%%ranks", "<%%torchrun")):
-        return filename.startswith("<ipython-input")
-    norm = filename.replace("\\", "/")
-    return not (any(filename.startswith(own) for own in _OWN) or filename.startswith(_torch_dir())
-                or "/site-packages/" in norm or "/lib/python3" in norm)
+    return not filename.startswith("<frozen") if filename.startswith("<") else flight_calls.is_learners(filename)
