@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import ppkit
 from ppkit.lessons.data_parallel import free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -82,3 +83,41 @@ def test_the_wrappers_cost_does_not_grow_with_stack_depth_and_names_object_colle
     assert "api ['all_gather_object', 'all_gather_object']" in out, out
     ratio = float(out.split("ratio")[1])
     assert ratio < 1.6, out
+
+
+def dtensor_redistribute(rank, world_size):
+    """Correct: a Shard(0) -> Replicate redistribute (funcol's all_gather_into_tensor), the same on every rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    full = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]).redistribute(mesh, [Replicate()]).to_local()
+    return full.tolist()
+
+
+def test_a_correct_redistribute_is_not_called_a_difference(cluster2):
+    """torch's matcher checks one all_gather_into_tensor's own numel, as gloo records it; both ranks'
+    calls are the same, so nothing differs between them."""
+    assert cluster2.run(dtensor_redistribute) == [[0.0, 1.0, 2.0, 3.0]] * 2
+    diagnosis = ppkit.collective_doctor(cluster2)
+    text = str(diagnosis)
+    assert "differ" not in text and not diagnosis.problem, text
+
+
+def reduce_scatter_against_all_reduce(rank, world_size):
+    out = torch.zeros(2)
+    if rank < 2:
+        dist.reduce_scatter(out, [torch.ones(2) for _ in range(world_size)])
+    else:
+        dist.all_reduce(out)
+    dist.barrier()
+
+
+def test_the_learners_calls_are_compared_where_the_backend_records_the_same_op(cluster4):
+    """gloo records a list-form reduce_scatter as all_reduces: rank 2's all_reduce pairs with the others'
+    first piece, and the backend's ops agree at #1."""
+    with pytest.raises(ppkit.JobTimeoutError):
+        cluster4.run(reduce_scatter_against_all_reduce, timeout=6)
+    text = str(ppkit.collective_doctor(cluster4))
+    assert "collective #1 does not match: the op differs" in text, text
+    assert "ranks 2-3: all_reduce #1 of [2] Float" in text and "reduce_scatter (gloo records all_reduce #1-#4)" in text
