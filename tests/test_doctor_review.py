@@ -121,3 +121,49 @@ def test_the_learners_calls_are_compared_where_the_backend_records_the_same_op(c
     text = str(ppkit.collective_doctor(cluster4))
     assert "collective #1 does not match: the op differs" in text, text
     assert "ranks 2-3: all_reduce #1 of [2] Float" in text and "reduce_scatter (gloo records all_reduce #1-#4)" in text
+
+
+def forty_irecvs_one_unmatched(i, port):
+    """Rank 0 posts 40 irecvs (tags 0-39) and waits on each in order; rank 1 sends tags 1-39 only."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=2)
+    bufs = [torch.zeros(4) for _ in range(40)]
+    if i == 0:
+        for req in [dist.irecv(bufs[k], src=1, tag=k) for k in range(40)]:
+            req.wait()
+    else:
+        [dist.isend(bufs[k], dst=0, tag=k) for k in range(1, 40)]
+    dist.barrier()
+
+
+def subgroups_in_a_different_order(i, port):
+    """Rank 2 creates new_group([1, 2]) before new_group([0, 1]); ranks 0 and 1 the other way round.
+    Group names come from a counter, so the ranks disagree on which ranks group 1 holds."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=3)
+    if i == 2:
+        b, _ = dist.new_group([1, 2]), dist.new_group([0, 1])
+    else:
+        _, b = dist.new_group([0, 1]), dist.new_group([1, 2])
+    if i in (1, 2):
+        dist.all_reduce(torch.ones(2), group=b)
+    dist.barrier()
+
+
+def what_a_hang_says(capsys, program, nprocs: int) -> str:
+    with pytest.raises(ppkit.JobTimeoutError):
+        ppkit.spawn(program, args=(free_port(),), nprocs=nprocs, timeout=8)
+    return capsys.readouterr().out
+
+
+def test_a_rank_waiting_on_its_oldest_irecv_among_forty_is_said_to_wait_there(capsys):
+    out = what_a_hang_says(capsys, forty_irecvs_one_unmatched, 2)
+    assert "rank 0 waits in irecv from rank 1 of [4] float32" in out, out  # tag 0, the default, goes unnamed
+    assert "own code" not in out, out
+
+
+def test_ranks_that_disagree_on_a_groups_members_are_named_and_none_is_in_its_own_code(capsys):
+    out = what_a_hang_says(capsys, subgroups_in_a_different_order, 3)
+    assert "own code" not in out, out
+    assert "inside torch.distributed (new_group" in out, out
+    assert "the ranks disagree on the members of group 1: ranks 0-1 say [0, 1], rank 2 says [1, 2]" in out, out

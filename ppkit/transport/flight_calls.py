@@ -35,7 +35,6 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allga
                "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "barrier")
 
 p2p_ring: list = []  # (op, peer, sizes, dtype, tag, frames, work): pending ones, the oldest and the newest (keep_p2p)
-p2p_dropped = [0]  # pending calls not kept (more than P2P_KEEP in flight)
 api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, root, frames)
 born_ns: dict[str, int] = {}  # group name -> when its present (or last) lifetime began (time.time_ns, as torch's)
 waiting: dict[int, object] = {}  # thread ident -> the Work it waits on
@@ -172,7 +171,6 @@ def keep_p2p(call) -> None:
     p2p_ring[:] = [kept for kept in p2p_ring if not kept[-1].is_completed()]
     if len(p2p_ring) >= P2P_KEEP:
         del p2p_ring[P2P_KEEP // 2]
-        p2p_dropped[0] += 1
     p2p_ring.append(call)
 
 
@@ -186,7 +184,7 @@ def call_site(frame, method: str) -> tuple[str, list[tuple[str, int, str]]]:
     while frame is not None:
         filename = frame.f_code.co_filename
         frames.append((filename, frame.f_lineno, frame.f_code.co_name))
-        if inside and filename.startswith(distributed):
+        if inside and (filename.startswith(distributed) or filename == __file__):  # this module's wrappers too
             if filename.endswith("distributed_c10d.py"):
                 api = frame.f_code.co_name
         else:

@@ -51,7 +51,10 @@ def snapshot(main_frame, in_job: bool = True) -> str:
     False between jobs, where the main thread waits for the next one), as JSON."""
     record = {"buffer": buffer_size(), "calls": [], "groups": {}, "done": {}, "p2p": None, "p2p_pending": [],
               "at": _learner_line(flight_calls.frames_of(main_frame)),
-              "main": _main_state(main_frame) if in_job else "idle", "error": ""}
+              "main": _main_state(main_frame) if in_job else "idle", "error": "", "in": ""}
+    if record["main"] == "distributed":  # the torch.distributed function it is in (new_group, a store's wait)
+        record["in"] = flight_calls.call_site(main_frame, "")[0]
+        record["creating"] = _creating(main_frame)
     if "torch.distributed" not in sys.modules:  # no process group was ever created here
         return json.dumps(record)
     errors = []
@@ -165,6 +168,18 @@ def _groups() -> dict[str, dict]:
     return {str(pg.group_name): {"desc": str(getattr(pg, "group_desc", "")), "ranks": sorted(ranks)}
             for pg, ranks in world.pg_group_ranks.items()
             if isinstance(pg, dist.ProcessGroup)}  # a group this rank is not in: GroupMember.NON_GROUP_MEMBER, an int
+
+
+def _creating(frame) -> dict | None:
+    """The group the main thread is creating (in new_group): its name and global ranks, as this rank
+    names it (torch counts groups per rank: ranks that create them in another order differ)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_new_process_group_helper" and code.co_filename.endswith("distributed_c10d.py"):
+            local = frame.f_locals
+            return {"name": str(local.get("group_name")), "ranks": sorted(local.get("global_ranks_in_group") or [])}
+        frame = frame.f_back
+    return None
 
 
 def _p2p_wait(frame) -> dict | None:

@@ -67,6 +67,7 @@ class Diagnosis:
     unanswered: list[int]
     off: list[int]  # ranks whose recorder is off (TORCH_FR_BUFFER_SIZE=0)
     records: dict[int, dict] = field(default_factory=dict)  # what it read: rank -> its record
+    views: dict[str, dict] = field(default_factory=dict)  # groups whose members the ranks disagree on (_views)
     world_size: int = 0
     source: str = ""  # where the records come from, where not from the ranks as they are now
 
@@ -80,7 +81,7 @@ class Diagnosis:
     @property
     def problem(self) -> bool:
         """A mismatch, a send/recv pair that waits on each other, or a collective some rank never reached."""
-        return bool(self.deadlock or any(g.mismatch and not g.harmless or g.missing or g.unrecorded
+        return bool(self.deadlock or self.views or any(g.mismatch and not g.harmless or g.missing or g.unrecorded
                                          for g in self.groups))
 
     @property
@@ -110,6 +111,13 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     ended = dict(ended or {})
     records = {rank: _failed(record) if rank in failed else record for rank, record in records.items()}
     groups = _memberships(records, world_size)
+    views = _views(records)
+    for name, view in views.items():  # the view of a rank with calls in the group: its calls are the group's
+        callers = [r for r, rec in sorted(records.items()) if any(c["group"] == name for c in rec.get("calls", []))]
+        view["shown"] = next((r for r in callers if any(r in seen for seen in view["seen"].values())),
+                             min(min(seen) for seen in view["seen"].values()))
+        shown = records[view["shown"]].get("groups", {}).get(name) or records[view["shown"]].get("creating") or {}
+        groups[name] = (groups[name][0], list(shown.get("ranks", groups[name][1])))
     findings = [f for name, (desc, ranks) in sorted(groups.items(), key=lambda kv: _order(kv[0]))
                 for backend in _backends(name, records)
                 for f in _group(name, desc, ranks, records, ended, backend)]
@@ -117,7 +125,20 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     deadlock = _cycles(p2p)
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
-    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, world_size)
+    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, views, world_size)
+
+
+def _views(records: dict[int, dict]) -> dict[str, dict]:
+    """Groups whose members the ranks disagree on: name -> {"seen": members -> the ranks that see
+    them so} (torch names groups by a counter: ranks that create them in different orders give one
+    name to different groups); diagnose adds "shown": the rank whose view the findings use."""
+    views: dict[str, dict[tuple[int, ...], list[int]]] = {}
+    for rank, record in sorted(records.items()):
+        made = [(name, info.get("ranks", [])) for name, info in record.get("groups", {}).items()]
+        creating = record.get("creating")
+        for name, ranks in made + ([(creating["name"], creating["ranks"])] if creating else []):
+            views.setdefault(name, {}).setdefault(tuple(ranks), []).append(rank)
+    return {name: {"seen": seen} for name, seen in views.items() if len(seen) > 1}
 
 
 def _cycles(p2p: dict[int, dict]) -> list[list[int]]:
@@ -171,7 +192,7 @@ def _order(name: str):
 
 def _memberships(records: dict[int, dict], world_size: int) -> dict[str, tuple[str, list[int]]]:
     groups: dict[str, tuple[str, list[int]]] = {}
-    for record in records.values():
+    for _, record in sorted(records.items(), reverse=True):  # where views differ, the lowest rank's stands in
         for name, info in record.get("groups", {}).items():
             groups[name] = (info.get("desc", ""), list(info.get("ranks", [])))
     for record in records.values():
@@ -281,6 +302,21 @@ def _instead(rank: int, group: str, records: dict, ended: dict) -> str:
     started = ([call_words(c, with_group=True) for c in pending[:1]]
                + [p2p_words(w) + line_words(w.get("at"), "called ") for w in record.get("p2p_pending", [])[:1]])
     left = f"; it started {' and '.join(started)}, not completed yet" if started else ""
-    if record.get("main") == "idle":
+    main, at = record.get("main"), line_words(record.get("at"))
+    if main == "idle":
         return f"its job returned, so it is idle{left}"
-    return f"it is in its own code, not in a collective{line_words(record.get('at'))} (still computing?){left}"
+    if main == "own":
+        return f"it is in its own code, not in a collective{at} (still computing?){left}"
+    if main == "distributed":
+        inside = f" ({record['in']})" if record.get("in") else ""
+        if record.get("creating"):
+            made = record["creating"]
+            inside = f" ({record.get('in') or 'new_group'}: creating group {made['name']} of ranks {made['ranks']})"
+        return (f"it is inside torch.distributed{inside}{at}, in no collective its record holds: a call that "
+                f"waits on the other ranks, such as new_group or a barrier on the store{left}")
+    if main == "wait":
+        return (f"it waits on a Work (req.wait()){at} that its record does not name (more point-to-point calls "
+                f"in flight than it keeps, or a call it does not watch){left}")
+    if main == "other":
+        return f"its main thread is in a library{at}, in no collective its record holds{left}"
+    return f"where its main thread is, its record does not say{left}"

@@ -17,8 +17,16 @@ def explain(diagnosis) -> str:
     lines = ["[ppkit] collective doctor (torch's flight record of each rank):"]
     if diagnosis.source:
         lines.append(f"  ({diagnosis.source})")
+    for name, view in sorted(diagnosis.views.items()):
+        said = ", ".join(f"rank {rank_ranges(ranks)} says {list(members)}" if len(ranks) == 1 else
+                         f"ranks {rank_ranges(ranks)} say {list(members)}"
+                         for members, ranks in sorted(view["seen"].items(), key=lambda kv: kv[1]))
+        lines.append(f"  the ranks disagree on the members of group {name}: {said}. torch names groups in the order "
+                     "they are created: create them in the same order on every rank (each new_group on every rank, "
+                     f"member or not). Below, group {name}'s members are as rank {view['shown']} sees them.")
     waiting_groups = {g.name for g in diagnosis.groups if g.missing and not g.mismatch
-                      and all(diagnosis.blocked(r) for r in g.missing)}  # a rank in its own code waits nowhere
+                      and all(diagnosis.blocked(r) and _waits_elsewhere(diagnosis.records.get(r), g.name)
+                              for r in g.missing)}  # a rank in its own code, or in new_group, waits in no group
     if len(waiting_groups) > 1:
         lines.append(f"  the ranks wait in different process groups ({', '.join(sorted(waiting_groups))}): "
                      "each waits for the others in a group they never call this collective on.")
@@ -108,6 +116,12 @@ def _alike(calls: dict[int, dict]) -> list[tuple[list[int], str]]:
     for rank, call in sorted(calls.items()):
         by_words.setdefault(call_words(call), []).append(rank)
     return [(ranks, words) for words, ranks in by_words.items()]  # by each one's first rank, as inserted
+
+
+def _waits_elsewhere(record: dict | None, group: str) -> bool:
+    """The rank has a collective of another group pending (where it waits, if its main thread waits)."""
+    return bool(record) and record.get("main") in ("wait", "distributed", "other") and not record.get("in") and any(
+        not call["done"] and call["group"] != group for call in record.get("calls", []))
 
 
 def _skipped(finding) -> bool:
