@@ -167,3 +167,24 @@ def test_ranks_that_disagree_on_a_groups_members_are_named_and_none_is_in_its_ow
     assert "own code" not in out, out
     assert "inside torch.distributed (new_group" in out, out
     assert "the ranks disagree on the members of group 1: ranks 0-1 say [0, 1], rank 2 says [1, 2]" in out, out
+
+
+def funcol_against_recv(i, port):
+    """funcol's all_reduce reaches the backend from C++: no record of the learner's call, only where the rank
+    waits (reading the result, a line below the call)."""
+    import torch.distributed._functional_collectives as funcol
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=2)
+    if i == 0:
+        y = funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD)
+        print(y.sum().item())
+    else:
+        dist.recv(torch.zeros(1), src=0)
+
+
+def test_a_call_without_its_own_line_is_said_to_wait_at_the_ranks_line_not_called_there(capsys):
+    out = what_a_hang_says(capsys, funcol_against_recv, 2)
+    assert "rank 0: all_reduce #1 of [2] Float, its rank waits at test_doctor_review.py" in out, out
+    assert "print(y.sum().item())" in out and "called at test_doctor_review.py, line" not in out.split(
+        "rank 0: all_reduce #1")[1].splitlines()[0], out

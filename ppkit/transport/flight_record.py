@@ -70,7 +70,8 @@ def snapshot(main_frame, in_job: bool = True) -> str:
     waiting = [call for call in record["calls"] if not call["done"]]
     if waiting and record["main"] in ("distributed", "wait") and record["p2p"] is None:
         newest = max(waiting, key=lambda call: call["time_created_ns"])  # the newest: the one it waits in
-        newest["at"] = newest["at"] or record["at"]
+        if not newest["at"]:  # no record of its call (funcol's reach the backend from C++): where the rank waits
+            newest["waits_at"] = record["at"]
     record["error"] = "; ".join(errors)
     return json.dumps(record)
 

@@ -12,7 +12,8 @@ def sizes_words(sizes) -> str:
 
 
 def call_words(call: dict, with_group: bool = False) -> str:
-    """'all_reduce #3 of [4] Float, SUM, called at <cell> line 7: dist.all_reduce(t)'; where the
+    """'all_reduce #3 of [4] Float, SUM, called at <cell> line 7: dist.all_reduce(t)' ('its rank waits at'
+    where the call's own line is not recorded, only the rank's line as it waits); where the
     learner's call is not the backend's op: 'reduce_scatter (gloo records all_reduce #1-#2) of ...'."""
     dtypes = "/".join(sorted(set(call["input_dtypes"]))) if call["input_sizes"] else ""
     where = f" of group {call['group']}" if with_group else ""
@@ -23,7 +24,8 @@ def call_words(call: dict, with_group: bool = False) -> str:
         name = f"{call['api']} ({call.get('backend') or 'the backend'} records {call['op']} {seqs})"
     root = f", root rank {call['root']}" if call.get("root") is not None else ""
     return (f"{name}{where} of {sizes_words(call['input_sizes'])}{' ' + dtypes if dtypes else ''}"
-            f"{', ' + call['reduce_op'] if call.get('reduce_op') else ''}{root}{line_words(call.get('at'), 'called ')}")
+            f"{', ' + call['reduce_op'] if call.get('reduce_op') else ''}{root}"
+            f"{line_words(call.get('at'), 'called ') or line_words(call.get('waits_at'), 'its rank waits ')}")
 
 
 def renamed(call: dict) -> bool:
