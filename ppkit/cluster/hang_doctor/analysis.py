@@ -45,6 +45,12 @@ class GroupFinding:
     unrecorded: dict[int, str] = field(default_factory=dict)
     backend: str = ""
     completed: bool = False
+    after: int = 0  # an earlier collective of the group whose calls differ: this one follows from it
+
+    @property
+    def note_only(self) -> bool:
+        """Calls that differ only because an earlier collective's did (the ranks are out of step since)."""
+        return bool(self.after)
 
     @property
     def harmless(self) -> bool:
@@ -224,6 +230,8 @@ def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
     if here:
         finding = _first_mismatch(name, ranks, calls, [seq]) or GroupFinding(name, desc, ranks, None, seq, here)
         finding.calls = here
+        if finding.mismatch and earlier is not None and not earlier.harmless:
+            finding.after = earlier.seq
         absent = [r for r in ranks if r not in here and done.get(r, 0) < seq]
         finding.missing = {r: _instead(r, name, records, ended) for r in absent if r in records or r not in ended}
         finding.unrecorded = {r: ended[r] for r in absent if r not in records and r in ended}

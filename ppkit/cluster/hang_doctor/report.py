@@ -62,6 +62,9 @@ def explain(diagnosis) -> str:
                          "is not known")
         if finding.mismatch and _skipped(finding):
             lines.append("      (a barrier against another collective: one rank skipped a collective the other calls)")
+        if finding.after:
+            lines.append(f"      (the ranks' calls are out of step since collective #{finding.after}, which differs: "
+                         "this follows from it)")
         if finding.torch_says:
             lines.append(f"      torch's matcher: {finding.torch_says}")
     backends = sorted({call.get("backend") or "the backend" for finding in diagnosis.groups
