@@ -188,3 +188,22 @@ def test_a_call_without_its_own_line_is_said_to_wait_at_the_ranks_line_not_calle
     assert "rank 0: all_reduce #1 of [2] Float, its rank waits at test_doctor_review.py" in out, out
     assert "print(y.sum().item())" in out and "called at test_doctor_review.py, line" not in out.split(
         "rank 0: all_reduce #1")[1].splitlines()[0], out
+
+
+def three_thousand_all_reduces(i, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=i, world_size=2)
+    t = torch.ones(1)
+    for _ in range(3000):
+        dist.all_reduce(t)
+    print(f"rank {i} done", flush=True)
+
+
+def test_a_loop_of_collectives_that_moves_is_not_called_hung_on_real_ranks(monkeypatch, capsys):
+    """The record moves between the watch's two looks (a real-rank version of the hand-made records of
+    test_doctor_records.py::test_a_record_that_moves_between_two_looks_is_not_hung)."""
+    monkeypatch.setenv("PPKIT_HANG_S", "0.5")
+    ppkit.spawn(three_thousand_all_reduces, args=(free_port(),), nprocs=2, timeout=120)
+    out = capsys.readouterr().out
+    assert "rank 0 done" in out and "rank 1 done" in out, out
+    assert "possibly hung" not in out, out
