@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ppkit.cluster.hang_doctor.words import call_words, line_words, p2p_words, pair
+from ppkit.cluster.hang_doctor.elsewhere import instead
+from ppkit.cluster.hang_doctor.memberships import memberships
+from ppkit.cluster.hang_doctor.memberships import views as group_views
+from ppkit.cluster.hang_doctor.words import pair
 
 KINDS = {"COLLECTIVE_TYPE_MISMATCH": "the op differs", "SIZE_OR_SYNTAX_MISMATCH": "the sizes differ",
          "COLLECTIVE_DTYPE_MISMATCH": "the dtypes differ"}
@@ -73,7 +76,7 @@ class Diagnosis:
     unanswered: list[int]
     off: list[int]  # ranks whose recorder is off (TORCH_FR_BUFFER_SIZE=0)
     records: dict[int, dict] = field(default_factory=dict)  # what it read: rank -> its record
-    views: dict[str, dict] = field(default_factory=dict)  # groups whose members the ranks disagree on (_views)
+    views: dict[str, dict] = field(default_factory=dict)  # groups the ranks disagree on (memberships.views)
     world_size: int = 0
     source: str = ""  # where the records come from, where not from the ranks as they are now
 
@@ -116,8 +119,8 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     it completed, so their newest call counts as not completed."""
     ended = dict(ended or {})
     records = {rank: _failed(record) if rank in failed else record for rank, record in records.items()}
-    groups = _memberships(records, world_size)
-    views = _views(records)
+    groups = memberships(records, world_size)
+    views = group_views(records)
     for name, view in views.items():  # the view of a rank with calls in the group: its calls are the group's
         callers = [r for r, rec in sorted(records.items()) if any(c["group"] == name for c in rec.get("calls", []))]
         view["shown"] = next((r for r in callers if any(r in seen for seen in view["seen"].values())),
@@ -132,19 +135,6 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
     return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, views, world_size)
-
-
-def _views(records: dict[int, dict]) -> dict[str, dict]:
-    """Groups whose members the ranks disagree on: name -> {"seen": members -> the ranks that see
-    them so} (torch names groups by a counter: ranks that create them in different orders give one
-    name to different groups); diagnose adds "shown": the rank whose view the findings use."""
-    views: dict[str, dict[tuple[int, ...], list[int]]] = {}
-    for rank, record in sorted(records.items()):
-        made = [(name, info.get("ranks", [])) for name, info in record.get("groups", {}).items()]
-        creating = record.get("creating")
-        for name, ranks in made + ([(creating["name"], creating["ranks"])] if creating else []):
-            views.setdefault(name, {}).setdefault(tuple(ranks), []).append(rank)
-    return {name: {"seen": seen} for name, seen in views.items() if len(seen) > 1}
 
 
 def _cycles(p2p: dict[int, dict]) -> list[list[int]]:
@@ -196,18 +186,6 @@ def _order(name: str):
     return (0, int(name)) if name.isdigit() else (1, name)
 
 
-def _memberships(records: dict[int, dict], world_size: int) -> dict[str, tuple[str, list[int]]]:
-    groups: dict[str, tuple[str, list[int]]] = {}
-    for _, record in sorted(records.items(), reverse=True):  # where views differ, the lowest rank's stands in
-        for name, info in record.get("groups", {}).items():
-            groups[name] = (info.get("desc", ""), list(info.get("ranks", [])))
-    for record in records.values():
-        for call in record.get("calls", []):
-            if call["group"] not in groups:
-                groups[call["group"]] = (call.get("desc", ""), list(range(world_size)))
-    return groups
-
-
 def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
            backend: str = "") -> list[GroupFinding]:
     """A difference among the calls every rank completed (the first), then the first call not completed."""
@@ -233,7 +211,7 @@ def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
         if finding.mismatch and earlier is not None and not earlier.harmless:
             finding.after = earlier.seq
         absent = [r for r in ranks if r not in here and done.get(r, 0) < seq]
-        finding.missing = {r: _instead(r, name, records, ended) for r in absent if r in records or r not in ended}
+        finding.missing = {r: instead(r, name, records, ended) for r in absent if r in records or r not in ended}
         finding.unrecorded = {r: ended[r] for r in absent if r not in records and r in ended}
         found.append(finding)
     for finding in found:
@@ -292,39 +270,3 @@ def _event(call: dict) -> dict:
             "output_sizes": call["output_sizes"], "collective_seq_id": call["seq"],
             "p2p_seq_id": call["p2p_seq"], "input_dtypes": call["input_dtypes"],
             "output_dtypes": call["output_dtypes"], "time_created_ns": call["time_created_ns"]}
-
-
-def _instead(rank: int, group: str, records: dict, ended: dict) -> str:
-    """Where a rank that has not reached a group's collective is."""
-    if rank in ended:
-        return ended[rank]
-    record = records.get(rank)
-    if record is None:
-        return "it did not answer (stopped, or busy outside Python)"
-    pending = [c for c in record.get("calls", []) if not c["done"] and c["group"] != group]
-    if record.get("p2p"):
-        wait = record["p2p"]
-        return f"it waits in {p2p_words(wait)}{line_words(wait.get('at'))}"
-    if pending and record.get("main") not in ("own", "idle"):
-        return f"it waits in {call_words(pending[0], with_group=True)}"
-    started = ([call_words(c, with_group=True) for c in pending[:1]]
-               + [p2p_words(w) + line_words(w.get("at"), "called ") for w in record.get("p2p_pending", [])[:1]])
-    left = f"; it started {' and '.join(started)}, not completed yet" if started else ""
-    main, at = record.get("main"), line_words(record.get("at"))
-    if main == "idle":
-        return f"its job returned, so it is idle{left}"
-    if main == "own":
-        return f"it is in its own code, not in a collective{at} (still computing?){left}"
-    if main == "distributed":
-        inside = f" ({record['in']})" if record.get("in") else ""
-        if record.get("creating"):
-            made = record["creating"]
-            inside = f" ({record.get('in') or 'new_group'}: creating group {made['name']} of ranks {made['ranks']})"
-        return (f"it is inside torch.distributed{inside}{at}, in no collective its record holds: a call that "
-                f"waits on the other ranks, such as new_group or a barrier on the store{left}")
-    if main == "wait":
-        return (f"it waits on a Work (req.wait()){at} that its record does not name (more point-to-point calls "
-                f"in flight than it keeps, or a call it does not watch){left}")
-    if main == "other":
-        return f"its main thread is in a library{at}, in no collective its record holds{left}"
-    return f"where its main thread is, its record does not say{left}"
