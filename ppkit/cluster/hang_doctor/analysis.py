@@ -59,9 +59,11 @@ class GroupFinding:
     def harmless(self) -> bool:
         """Completed with only the shapes differing, each rank's tensors of the same element counts:
         the backend moved the elements in memory order, as it would for equal shapes."""
+        if not (self.completed and self.mismatch == "the sizes differ"):
+            return False
         alike = {(tuple(_numel(s) for s in call["input_sizes"]), tuple(_numel(s) for s in call["output_sizes"]),
                   tuple(call["input_dtypes"]), call.get("reduce_op", "")) for call in self.calls.values()}
-        return self.completed and self.mismatch == "the sizes differ" and len(alike) == 1
+        return len(alike) == 1
 
 
 @dataclass(repr=False)
