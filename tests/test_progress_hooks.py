@@ -66,9 +66,13 @@ def test_the_hang_watch_records_hung_with_how_long_and_where(folder, monkeypatch
     assert watch.look(busy) is None and events("cluster") == []  # rank 0 computes: not a hang
     assert watch.due(start + 5.0) == start + 125.0  # look again a minute after that look
     clock["now"] = start + 125.0
+    assert watch.look(waiting) is None and events("cluster") == []  # every rank waits: a second look confirms
+    assert watch.due(start + 5.0) == start + 125.0 + hang_watch.CONFIRM_S
+    clock["now"] = start + 125.0 + hang_watch.CONFIRM_S
     assert watch.look(waiting).startswith("[ppkit] possibly hung")
     [hung] = events("cluster")
-    assert hung.fields == {"state": "hung", "seconds": 60.0,  # since the look that found rank 0 busy
+    assert hung.fields == {"state": "hung", "seconds": 60.0 + hang_watch.CONFIRM_S,  # since the look that found
+                           # rank 0 busy, not since the first look that found every rank waiting
                            "detail": "every rank waits on its peers (stack or flight record): rank 0 in all_reduce, "
                            "rank 1 in recv"}
 

@@ -55,6 +55,7 @@ class HangWatch:
         self._show = show_stacks or (lambda stacks: stacks)  # the caller's view of a stack (its own frames left out)
         self._since = time.monotonic()  # the last look that found ranks busy, or the run's start
         self._last_activity = self._since
+        self._moved = self._since  # the last look that found a rank busy or a record moved: the silence's start
         self._seen = None  # what the last look found, where every rank waited: the next must find the same
 
     def due(self, last_activity: float) -> float:
@@ -75,13 +76,15 @@ class HangWatch:
         from ppkit.cluster import hang_doctor
 
         records = records or {}
-        quiet, self._since = time.monotonic() - max(self._last_activity, self._since), time.monotonic()
+        now = time.monotonic()
+        quiet, self._since = now - max(self._last_activity, self._moved), now
         if not stacks or not all(waits_on_peers(text) or hang_doctor.waits_on_peers(records.get(rank))
                                  for rank, text in stacks.items()):
-            self._seen = None
+            self._seen, self._moved = None, now
             return None
         seen = {rank: (text, hang_doctor.progress(records.get(rank))) for rank, text in stacks.items()}
         if seen != self._seen:  # the first look, or the record moved since: look once more
+            self._moved = now if self._seen is not None else self._moved
             self._seen = seen
             return None
         self.told = True

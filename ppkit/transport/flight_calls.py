@@ -20,6 +20,7 @@ wraps ProcessGroup's methods, which every path reaches.
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allga
                "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_single_coalesced",
                "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "barrier")
 
-p2p_ring: collections.deque = collections.deque(maxlen=P2P_KEEP)  # (op, peer, sizes, dtype, tag, frames, work)
+p2p_ring: list = []  # (op, peer, sizes, dtype, tag, frames, work): pending ones, the oldest and the newest (keep_p2p)
 api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, root, frames)
 born_ns: dict[str, int] = {}  # group name -> when its present (or last) lifetime began (time.time_ns, as torch's)
 waiting: dict[int, object] = {}  # thread ident -> the Work it waits on
@@ -66,17 +67,16 @@ def _watched(call):
 
 
 def _watched_p2p(name: str, original):
-    def call(group, tensors, *args):
-        work = original(group, tensors, *args)
+    def call(group, tensors, *args, **kwargs):
+        work = original(group, tensors, *args, **kwargs)  # as called: keywords (dstRank=, srcRank=, tag=) too
         try:
             if work is not None:
-                peer = global_rank(group, args[0]) if name != "recv_anysource" else None
-                tag = args[-1] if len(args) >= (1 if name == "recv_anysource" else 2) else 0
-                frames = frames_of(sys._getframe(1))
-                while p2p_ring and p2p_ring[0][-1].is_completed():  # done: its tensors are not kept alive
-                    p2p_ring.popleft()
-                p2p_ring.append(("isend" if name == "send" else "irecv", peer, [list(t.shape) for t in tensors],
-                                 str(tensors[0].dtype).replace("torch.", "") if tensors else "", tag, frames, work))
+                peer = None if name == "recv_anysource" else global_rank(
+                    group, args[0] if args else kwargs.get("dstRank" if name == "send" else "srcRank"))
+                tag = kwargs.get("tag", args[-1] if len(args) >= (1 if name == "recv_anysource" else 2) else 0)
+                frames = call_site(sys._getframe(1), name)[1]
+                keep_p2p(("isend" if name == "send" else "irecv", peer, [list(t.shape) for t in tensors],
+                          str(tensors[0].dtype).replace("torch.", "") if tensors else "", tag, frames, work))
         except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
             pass
         return work
@@ -96,10 +96,9 @@ def _watched_collective(name: str, original):
         try:
             after = backend._get_sequence_number_for_group() if backend is not None else before
             if after is not None and after > before:
-                frame = sys._getframe(1)
+                api, frames = call_site(sys._getframe(1), name)
                 api_ring.append((str(group.group_name), _backend_name(backend), before + 1, after,
-                                 _api_name(frame, name), _reduce_op(args, kwargs), _root(group, args, kwargs),
-                                 frames_of(frame)))
+                                 api, _reduce_op(args, kwargs), _root(group, args, kwargs), frames))
         except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
             pass
         return work
@@ -165,16 +164,35 @@ def _backend_name(backend) -> str:
         return ""
 
 
-def _api_name(frame, method: str) -> str:
-    """The torch.distributed function the learner called: the outermost of distributed_c10d's frames."""
-    name = method
+def keep_p2p(call) -> None:
+    """Add a send or recv to the ring. Completed calls go first (their tensors are not kept alive);
+    with more than P2P_KEEP pending, the oldest half and the newest half are kept: the oldest pending
+    call is where a hang starts, the newest is the one a rank waits on after a loop of them."""
+    p2p_ring[:] = [kept for kept in p2p_ring if not kept[-1].is_completed()]
+    if len(p2p_ring) >= P2P_KEEP:
+        del p2p_ring[P2P_KEEP // 2]
+    p2p_ring.append(call)
+
+
+def call_site(frame, method: str) -> tuple[str, list[tuple[str, int, str]]]:
+    """The torch.distributed function the learner called (the outermost of distributed_c10d's frames
+    in the run of torch.distributed's frames the call starts in), and the frames from the call out to
+    the learner's, innermost first. It stops at the learner's frame: its cost does not grow with the
+    depth of the learner's own stack."""
+    api, frames, inside = method, [], True
+    distributed = os.path.join(torch_dir(), "distributed")
     while frame is not None:
-        if frame.f_code.co_filename.endswith("distributed_c10d.py"):
-            name = frame.f_code.co_name
-        elif name != method:
-            break
+        filename = frame.f_code.co_filename
+        frames.append((filename, frame.f_lineno, frame.f_code.co_name))
+        if inside and (filename.startswith(distributed) or filename == __file__):  # this module's wrappers too
+            if filename.endswith("distributed_c10d.py"):
+                api = frame.f_code.co_name
+        else:
+            inside = False
+            if is_learners(filename):
+                break
         frame = frame.f_back
-    return name
+    return api, frames
 
 
 def _reduce_op(args, kwargs) -> str:
@@ -210,6 +228,24 @@ def frames_of(frame) -> list[tuple[str, int, str]]:
         frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return frames
+
+
+_OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # ppkit/ itself
+
+
+def torch_dir() -> str:
+    torch = sys.modules.get("torch")
+    return os.path.dirname(torch.__file__) if torch is not None and torch.__file__ else os.sep + "torch" + os.sep
+
+
+def is_learners(filename: str) -> bool:
+    """A learner's file: not torch, ppkit, the standard library or an installed package; a cell's
+    (``<%%torchrun cell 3>``, ``<ipython-input-...>``) is."""
+    if filename.startswith("<") and not filename.startswith(("<%%ranks", "<%%torchrun")):
+        return filename.startswith("<ipython-input")
+    norm = filename.replace("\\", "/")
+    return not (any(filename.startswith(own) for own in _OWN) or filename.startswith(torch_dir())
+                or "/site-packages/" in norm or "/lib/python3" in norm)
 
 
 def main_ident(main_frame) -> int | None:

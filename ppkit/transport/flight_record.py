@@ -17,27 +17,25 @@ where the main thread is (its own code, a wait, torch.distributed), and the send
 in. The record's own Python stacks are not asked for: turning them into text imports torch._dynamo
 on the rank (seconds, and memory), while the main thread's frames name the same line for the call
 it waits in. ``on_abort`` sends the record once more when gloo
-aborts the process (a size mismatch does).
+aborts the process (a size mismatch does: flight_abort.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import linecache
 import os
 import pickle
-import signal
 import sys
 
 from ppkit.transport import flight_calls
+from ppkit.transport.flight_abort import HANDLER_S, on_abort  # noqa: F401 - HANDLER_S: the worker's bound
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 NCCL_BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 DEFAULT_BUFFER = 2000  # torch's own default (FlightRecorder.hpp)
 KEEP = 16  # calls per process group sent to the kernel
 P2P_CALLS = ("send", "recv", "isend", "irecv")
-_OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # ppkit/ itself
 
 
 def buffer_size(environ=os.environ) -> int:
@@ -53,7 +51,10 @@ def snapshot(main_frame, in_job: bool = True) -> str:
     False between jobs, where the main thread waits for the next one), as JSON."""
     record = {"buffer": buffer_size(), "calls": [], "groups": {}, "done": {}, "p2p": None, "p2p_pending": [],
               "at": _learner_line(flight_calls.frames_of(main_frame)),
-              "main": _main_state(main_frame) if in_job else "idle", "error": ""}
+              "main": _main_state(main_frame) if in_job else "idle", "error": "", "in": ""}
+    if record["main"] == "distributed":  # the torch.distributed function it is in (new_group, a store's wait)
+        record["in"] = flight_calls.call_site(main_frame, "")[0]
+        record["creating"] = _creating(main_frame)
     if "torch.distributed" not in sys.modules:  # no process group was ever created here
         return json.dumps(record)
     errors = []
@@ -69,7 +70,8 @@ def snapshot(main_frame, in_job: bool = True) -> str:
     waiting = [call for call in record["calls"] if not call["done"]]
     if waiting and record["main"] in ("distributed", "wait") and record["p2p"] is None:
         newest = max(waiting, key=lambda call: call["time_created_ns"])  # the newest: the one it waits in
-        newest["at"] = newest["at"] or record["at"]
+        if not newest["at"]:  # no record of its call (funcol's reach the backend from C++): where the rank waits
+            newest["waits_at"] = record["at"]
     record["error"] = "; ".join(errors)
     return json.dumps(record)
 
@@ -169,6 +171,18 @@ def _groups() -> dict[str, dict]:
             if isinstance(pg, dist.ProcessGroup)}  # a group this rank is not in: GroupMember.NON_GROUP_MEMBER, an int
 
 
+def _creating(frame) -> dict | None:
+    """The group the main thread is creating (in new_group): its name and global ranks, as this rank
+    names it (torch counts groups per rank: ranks that create them in another order differ)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_new_process_group_helper" and code.co_filename.endswith("distributed_c10d.py"):
+            local = frame.f_locals
+            return {"name": str(local.get("group_name")), "ranks": sorted(local.get("global_ranks_in_group") or [])}
+        frame = frame.f_back
+    return None
+
+
 def _p2p_wait(frame) -> dict | None:
     """The send or recv the main thread is blocked in, with its peer and tag (gloo does not record these)."""
     while frame is not None:
@@ -211,7 +225,7 @@ def _p2p_pending() -> list[dict]:
 
 
 def _in_distributed(frame) -> bool:
-    inside = os.path.join(_torch_dir(), "distributed")
+    inside = os.path.join(flight_calls.torch_dir(), "distributed")
     while frame is not None:
         if frame.f_code.co_filename.startswith(inside):
             return True
@@ -219,15 +233,10 @@ def _in_distributed(frame) -> bool:
     return False
 
 
-def _torch_dir() -> str:
-    torch = sys.modules.get("torch")
-    return os.path.dirname(torch.__file__) if torch is not None and torch.__file__ else os.sep + "torch" + os.sep
-
-
 def _learner_line(frames) -> dict:
     """The innermost frame outside torch, ppkit and the standard library: the learner's line."""
     for filename, line, name in frames:
-        if _is_learners(filename):
+        if flight_calls.is_learners(filename):
             return {"file": filename, "line": line, "func": name,
                     "code": linecache.getline(filename, line).strip()}
     return {}
@@ -235,71 +244,4 @@ def _learner_line(frames) -> dict:
 
 def _own_code(filename: str) -> bool:
     """The learner's code, a cell's included (``<%%torchrun cell 3>``, ``<ipython-input-...>``)."""
-    return not filename.startswith("<frozen") if filename.startswith("<") else _is_learners(filename)
-
-
-def _is_learners(filename: str) -> bool:
-    if filename.startswith("<") and not filename.startswith(("<%%ranks", "<%%torchrun")):
-        return filename.startswith("<ipython-input")
-    norm = filename.replace("\\", "/")
-    return not (any(filename.startswith(own) for own in _OWN) or filename.startswith(_torch_dir())
-                or "/site-packages/" in norm or "/lib/python3" in norm)
-
-
-_on_abort = None  # the handler (kept alive: ctypes calls it from C)
-_previous = None  # SIGABRT's action before on_abort: restored as the handler ends, and in forked children
-_owner = None  # the pid that installed the handler: a forked child never speaks for the rank
-HANDLER_S = 3  # the most seconds the last words (its output, then its record) may take: then SIGALRM ends it
-
-
-class _SigAction(ctypes.Structure):  # glibc's struct sigaction (the same on x86_64 and aarch64)
-    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
-                ("restorer", ctypes.c_void_p)]
-
-
-def on_abort(send_record) -> None:
-    """When the process aborts (gloo's abort() on a size mismatch: a C++ exception in its own thread),
-    ``send_record()`` runs first, so the kernel learns what this rank had issued. The handler is
-    C-level (libc's sigaction), since Python's own handler would run only after the abort.
-
-    Running Python in a signal handler is not async-signal-safe, so the handler is bounded: it arms
-    ``alarm(HANDLER_S)`` with SIGALRM's default action first, so last words that cannot be sent
-    (a lock the interrupted thread holds) still end the process. It then restores SIGABRT's previous
-    action (faulthandler's, if enabled: its traceback still prints) and raises SIGABRT again, which
-    that action receives once the handler returns. A forked child (a DataLoader worker) gets the
-    previous action back at fork, and the handler checks its pid, so a child never writes on the
-    rank's channel."""
-    global _on_abort, _previous, _owner
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(_SigAction), ctypes.POINTER(_SigAction)]
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
-    raise_signal = getattr(libc, "raise")  # libc's raise(): a Python keyword
-
-    def restore() -> None:
-        if _previous is not None:
-            libc.sigaction(signal.SIGABRT, ctypes.byref(_previous), None)
-
-    def last_words(signum):
-        alarm_action = libc.signal(signal.SIGALRM, ctypes.c_void_p(0))  # SIG_DFL: a stuck handler ends the process
-        libc.alarm(HANDLER_S)
-        restore()
-        if os.getpid() == _owner:
-            try:
-                send_record()
-            except BaseException:  # noqa: BLE001 - the process is ending either way
-                pass
-        libc.alarm(0)  # sent (or dropped) in time: SIGALRM as it was, for a previous action that lets it live on
-        libc.signal(signal.SIGALRM, ctypes.c_void_p(alarm_action))
-        raise_signal(signal.SIGABRT)  # pending until this returns: then the previous action receives it
-
-    if _on_abort is None:
-        os.register_at_fork(after_in_child=restore)
-        _previous = _SigAction()
-        libc.sigaction(signal.SIGABRT, None, ctypes.byref(_previous))
-    _owner = os.getpid()
-    _on_abort = handler_type(last_words)
-    action = _SigAction()
-    action.handler = ctypes.cast(_on_abort, ctypes.c_void_p)
-    libc.sigaction(signal.SIGABRT, ctypes.byref(action), None)
+    return not filename.startswith("<frozen") if filename.startswith("<") else flight_calls.is_learners(filename)

@@ -202,3 +202,38 @@ def eval_broadcast_only_rank0(rank, world_size):
         dist.all_reduce(torch.ones(2))
     if rank == 0:
         dist.broadcast(torch.ones(2), src=0)
+
+
+REVIEW_A = "a hostile review of the doctor's records (a learner's program, not in the tests)"
+
+
+@program(2, CORRECT, REVIEW_A + ": a DTensor Shard(0) -> Replicate redistribute (funcol's all_gather_into_tensor, "
+         "which torch's matcher flags on its own as gloo records it)")
+def dtensor_redistribute_correct(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    return distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]).redistribute(mesh, [Replicate()]).to_local().tolist()
+
+
+@program(3, Truth("op_mismatch", ranks=(2,), op="all_reduce", seq=1), REVIEW_A + ": ranks 0-1 call reduce_scatter "
+         "(list form), rank 2 all_reduce: gloo records all_reduces on every rank")
+def reduce_scatter_list_against_all_reduce(rank, world_size):
+    out = torch.zeros(2)
+    if rank < 2:
+        dist.reduce_scatter(out, [torch.ones(2) for _ in range(world_size)])
+    else:
+        dist.all_reduce(out)
+    dist.barrier()
+
+
+@program(2, Truth("missing", ranks=(1,), op="all_reduce", seq=1), REVIEW_A + ": funcol's all_reduce on rank 0 "
+         "(no Python record of the call), rank 1 in a recv")
+def funcol_all_reduce_against_recv(rank, world_size):
+    import torch.distributed._functional_collectives as funcol
+
+    if rank == 0:
+        y = funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD)
+        return y.sum().item()
+    dist.recv(torch.zeros(1), src=0)

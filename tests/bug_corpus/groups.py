@@ -78,3 +78,16 @@ def new_subgroups_correct(rank, world_size):
     dist.all_reduce(t, group=group)
     dist.barrier()
     return t.tolist()
+
+
+@program(3, Truth("group_order", ranks=(2,), accept=("missing",)), "a hostile review of the doctor's records: rank "
+         "2 creates new_group([1, 2]) before new_group([0, 1]), ranks 0-1 the other way round (torch names groups by "
+         "a counter), then ranks 1-2 all_reduce on [1, 2]")
+def subgroups_created_in_a_different_order(rank, world_size):
+    if rank == 2:
+        b, _ = dist.new_group([1, 2]), dist.new_group([0, 1])
+    else:
+        _, b = dist.new_group([0, 1]), dist.new_group([1, 2])
+    if rank in (1, 2):
+        dist.all_reduce(torch.ones(2), group=b)
+    dist.barrier()

@@ -103,3 +103,15 @@ def isend_irecv_exchange(rank, world_size):
     for work in works:
         work.wait()
     return got.tolist()
+
+
+@program(2, Truth("p2p_unmatched", ranks=(0,), op="irecv", accept=("missing",)), "a hostile review of the doctor's "
+         "records: rank 0 posts 40 irecvs (tags 0-39) and waits on each in order; rank 1 sends tags 1-39 only")
+def forty_irecvs_one_unmatched(rank, world_size):
+    bufs = [torch.zeros(4) for _ in range(40)]
+    if rank == 0:
+        for req in [dist.irecv(bufs[k], src=1, tag=k) for k in range(40)]:
+            req.wait()
+    else:
+        [dist.isend(bufs[k], dst=0, tag=k) for k in range(1, 40)]
+    dist.barrier()

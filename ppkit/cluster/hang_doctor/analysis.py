@@ -13,9 +13,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ppkit.cluster.hang_doctor.elsewhere import instead
+from ppkit.cluster.hang_doctor.memberships import memberships
+from ppkit.cluster.hang_doctor.memberships import views as group_views
+from ppkit.cluster.hang_doctor.words import pair
+
 KINDS = {"COLLECTIVE_TYPE_MISMATCH": "the op differs", "SIZE_OR_SYNTAX_MISMATCH": "the sizes differ",
          "COLLECTIVE_DTYPE_MISMATCH": "the dtypes differ"}
 REDUCE_OP = "the reduce op differs"
+# what each of the matcher's verdicts compares: where both ranks' calls agree on it, the verdict is about one
+# call on its own (torch's numel rule for all_gather_into_tensor as gloo records it), not a difference
+COMPARED = {"COLLECTIVE_TYPE_MISMATCH": ("profiling_name",), "SIZE_OR_SYNTAX_MISMATCH": ("input_sizes", "output_sizes"),
+            "COLLECTIVE_DTYPE_MISMATCH": ("input_dtypes", "output_dtypes")}
 
 
 @dataclass
@@ -39,14 +48,22 @@ class GroupFinding:
     unrecorded: dict[int, str] = field(default_factory=dict)
     backend: str = ""
     completed: bool = False
+    after: int = 0  # an earlier collective of the group whose calls differ: this one follows from it
+
+    @property
+    def note_only(self) -> bool:
+        """Calls that differ only because an earlier collective's did (the ranks are out of step since)."""
+        return bool(self.after)
 
     @property
     def harmless(self) -> bool:
         """Completed with only the shapes differing, each rank's tensors of the same element counts:
         the backend moved the elements in memory order, as it would for equal shapes."""
+        if not (self.completed and self.mismatch == "the sizes differ"):
+            return False
         alike = {(tuple(_numel(s) for s in call["input_sizes"]), tuple(_numel(s) for s in call["output_sizes"]),
                   tuple(call["input_dtypes"]), call.get("reduce_op", "")) for call in self.calls.values()}
-        return self.completed and self.mismatch == "the sizes differ" and len(alike) == 1
+        return len(alike) == 1
 
 
 @dataclass(repr=False)
@@ -61,6 +78,7 @@ class Diagnosis:
     unanswered: list[int]
     off: list[int]  # ranks whose recorder is off (TORCH_FR_BUFFER_SIZE=0)
     records: dict[int, dict] = field(default_factory=dict)  # what it read: rank -> its record
+    views: dict[str, dict] = field(default_factory=dict)  # groups the ranks disagree on (memberships.views)
     world_size: int = 0
     source: str = ""  # where the records come from, where not from the ranks as they are now
 
@@ -74,7 +92,7 @@ class Diagnosis:
     @property
     def problem(self) -> bool:
         """A mismatch, a send/recv pair that waits on each other, or a collective some rank never reached."""
-        return bool(self.deadlock or any(g.mismatch and not g.harmless or g.missing or g.unrecorded
+        return bool(self.deadlock or self.views or any(g.mismatch and not g.harmless or g.missing or g.unrecorded
                                          for g in self.groups))
 
     @property
@@ -103,7 +121,14 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     it completed, so their newest call counts as not completed."""
     ended = dict(ended or {})
     records = {rank: _failed(record) if rank in failed else record for rank, record in records.items()}
-    groups = _memberships(records, world_size)
+    groups = memberships(records, world_size)
+    views = group_views(records)
+    for name, view in views.items():  # the view of a rank with calls in the group: its calls are the group's
+        callers = [r for r, rec in sorted(records.items()) if any(c["group"] == name for c in rec.get("calls", []))]
+        view["shown"] = next((r for r in callers if any(r in seen for seen in view["seen"].values())),
+                             min(min(seen) for seen in view["seen"].values()))
+        shown = records[view["shown"]].get("groups", {}).get(name) or records[view["shown"]].get("creating") or {}
+        groups[name] = (groups[name][0], list(shown.get("ranks", groups[name][1])))
     findings = [f for name, (desc, ranks) in sorted(groups.items(), key=lambda kv: _order(kv[0]))
                 for backend in _backends(name, records)
                 for f in _group(name, desc, ranks, records, ended, backend)]
@@ -111,7 +136,7 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     deadlock = _cycles(p2p)
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
-    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, world_size)
+    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, views, world_size)
 
 
 def _cycles(p2p: dict[int, dict]) -> list[list[int]]:
@@ -134,10 +159,6 @@ def matches(wait: dict, other: dict | None, rank: int) -> bool:
     """``other`` (the peer's wait) is the send or recv that completes ``wait`` (``rank``'s)."""
     return (other is not None and other.get("peer") in (rank, None) and pair(wait["op"], other["op"])
             and wait.get("tag", 0) == other.get("tag", 0))
-
-
-def pair(op: str, other: str) -> bool:
-    return ("send" in op) != ("send" in other)
 
 
 def _failed(record: dict) -> dict:
@@ -167,18 +188,6 @@ def _order(name: str):
     return (0, int(name)) if name.isdigit() else (1, name)
 
 
-def _memberships(records: dict[int, dict], world_size: int) -> dict[str, tuple[str, list[int]]]:
-    groups: dict[str, tuple[str, list[int]]] = {}
-    for record in records.values():
-        for name, info in record.get("groups", {}).items():
-            groups[name] = (info.get("desc", ""), list(info.get("ranks", [])))
-    for record in records.values():
-        for call in record.get("calls", []):
-            if call["group"] not in groups:
-                groups[call["group"]] = (call.get("desc", ""), list(range(world_size)))
-    return groups
-
-
 def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
            backend: str = "") -> list[GroupFinding]:
     """A difference among the calls every rank completed (the first), then the first call not completed."""
@@ -201,8 +210,10 @@ def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
     if here:
         finding = _first_mismatch(name, ranks, calls, [seq]) or GroupFinding(name, desc, ranks, None, seq, here)
         finding.calls = here
+        if finding.mismatch and earlier is not None and not earlier.harmless:
+            finding.after = earlier.seq
         absent = [r for r in ranks if r not in here and done.get(r, 0) < seq]
-        finding.missing = {r: _instead(r, name, records, ended) for r in absent if r in records or r not in ended}
+        finding.missing = {r: instead(r, name, records, ended) for r in absent if r in records or r not in ended}
         finding.unrecorded = {r: ended[r] for r in absent if r not in records and r in ended}
         found.append(finding)
     for finding in found:
@@ -238,10 +249,14 @@ def _compare(a: dict, b: dict, group: str, ranks: list[int]) -> tuple[str, str]:
         info = match_one_event(_event(a), _event(b), {group: set(ranks)}, group)
         state = info.state.name
         found = KINDS.get(state, ""), (getattr(info, "culprit", None) or "") if state in KINDS else ""
+        if state in COMPARED and all(a[key] == b[key] for key in COMPARED[state]):
+            found = "", ""  # the matcher's check of one call on its own (a numel rule): the ranks' calls agree
     except (ImportError, AssertionError, KeyError, IndexError, ValueError):  # an op torch's matcher does not know
         found = next(((words, "") for key, words in (("op", "the op differs"), ("input_sizes", "the sizes differ"),
                                                      ("input_dtypes", "the dtypes differ")) if a[key] != b[key]),
                      ("", ""))
+    if not found[0] and a.get("api") and b.get("api") and a["api"] != b["api"]:
+        return "the op differs", ""  # the learner's calls differ where the backend records the same op
     if not found[0] and a.get("reduce_op") and b.get("reduce_op") and a["reduce_op"] != b["reduce_op"]:
         return REDUCE_OP, ""
     if not found[0] and a.get("root") is not None and b.get("root") is not None and a["root"] != b["root"]:
@@ -257,26 +272,3 @@ def _event(call: dict) -> dict:
             "output_sizes": call["output_sizes"], "collective_seq_id": call["seq"],
             "p2p_seq_id": call["p2p_seq"], "input_dtypes": call["input_dtypes"],
             "output_dtypes": call["output_dtypes"], "time_created_ns": call["time_created_ns"]}
-
-
-def _instead(rank: int, group: str, records: dict, ended: dict) -> str:
-    """Where a rank that has not reached a group's collective is."""
-    from ppkit.cluster.hang_doctor.report import call_words, line_words, p2p_words
-
-    if rank in ended:
-        return ended[rank]
-    record = records.get(rank)
-    if record is None:
-        return "it did not answer (stopped, or busy outside Python)"
-    pending = [c for c in record.get("calls", []) if not c["done"] and c["group"] != group]
-    if record.get("p2p"):
-        wait = record["p2p"]
-        return f"it waits in {p2p_words(wait)}{line_words(wait.get('at'))}"
-    if pending and record.get("main") not in ("own", "idle"):
-        return f"it waits in {call_words(pending[0], with_group=True)}"
-    started = ([call_words(c, with_group=True) for c in pending[:1]]
-               + [p2p_words(w) + line_words(w.get("at"), "called ") for w in record.get("p2p_pending", [])[:1]])
-    left = f"; it started {' and '.join(started)}, not completed yet" if started else ""
-    if record.get("main") == "idle":
-        return f"its job returned, so it is idle{left}"
-    return f"it is in its own code, not in a collective{line_words(record.get('at'))} (still computing?){left}"

@@ -2,63 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
+from ppkit.cluster.hang_doctor.words import call_words, line_words, p2p_words, pair, renamed, sizes_words
 from ppkit.cluster.output.settings import rank_ranges
-
-
-def sizes_words(sizes) -> str:
-    return ", ".join(str(list(s)) for s in sizes) or "no tensor"
-
-
-def call_words(call: dict, with_group: bool = False) -> str:
-    """'all_reduce #3 of [4] Float, SUM, called at <cell> line 7: dist.all_reduce(t)'; where the
-    learner's call is not the backend's op: 'reduce_scatter (gloo records all_reduce #1-#2) of ...'."""
-    dtypes = "/".join(sorted(set(call["input_dtypes"]))) if call["input_sizes"] else ""
-    where = f" of group {call['group']}" if with_group else ""
-    name = f"{call['op']} #{call['seq']}"
-    if _renamed(call):
-        first, last = call.get("api_seqs") or (call["seq"], call["seq"])
-        seqs = f"#{first}" + (f"-#{last}" if last != first else "")
-        name = f"{call['api']} ({call.get('backend') or 'the backend'} records {call['op']} {seqs})"
-    root = f", root rank {call['root']}" if call.get("root") is not None else ""
-    return (f"{name}{where} of {sizes_words(call['input_sizes'])}{' ' + dtypes if dtypes else ''}"
-            f"{', ' + call['reduce_op'] if call.get('reduce_op') else ''}{root}{line_words(call.get('at'), 'called ')}")
-
-
-def _renamed(call: dict) -> bool:
-    return bool(call.get("api")) and call["api"] != call["op"]
-
-
-def p2p_words(wait: dict, tagged: bool = True) -> str:
-    """'isend to rank 1 (tag 1)', 'recv from rank 0'."""
-    tag = f" (tag {wait['tag']})" if wait.get("tag") and tagged else ""
-    peer = "any rank" if wait.get("peer") is None else f"rank {wait['peer']}"
-    return f"{wait['op']} {'to' if 'send' in wait['op'] else 'from'} {peer}{tag}"
-
-
-def line_words(at: dict | None, verb: str = "") -> str:
-    """', called at Cell In[4], line 5: dist.all_reduce(t)'."""
-    if not at:
-        return ""
-    return f", {verb}at {place(at['file'])}, line {at['line']}" + (f": {at['code']}" if at.get("code") else "")
-
-
-def place(filename: str) -> str:
-    """A learner's file as they know it: a notebook cell as IPython names it in tracebacks ('Cell In[4]',
-    not the kernel's temporary file), a magic's cell ('%%torchrun cell 2'), a file's own name."""
-    if filename.startswith("<%%") and filename.endswith(">"):
-        return filename[1:-1]
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
-    try:
-        named = shell.compile.format_code_name(filename) if shell is not None else None
-    except Exception:  # noqa: BLE001 - an IPython without it: the file's name serves
-        named = None
-    if named:
-        return " ".join(named)
-    return filename if filename.startswith("<") else os.path.basename(filename)
 
 
 def group_words(finding) -> str:
@@ -72,8 +17,16 @@ def explain(diagnosis) -> str:
     lines = ["[ppkit] collective doctor (torch's flight record of each rank):"]
     if diagnosis.source:
         lines.append(f"  ({diagnosis.source})")
+    for name, view in sorted(diagnosis.views.items()):
+        said = ", ".join(f"rank {rank_ranges(ranks)} says {list(members)}" if len(ranks) == 1 else
+                         f"ranks {rank_ranges(ranks)} say {list(members)}"
+                         for members, ranks in sorted(view["seen"].items(), key=lambda kv: kv[1]))
+        lines.append(f"  the ranks disagree on the members of group {name}: {said}. torch names groups in the order "
+                     "they are created: create them in the same order on every rank (each new_group on every rank, "
+                     f"member or not). Below, group {name}'s members are as rank {view['shown']} sees them.")
     waiting_groups = {g.name for g in diagnosis.groups if g.missing and not g.mismatch
-                      and all(diagnosis.blocked(r) for r in g.missing)}  # a rank in its own code waits nowhere
+                      and all(diagnosis.blocked(r) and _waits_elsewhere(diagnosis.records.get(r), g.name)
+                              for r in g.missing)}  # a rank in its own code, or in new_group, waits in no group
     if len(waiting_groups) > 1:
         lines.append(f"  the ranks wait in different process groups ({', '.join(sorted(waiting_groups))}): "
                      "each waits for the others in a group they never call this collective on.")
@@ -109,12 +62,15 @@ def explain(diagnosis) -> str:
                          "is not known")
         if finding.mismatch and _skipped(finding):
             lines.append("      (a barrier against another collective: one rank skipped a collective the other calls)")
+        if finding.after:
+            lines.append(f"      (the ranks' calls are out of step since collective #{finding.after}, which differs: "
+                         "this follows from it)")
         if finding.torch_says:
             lines.append(f"      torch's matcher: {finding.torch_says}")
-    renamed = sorted({call.get("backend") or "the backend" for finding in diagnosis.groups
-                      for call in finding.calls.values() if _renamed(call)})
-    if renamed:
-        lines.append(f"  (#N count the calls {' and '.join(renamed)} recorded in that group, not the calls you made: "
+    backends = sorted({call.get("backend") or "the backend" for finding in diagnosis.groups
+                       for call in finding.calls.values() if renamed(call)})
+    if backends:
+        lines.append(f"  (#N count the calls {' and '.join(backends)} recorded in that group, not the calls you made: "
                      "one call of yours may be several of the backend's)")
     for rank, wait in sorted(diagnosis.p2p.items()):
         lines.append(f"  rank {rank} waits in {p2p_words(wait)} of {sizes_words(wait.get('sizes', []))} "
@@ -145,8 +101,6 @@ def explain(diagnosis) -> str:
 
 
 def _cycle_words(cycle: list[int], p2p: dict[int, dict]) -> str:
-    from ppkit.cluster.hang_doctor.analysis import pair
-
     if len(cycle) == 2:
         a, b = cycle
         wa, wb = p2p[a], p2p[b]
@@ -168,6 +122,12 @@ def _alike(calls: dict[int, dict]) -> list[tuple[list[int], str]]:
     for rank, call in sorted(calls.items()):
         by_words.setdefault(call_words(call), []).append(rank)
     return [(ranks, words) for words, ranks in by_words.items()]  # by each one's first rank, as inserted
+
+
+def _waits_elsewhere(record: dict | None, group: str) -> bool:
+    """The rank has a collective of another group pending (where it waits, if its main thread waits)."""
+    return bool(record) and record.get("main") in ("wait", "distributed", "other") and not record.get("in") and any(
+        not call["done"] and call["group"] != group for call in record.get("calls", []))
 
 
 def _skipped(finding) -> bool:
