@@ -429,8 +429,13 @@ def test_which_rank_errors_are_failed_collectives():
     assert not failed_in_a_collective(ErrorInfo("ValueError", "no", 'File "train.py", line 3'))
 
 
-def test_a_ranks_error_outside_ipython_renders_as_the_usual_traceback():
+def test_a_ranks_error_outside_ipython_renders_as_the_usual_traceback(monkeypatch):
+    import IPython
+
     import ppkit
+
+    # outside IPython: another test of this worker's process may have made an InteractiveShell
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)
 
     try:
         raise ppkit.JobTimeoutError("the ranks did not finish", [0], {})
