@@ -100,7 +100,7 @@ _FRAME = re.compile(r'^([ |]*)File "([^"]+)", line (\d+)', re.MULTILINE)
 
 
 def _cells_named(text: str) -> str:
-    from ppkit.cluster.hang_doctor.report import place
+    from ppkit.cluster.hang_doctor.words import place
 
     def named(match: re.Match) -> str:
         cell = place(match[2])
