@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MISMATCH_WORDS = {"the op differs": "op_mismatch", "the sizes differ": "size_mismatch",
-                  "the dtypes differ": "dtype_mismatch"}
+                  "the dtypes differ": "dtype_mismatch", "the reduce op differs": "reduce_op_mismatch",
+                  "the root differs": "src_mismatch"}
 
 
 @dataclass

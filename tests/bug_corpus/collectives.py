@@ -109,17 +109,18 @@ def reduce_scatter_list_then_skip(rank, world_size):
         dist.reduce_scatter(out, [torch.ones(2) for _ in range(world_size)])
 
 
-@program(2, Truth("reduce_op_mismatch", ranks=(1,), op="all_reduce", seq=1, visible=()), DOCTOR_REVIEW +
-         ": SUM on one rank, MAX on the other (the record has no reduce op)")
+@program(2, Truth("reduce_op_mismatch", ranks=(1,), op="all_reduce", seq=1, visible=("doctor",)), DOCTOR_REVIEW +
+         ": SUM on one rank, MAX on the other (it completes; the record keeps each rank's reduce op, so the doctor "
+         "can name it when asked)")
 def sum_against_max(rank, world_size):
     t = torch.tensor([1.0, 2.0]) * (rank + 1)
     dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
     return t.tolist()
 
 
-@program(2, Truth("src_mismatch", ranks=(1,), op="reduce", seq=1, visible=()),
+@program(2, Truth("src_mismatch", ranks=(1,), op="reduce", seq=1, visible=("doctor",)),
          "https://github.com/pytorch/pytorch/issues/39706 (reduce with a different dst on each rank; on gloo it "
-         "hangs, and the record has no dst)")
+         "hangs; the record keeps each rank's dst)")
 def reduce_dst_differs(rank, world_size):
     t = torch.ones(3)
     dist.reduce(t, dst=rank)
