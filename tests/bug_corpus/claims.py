@@ -47,7 +47,11 @@ def _call_names(call: dict) -> set[str]:
 
 
 def _call_seq(call: dict, default: int | None) -> int | None:
-    return call.get("api_seq", default)
+    if "api_seq" in call:
+        return call["api_seq"]
+    if call.get("api") and call["api"] != call.get("op"):
+        return None  # the backend's number for a call it records as another op (the doctor says #N is its count)
+    return default
 
 
 def doctor_answer(diagnosis) -> Answer:
@@ -58,7 +62,7 @@ def doctor_answer(diagnosis) -> Answer:
         calls = getattr(finding, "calls", {}) or {}
         ops = {r: _call_names(c) for r, c in calls.items()}
         seqs = {_call_seq(c, getattr(finding, "seq", None)) for c in calls.values()}
-        seq = seqs.pop() if len(seqs) == 1 else getattr(finding, "seq", None)
+        seq = seqs.pop() if len(seqs) == 1 else None if None in seqs else getattr(finding, "seq", None)
         group_ranks = tuple(getattr(finding, "ranks", ()) or ()) or None
         mismatch = getattr(finding, "mismatch", "")
         kind = getattr(finding, "kind", None) or MISMATCH_WORDS.get(mismatch, "mismatch" if mismatch else "")
