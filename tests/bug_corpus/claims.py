@@ -96,6 +96,7 @@ _WHY_CAUSES = [
     ("an all_reduce is missing", "partial"), ("alone did to it", "one_rank"),
     ("summed where it should average", "sum_not_mean"), ("where a sum belongs", "mean_not_sum"),
     ("a scale differs", "scale_other"), ("the shards are swapped", "swapped"),
+    ("gradient accumulation over", "accumulation"),
 ]
 
 
