@@ -81,7 +81,9 @@ def doctor_answer(diagnosis) -> Answer:
     for wait in getattr(diagnosis, "unmatched", []) or []:
         ranks = wait if isinstance(wait, (tuple, list, set, frozenset)) else (wait,)
         claims.append(Claim("p2p_unmatched", frozenset(ranks)))
-    unsure = bool(getattr(diagnosis, "unsure", False) or getattr(diagnosis, "cannot_tell", False))
+    unsure = bool(getattr(diagnosis, "unsure", False) or getattr(diagnosis, "cannot_tell", False)
+                  # a rank without a record: it says whether that rank made the call is not known
+                  or any(getattr(f, "unrecorded", None) for f in getattr(diagnosis, "groups", [])))
     return Answer(claims, unsure)
 
 
