@@ -79,3 +79,17 @@ def test_the_grader_reads_the_doctors_diagnosis():
     assert [(c.kind, sorted(c.ranks), c.seq) for c in claims] == [
         ("size_mismatch", [0, 1], 1), ("missing", [1], 2), ("p2p_deadlock", [0, 1], None)]
     assert claims[1].ops == {0: {"all_reduce"}} and claims[1].group_ranks == (0, 1)
+
+
+def test_the_grader_reads_every_cause_the_parity_tools_why_names():
+    """The parity tool's words for a loss not divided over micro-batches name three causes that fit; the grader
+    must read the accumulation among them, not only the first (it graded the true answer false)."""
+    from types import SimpleNamespace
+
+    from tests.bug_corpus.claims import parity_causes
+
+    why = ("3 causes fit: a data-parallel all_reduce that summed where it should average (the loss was averaged "
+           "over 2 ranks, mean_over=, and a sum over 2 data-parallel ranks is 2x); gradient accumulation over 2 "
+           "micro-batches whose losses were not divided by 2 (each backward adds its whole gradient); a loss 2x "
+           "the reference's before backward (summed where the reference takes a mean)")
+    assert "accumulation" in parity_causes(SimpleNamespace(why=why))

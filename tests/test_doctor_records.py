@@ -301,3 +301,20 @@ def test_a_rank_between_jobs_is_idle_not_computing_or_waiting():
     text = str(diagnose(records, 2))
     assert "rank 1 has not reached it: its job returned, so it is idle; it started all_reduce #1 of group 2" in text
     assert "different process groups" not in text and "own code" not in text, text
+
+
+def dtypes_differ(rank, world_size, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64))
+
+
+def test_a_rank_that_died_in_the_call_is_not_said_on_demand_to_have_not_reached_it():
+    """gloo aborts a rank inside a dtype mismatch (SIGABRT): on demand, that rank sends no record, so whether
+    it made the call is not known; the doctor must not say it "has not reached it"."""
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        with pytest.raises(ppkit.WorkerError):
+            cluster.run(dtypes_differ, free_port(), timeout=10)
+        text = str(ppkit.collective_doctor(cluster))
+    assert "has not reached it" not in text, text
+    assert "no record" in text and "is not known" in text, text

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MISMATCH_WORDS = {"the op differs": "op_mismatch", "the sizes differ": "size_mismatch",
-                  "the dtypes differ": "dtype_mismatch"}
+                  "the dtypes differ": "dtype_mismatch", "the reduce op differs": "reduce_op_mismatch",
+                  "the root differs": "src_mismatch"}
 
 
 @dataclass
@@ -46,7 +47,11 @@ def _call_names(call: dict) -> set[str]:
 
 
 def _call_seq(call: dict, default: int | None) -> int | None:
-    return call.get("api_seq", default)
+    if "api_seq" in call:
+        return call["api_seq"]
+    if call.get("api") and call["api"] != call.get("op"):
+        return None  # the backend's number for a call it records as another op (the doctor says #N is its count)
+    return default
 
 
 def doctor_answer(diagnosis) -> Answer:
@@ -57,7 +62,7 @@ def doctor_answer(diagnosis) -> Answer:
         calls = getattr(finding, "calls", {}) or {}
         ops = {r: _call_names(c) for r, c in calls.items()}
         seqs = {_call_seq(c, getattr(finding, "seq", None)) for c in calls.values()}
-        seq = seqs.pop() if len(seqs) == 1 else getattr(finding, "seq", None)
+        seq = seqs.pop() if len(seqs) == 1 else None if None in seqs else getattr(finding, "seq", None)
         group_ranks = tuple(getattr(finding, "ranks", ()) or ()) or None
         mismatch = getattr(finding, "mismatch", "")
         kind = getattr(finding, "kind", None) or MISMATCH_WORDS.get(mismatch, "mismatch" if mismatch else "")
@@ -76,7 +81,9 @@ def doctor_answer(diagnosis) -> Answer:
     for wait in getattr(diagnosis, "unmatched", []) or []:
         ranks = wait if isinstance(wait, (tuple, list, set, frozenset)) else (wait,)
         claims.append(Claim("p2p_unmatched", frozenset(ranks)))
-    unsure = bool(getattr(diagnosis, "unsure", False) or getattr(diagnosis, "cannot_tell", False))
+    unsure = bool(getattr(diagnosis, "unsure", False) or getattr(diagnosis, "cannot_tell", False)
+                  # a rank without a record: it says whether that rank made the call is not known
+                  or any(getattr(f, "unrecorded", None) for f in getattr(diagnosis, "groups", [])))
     return Answer(claims, unsure)
 
 
@@ -91,6 +98,7 @@ _WHY_CAUSES = [
     ("an all_reduce is missing", "partial"), ("alone did to it", "one_rank"),
     ("summed where it should average", "sum_not_mean"), ("where a sum belongs", "mean_not_sum"),
     ("a scale differs", "scale_other"), ("the shards are swapped", "swapped"),
+    ("gradient accumulation over", "accumulation"),
 ]
 
 

@@ -26,9 +26,11 @@ DOCTOR_KINDS = {
     "p2p_deadlock",       # a cycle of send/recv waits (two ranks or a ring)
     "p2p_unmatched",      # a send or recv whose peer never makes the matching call (wrong peer, wrong tag)
     "group_order",        # ranks wait in different process groups, each for a rank that waits in the other
+    "reduce_op_mismatch", # same collective, different reduce ops (the record keeps the op= each rank passed)
+    "src_mismatch",       # same rooted collective, different src/dst (the record keeps the root each rank passed)
 }
 PARITY_KINDS = {"wrong_numbers"}
-INVISIBLE_KINDS = {"reduce_op_mismatch", "src_mismatch", "not_collective", "wrong_group"}
+INVISIBLE_KINDS = {"not_collective", "wrong_group"}
 
 
 @dataclass(frozen=True)

@@ -213,8 +213,9 @@ def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
         if finding.mismatch and earlier is not None and not earlier.harmless:
             finding.after = earlier.seq
         absent = [r for r in ranks if r not in here and done.get(r, 0) < seq]
-        finding.missing = {r: instead(r, name, records, ended) for r in absent if r in records or r not in ended}
-        finding.unrecorded = {r: ended[r] for r in absent if r not in records and r in ended}
+        # a rank without a record may have died inside this very call (gloo aborts on a mismatch): not "missing"
+        finding.missing = {r: instead(r, name, records, ended) for r in absent if r in records}
+        finding.unrecorded = {r: instead(r, name, records, ended) for r in absent if r not in records}
         found.append(finding)
     for finding in found:
         finding.desc, finding.backend = desc, backend
