@@ -318,3 +318,15 @@ def test_a_rank_that_died_in_the_call_is_not_said_on_demand_to_have_not_reached_
         text = str(ppkit.collective_doctor(cluster))
     assert "has not reached it" not in text, text
     assert "no record" in text and "is not known" in text, text
+
+
+def test_a_subgroup_whose_members_no_record_lists_is_not_given_the_whole_world():
+    """The corpus's subgroup_then_world_skip: ranks 0-1 ended without listing group 2 (new_group([2, 3])); the
+    doctor took every rank as its member and said ranks 0-1 had not reached its all_reduce."""
+    from ppkit.cluster.hang_doctor.memberships import memberships
+
+    call = {"group": "2", "desc": "undefined"}
+    records = {0: {"calls": [{"group": "0"}]}, 1: {"calls": [{"group": "0"}]},
+               2: {"calls": [{"group": "0"}, call]}, 3: {"calls": [{"group": "0"}, call]}}
+    groups = memberships(records, 4)
+    assert groups["2"][1] == [2, 3] and groups["0"][1] == [0, 1, 2, 3], groups

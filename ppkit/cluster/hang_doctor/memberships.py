@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+DEFAULT = "0"  # torch's name for the default (world) group
+
 
 def memberships(records: dict[int, dict], world_size: int) -> dict[str, tuple[str, list[int]]]:
     groups: dict[str, tuple[str, list[int]]] = {}
     for _, record in sorted(records.items(), reverse=True):  # where views differ, the lowest rank's stands in
         for name, info in record.get("groups", {}).items():
             groups[name] = (info.get("desc", ""), list(info.get("ranks", [])))
-    for record in records.values():
+    # a group no record lists the members of: the default group ("0") is the world; any other is taken to
+    # hold only the ranks seen calling in it (never the whole world: that would call the others "not reached")
+    listed, callers, descs = set(groups), {}, {}
+    for rank, record in records.items():
         for call in record.get("calls", []):
-            if call["group"] not in groups:
-                groups[call["group"]] = (call.get("desc", ""), list(range(world_size)))
+            if call["group"] not in listed:
+                callers.setdefault(call["group"], set()).add(rank)
+                descs.setdefault(call["group"], call.get("desc", ""))
+    for name, ranks in callers.items():
+        groups[name] = (descs[name], list(range(world_size)) if name == DEFAULT else sorted(ranks))
     return groups
 
 
