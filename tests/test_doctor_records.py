@@ -330,3 +330,34 @@ def test_a_subgroup_whose_members_no_record_lists_is_not_given_the_whole_world()
                2: {"calls": [{"group": "0"}, call]}, 3: {"calls": [{"group": "0"}, call]}}
     groups = memberships(records, 4)
     assert groups["2"][1] == [2, 3] and groups["0"][1] == [0, 1, 2, 3], groups
+
+
+def p2p_between_two_ranks_then_collectives(rank, world_size, port):
+    """Correct: ranks 0 and 1 exchange by send/recv between the world's collectives (the pattern of
+    ppkit.bench's p2p row); then rank 0 alone calls an all_reduce. gloo counts the send/recv in its
+    sequence number and not in the record's collective count."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 0:
+        dist.send(t, dst=1)
+    elif rank == 1:
+        dist.recv(t, src=0)
+    dist.broadcast(t, src=0)
+    dist.all_gather_into_tensor(torch.empty(4 * world_size), t)
+    if rank == 0:
+        dist.all_reduce(torch.ones(2))
+
+
+def test_send_and_recv_on_some_ranks_do_not_shift_the_names_of_later_collectives():
+    with ppkit.Cluster(4, "gloo", process_group=False, timeout=60) as cluster:
+        with pytest.raises(ppkit.JobTimeoutError):
+            cluster.run(p2p_between_two_ranks_then_collectives, free_port(), timeout=6)
+        diagnosis = ppkit.collective_doctor(cluster)
+    text = str(diagnosis)
+    assert "does not match" not in text, text
+    assert "every rank that answered completed collective #3 (all_gather)" in text, text
+    assert "rank 0: all_reduce #4 of [2] Float, SUM" in text, text
+    calls = {rank: call["api"] for finding in diagnosis.groups for rank, call in finding.calls.items()}
+    assert calls.get(0) == "all_reduce", calls

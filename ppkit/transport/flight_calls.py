@@ -37,6 +37,7 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allga
 p2p_ring: list = []  # (op, peer, sizes, dtype, tag, frames, work): pending ones, the oldest and the newest (keep_p2p)
 api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, root, frames)
 born_ns: dict[str, int] = {}  # group name -> when its present (or last) lifetime began (time.time_ns, as torch's)
+p2p_counted: dict[tuple[str, str], int] = {}  # (group, backend) -> sequence numbers its send/recv took (gloo's do)
 waiting: dict[int, object] = {}  # thread ident -> the Work it waits on
 
 
@@ -68,8 +69,14 @@ def _watched(call):
 
 def _watched_p2p(name: str, original):
     def call(group, tensors, *args, **kwargs):
+        backend, before = _count(group, (tensors,))
         work = original(group, tensors, *args, **kwargs)  # as called: keywords (dstRank=, srcRank=, tag=) too
         try:
+            if backend is not None:  # gloo counts a send/recv in the sequence number, the record's count does not
+                taken = backend._get_sequence_number_for_group() - before
+                if taken > 0:
+                    key = (str(group.group_name), _backend_name(backend))
+                    p2p_counted[key] = p2p_counted.get(key, 0) + taken
             if work is not None:
                 peer = None if name == "recv_anysource" else global_rank(
                     group, args[0] if args else kwargs.get("dstRank" if name == "send" else "srcRank"))
@@ -86,24 +93,30 @@ def _watched_p2p(name: str, original):
 
 def _watched_collective(name: str, original):
     def call(group, *args, **kwargs):
-        backend = before = None
-        try:
-            backend = _backend(group, args)
-            before = backend._get_sequence_number_for_group()
-        except Exception:  # noqa: BLE001 - a backend without a count: its calls go unnamed
-            backend = None
+        backend, before = _count(group, args)
         work = original(group, *args, **kwargs)
         try:
             after = backend._get_sequence_number_for_group() if backend is not None else before
             if after is not None and after > before:
                 api, frames = call_site(sys._getframe(1), name)
-                api_ring.append((str(group.group_name), _backend_name(backend), before + 1, after,
+                key = (str(group.group_name), _backend_name(backend))
+                p2p = p2p_counted.get(key, 0)  # the record counts collectives only
+                api_ring.append((key[0], key[1], before + 1 - p2p, after - p2p,
                                  api, _reduce_op(args, kwargs), _root(group, args, kwargs), frames))
         except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
             pass
         return work
 
     return _watched(call)
+
+
+def _count(group, args):
+    """The backend that runs a call and its sequence number before it (None, None: a backend without one)."""
+    try:
+        backend = _backend(group, args)
+        return backend, backend._get_sequence_number_for_group()
+    except Exception:  # noqa: BLE001 - a backend without a count: its calls go unnamed
+        return None, None
 
 
 def _watched_wait(original):
@@ -125,6 +138,8 @@ def _watched_creation(original):
         try:
             name = str(made[0].group_name)
             born_ns[name] = began
+            for key in [key for key in p2p_counted if key[0] == name]:  # the new group counts from 1
+                del p2p_counted[key]
             kept = [call for call in api_ring if call[0] != name]  # the earlier group's calls of this name
             api_ring.clear()
             api_ring.extend(kept)
