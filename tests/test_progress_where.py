@@ -1,8 +1,8 @@
-"""Where the progress record lies (issue 46, items 10 and its review): one folder, ~/ppkit-progress, for every process
+"""Where the progress record lies: one folder, ~/ppkit-progress, for every process
 of a learner (a kernel, a terminal outside Jupyter, ``ppkit progress --off``); under a Jupyter server rooted inside
 the home (``c.Spawner.notebook_dir = "~/notebooks"``, common on workshop hubs) ``<root>/ppkit-progress`` links to
-it, so the server's contents API (and so the instructor's room) reads it. An earlier layout's folder under the root,
-its OFF, and older ppkit's ~/.ppkit/progress.json move into the record once.
+it, so the server's contents API (and so the instructor's room) reads it; a folder of that name that is not a link is
+the learner's and is left alone.
 
 A fake Jupyter server is a ``sleep`` child of this test with a ``jpserver-<pid>.json`` in the runtime folder (what
 jupyter_server writes at its start); a "kernel" is a process told its server by JPY_PARENT_PID, as jupyter_client
@@ -94,36 +94,16 @@ def test_a_stale_server_file_whose_pid_is_now_another_process_names_no_root(home
     assert (home / "notebooks" / "ppkit-progress").is_symlink()
 
 
-def test_an_earlier_opt_out_and_history_move_into_the_one_record(home, server):
+def test_a_folder_of_the_links_name_under_the_root_is_the_learners_and_left_as_it_is(home, server):
     runtime = home.parent / "runtime"
     kernel = {"JPY_PARENT_PID": server}
-    line = {"v": 1, "kind": "check", "notebook": None, "pid": 1, "status": "passed"}
-    under_root = home / "notebooks" / "ppkit-progress"  # the layout of the commit before: real folder in the root
+    under_root = home / "notebooks" / "ppkit-progress"
     under_root.mkdir()
-    (under_root / fmt.CURRENT).write_text(json.dumps({**line, "t": 200.0, "exercise": "in_root"}) + "\n")
-    (home / "ppkit-progress").mkdir()
-    (home / "ppkit-progress" / fmt.CURRENT).write_text(json.dumps({**line, "t": 100.0, "exercise": "in_home"}) + "\n")
-    (home / ".ppkit").mkdir()
-    (home / ".ppkit" / "progress.json").write_text(json.dumps(
-        {"ring_shift": {"status": "passed", "when": "2026-01-02 03:04 UTC"},
-         "best_num_microbatches": {"status": "failed", "when": "2026-01-02 03:05 UTC"}}))
+    (under_root / "notes.txt").write_text("mine")
     run(home, runtime, WRITE, "now", **kernel)
-    events = read.read_folder(home / "ppkit-progress").events
-    assert [(e.fields["exercise"], e.fields["status"]) for e in events] == [
-        ("in_home", "passed"), ("in_root", "passed"), ("ring_shift", "passed"), ("best_num_microbatches", "failed"),
-        ("now", "passed")]
-    assert not (home / ".ppkit" / "progress.json").exists()  # migrated once, kept renamed
-    assert (home / ".ppkit" / "progress.json.migrated").exists()
-    assert under_root.is_symlink()
-    # an OFF set in the root's folder, before: off everywhere, in the kernel and outside
-    (home / "ppkit-progress").rename(home / "before")
-    under_root.unlink()
-    under_root.mkdir()
-    (under_root / fmt.OFF).touch()
-    run(home, runtime, WRITE, "ignored_opt_out", **kernel)
-    run(home, runtime, WRITE, "ignored_opt_out_outside")
-    assert passed(home / "ppkit-progress") == []
-    assert (home / "ppkit-progress" / fmt.OFF).exists()
+    assert passed(home / "ppkit-progress") == ["now"]
+    assert not under_root.is_symlink() and (under_root / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in under_root.iterdir()) == ["notes.txt"]
 
 
 def test_an_opt_out_in_the_home_holds_in_a_kernel_under_a_root(home, server):
