@@ -12,7 +12,7 @@ import socket
 import threading
 
 from ppkit.cluster.faults import on_rank
-from ppkit.cluster.faults.plan import Fault, fault
+from ppkit.cluster.faults.plan import Fault, fault, sent_now
 from ppkit.errors import ConfigError
 
 _lock = threading.Lock()
@@ -63,6 +63,7 @@ def fail_rank(rank: int, how: str = "kill", *, signal=None, at_step: int | None 
         with _lock:
             workers = _runs[-1] if _runs else None
         if workers is not None:
+            planned = sent_now(planned)
             _kill_now(planned, workers)
             return Armed(planned, fired=True)
     with _lock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import signal as signals
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ppkit.errors import ConfigError
 
@@ -22,6 +22,7 @@ class Fault:
     signal: int = signals.SIGKILL  # for "kill" only
     at_step: int | None = None  # None: when the run starts on that rank (or ``after`` seconds into it)
     after: float | None = None  # "kill" only: seconds after the run starts on that rank
+    now: bool = False  # a kill sent from the kernel while the run went on (arming._kill_now)
 
     @property
     def signal_name(self) -> str:
@@ -39,11 +40,17 @@ class Fault:
         return f"ppkit.fail_rank({', '.join(parts)})"
 
     def when(self) -> str:
+        if self.now:
+            return "killed from the kernel while the run went on"
         if self.at_step is not None:
             return f"at ppkit.step({self.at_step})"
         if self.after is not None:
             return f"{self.after:g} s into the run"
         return "as soon as the run starts on it"
+
+
+def sent_now(planned: Fault) -> Fault:
+    return replace(planned, now=True)
 
 
 def fault(rank, how: str, signal, at_step, after) -> Fault:
