@@ -9,6 +9,8 @@
     prof = ppkit.spawn(fn, args=(2,), nprocs=2, profile=True)  # a ppkit.Profile: every rank's timeline
     ppkit.collective_doctor(cluster)    # where the ranks' collectives disagree (also shown when a run hangs)
     ppkit.log_metrics(step=i, loss=l)   # on a rank: a live plot under the cell; ppkit.metrics() afterwards
+    ppkit.fail_rank(1, how="raise", at_step=3)  # the next run's rank 1 fails at ppkit.step(3) in its loop
+                                        # (how="kill", signal=..., or "hang"; a kill during a run: at once)
     ppkit.compare_runs(reference, cluster.run(train))  # a ParityReport: the first step, tensor and rank that
                                         # differ from one process (each rank records with ppkit.ParityRecorder)
 
@@ -17,6 +19,8 @@
 """
 
 from ppkit.cluster.controller import Cluster
+from ppkit.cluster.faults.arming import fail_rank
+from ppkit.cluster.faults.on_rank import step
 from ppkit.cluster.hang_doctor.on_demand import collective_doctor
 from ppkit.cluster.output.metrics_board import metrics
 from ppkit.cluster.rpc.world import RpcWorld, by_value, start_rpc
@@ -126,11 +130,13 @@ __all__ = [
     "by_value",
     "collective_doctor",
     "compare_runs",
+    "fail_rank",
     "log_metrics",
     "metrics",
     "read_launch_env",
     "spawn",
     "start",
     "start_rpc",
+    "step",
     "torchrun",
 ]

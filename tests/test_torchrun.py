@@ -236,7 +236,6 @@ def test_a_hang_stops_at_the_timeout_and_says_where_each_rank_waited(shell):
     ("--nnodes 1:2", "--nnodes 1:2: ppkit does not grow or shrink a run"),
     ("--standalone --nnodes 2", "--standalone is"),
     ("--nnodes 2 --node-rank 1", "--node-rank 1: one cell starts every node's ranks"),
-    ("--max-restarts 1", "--max-restarts 1"),
     ("--no-such-option", "unrecognized arguments: --no-such-option"), ("train.py", "'train.py' cannot be a script"),
     ("--nproc-per-node 0", "--nproc-per-node 0"), ("--timeout -1", "--timeout -1"),
     ("-m pkg.train", "-m runs a module, and %%torchrun runs the cell itself. Write %torchrun"),

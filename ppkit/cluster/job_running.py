@@ -15,9 +15,11 @@ import itertools
 import threading
 from collections.abc import Callable
 
+from ppkit.cluster.faults import arming as faults
 from ppkit.cluster.job_payload import check_job_function, new_cell_sources, pack_job
 from ppkit.cluster.jobs import Job
 from ppkit.cluster.links import RankLinks
+from ppkit.errors import JobInterrupted, WorkerError
 
 
 class JobRunner:
@@ -52,12 +54,18 @@ class JobRunner:
         links = self._links
         with self._one_job:
             self._check_usable()
+            faults.forget()
+            fn = faults.carried(fn, links.world_size)  # a fault ppkit.fail_rank armed goes with the job
             job = Job(next(self._job_ids), links.world_size, links.inbox, links.send, links.launcher,
                       links.printer, self._on_break, links.conns, self._restart)
             try:
-                with links.printer.metrics.job(job.job_id):  # ppkit.log_metrics from the ranks: a live plot
+                # ppkit.log_metrics from the ranks: a live plot; ppkit.fail_rank: kill one of these ranks now
+                with links.printer.metrics.job(job.job_id), faults.running(self._workers(), fn):
                     return job.run(pack_job(fn, args, kwargs), new_cell_sources(self._sources_sent), timeout,
                                    self._workers(), last=last, watch=watch)
+            except (WorkerError, JobInterrupted) as exc:
+                faults.explain(exc)  # a rank failed on purpose: the error says so
+                raise
             finally:
                 self.last_results = dict(job.results)  # the doctor on demand: a rank that raised is not computing
 

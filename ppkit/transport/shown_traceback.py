@@ -10,8 +10,9 @@ from __future__ import annotations
 import traceback
 
 # the frames of ppkit's own that run the learner's code in a process: a stack starts after the last of them
-# (the worker's job loop, a %%ranks cell's exec, ppkit.spawn's and %%torchrun's call; _run_code: runpy's, for -m)
-RUNNERS = ("_run_job", "exec_cell", "_call_rank", "run_as_rank", "_run_target", "_run_code")
+# (the worker's job loop, a %%ranks cell's exec, ppkit.spawn's and %%torchrun's call; _run_code: runpy's, for -m;
+# with_fault: a job that carries ppkit.fail_rank's fault, cluster/faults/on_rank.py)
+RUNNERS = ("_run_job", "exec_cell", "_call_rank", "run_as_rank", "_run_target", "_run_code", "with_fault")
 # the recorder's wrapper of Work.wait (flight_calls.py): in every stack that waits in a collective
 WRAPPERS = ("ppkit/transport/flight_calls.py",)
 

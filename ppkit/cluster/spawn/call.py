@@ -131,11 +131,12 @@ class SpawnContext:
 
 
 def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: explain.Caller,
-              shown: tuple | None = None, output=None, profile=None):
+              shown: tuple | None = None, output=None, profile=None, park: bool = True):
     """``fn(i, *args)`` on ``nprocs`` fresh forks of the fork server, as ``spawn(..., join=True)``
     runs it, its errors worded for ``caller`` (``%%torchrun`` runs its ranks with this). ``shown``:
     the learner's ``(fn, args)`` to name if something cannot be pickled, where ``fn`` wraps them.
-    ``profile``: a profiling.collect.Request, and then the run's ``ppkit.Profile`` is returned."""
+    ``profile``: a profiling.collect.Request, and then the run's ``ppkit.Profile`` is returned.
+    ``park`` False: no rank that raised stays for ``%debug`` (an attempt that will be restarted)."""
     __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback
     key = (nprocs, "auto")  # the fork server that ppkit.spawn's default start method uses
     if key in _running:
@@ -143,7 +144,7 @@ def run_fresh(fn, args: tuple, nprocs: int, timeout: float | None, caller: expla
             f"a ppkit.spawn(..., nprocs={nprocs}, join=False) is still running, on the processes {caller.name} "
             "needs. Call its join() first (context.join()).")
     call = Call(_processes(key, caller), fn, args, timeout, _environ[key], caller)
-    call.shown, call.profile = shown or call.shown, profile
+    call.shown, call.profile, call.park = shown or call.shown, profile, park
     if output is not None:  # ${hostname}: each rank's, as it said when it started
         output = output.on_hosts({rank: worker["host"] for rank, worker in call.cluster.workers.items()})
     with call.cluster.printing(output):

@@ -14,6 +14,7 @@ from ppkit.checks import positive
 from ppkit.cluster import hang_watch
 from ppkit.cluster.controller import Cluster
 from ppkit.cluster.debug import parked
+from ppkit.cluster.faults import arming as faults
 from ppkit.cluster.hang_doctor import on_demand, outcomes
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.rpc import pickler as rpc_pickle
@@ -54,6 +55,7 @@ class Call:
             kept = _to_keep(exc) if self.park and parked.can_park() else ()
             caller = replace(self.caller, kept=kept[0]) if kept else self.caller
             error = explain.translate(exc, self.pids, self.cluster.world_size, self.timeout, caller)
+            faults.explain(error)  # a rank failed on purpose (ppkit.fail_rank): the error says so
             on_demand.remember(getattr(error, "diagnosis", None), self.caller.name)  # ppkit.collective_doctor()
             if kept:
                 parked.park(self.cluster, kept).error = error
@@ -65,6 +67,7 @@ class Call:
             progress.job_ended(self.caller.name, self.cluster.world_size, ended)  # its error, or None
             if ended is None:  # collective_doctor() then says so, not what an earlier failed run's doctor read
                 on_demand.succeeded(self.caller.name)
+                faults.unfired(self.caller.name)  # a fault armed for this run that did not fire is dropped
             elif not failed:  # interrupted or refused before its ranks ran to an end
                 on_demand.remember(None, self.caller.name)
             cut_short = False

@@ -26,16 +26,18 @@ SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default --signals-to-han
 
 
 def common(nproc: int, master_addr: str, master_port: int, run_id: str, role: str = "default",
-           environ: dict | None = None, nnodes: int = 1) -> dict[str, str]:
+           environ: dict | None = None, nnodes: int = 1, restart_count: int = 0,
+           max_restarts: int = 0) -> dict[str, str]:
     """What every rank of one run sees (``rank_env`` adds the rank's own); ``nproc`` ranks on each
-    of ``nnodes`` nodes."""
+    of ``nnodes`` nodes; ``restart_count``: which attempt of ``--max-restarts`` this is (restarts.py)."""
     environ = os.environ if environ is None else environ
     world = str(nproc * nnodes)
     env = {
         "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": world,
         "GROUP_WORLD_SIZE": str(nnodes), "ROLE_NAME": role,
         "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,  # the same for every attempt, as torchrun's
         # torchrun's agent hosts the store and its workers join it; here rank 0 hosts it before the
         # script starts (rank.host_store), and every rank joins it the same way
         "TORCHELASTIC_USE_AGENT_STORE": "True",

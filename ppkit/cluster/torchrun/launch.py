@@ -8,7 +8,7 @@ import os
 from ppkit.cluster.output import OutputSettings
 from ppkit.cluster.spawn import call as spawn_call
 from ppkit.cluster.spawn.explain import Caller
-from ppkit.cluster.torchrun import environ, nodes
+from ppkit.cluster.torchrun import environ, nodes, options, restarts
 from ppkit.cluster.torchrun.options import Launch, new_run_id
 from ppkit.cluster.torchrun.rank import Call, Module, Script, run_as_rank
 from ppkit.cluster.worker_setup import free_port
@@ -20,7 +20,8 @@ FUNCTION = Caller("ppkit.torchrun", "rank", "Pass ppkit.torchrun(..., timeout=SE
 
 
 def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int = 1,
-             timeout: float | None = None, master_port: int | None = None, collapse: bool = True, profile=False):
+             timeout: float | None = None, master_port: int | None = None, collapse: bool = True, profile=False,
+             max_restarts: int = 0):
     """Run ``fn(*args, **kwargs)`` in ``nproc_per_node`` fresh processes, each with the environment
     torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 
@@ -38,7 +39,9 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int =
     several ranks that are the same or differ only in their numbers shown once, ``[ranks 0-3] loss 2.31…2.35
     (rank 2: 2.91)`` (docs/torchrun.md); False shows every line of every rank. Returns None;
     with ``profile=True`` every rank runs under torch.profiler and a ``ppkit.Profile`` is returned
-    (``profile=dict(record_shapes=False)`` leaves out input shapes; docs/profiling.md).
+    (``profile=dict(record_shapes=False)`` leaves out input shapes; docs/profiling.md). ``max_restarts``:
+    when a rank fails, every rank stops and all start again, up to that many times, as ``torchrun
+    --max-restarts`` (TORCHELASTIC_RESTART_COUNT says which attempt; docs/faults.md).
     """
     from ppkit.profiling import collect
 
@@ -65,10 +68,12 @@ def torchrun(fn, args=(), kwargs=None, nproc_per_node: int = 1, *, nnodes: int =
     if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
         raise ConfigError(f"nnodes must be a whole number of nodes, at least 1, got {nnodes!r}: "
                           "ppkit.torchrun(main, nproc_per_node=2, nnodes=2) runs 2 processes on each of 2 SLURM nodes.")
+    restarts_allowed = options.max_restarts(max_restarts, nnodes, "max_restarts=")
     __tracebackhide__ = True  # noqa: F841
     launch = Launch(nproc_per_node, "127.0.0.1", master_port, new_run_id(), "default", spawn_call.time_limit(timeout),
                     getattr(fn, "__name__", "fn"), (), nnodes,
-                    output=OutputSettings(collapse=bool(collapse), live=True), profile=collect.request(profile))
+                    output=OutputSettings(collapse=bool(collapse), live=True), profile=collect.request(profile),
+                    max_restarts=restarts_allowed)
     return run(launch, Call(fn, args, kwargs), FUNCTION)
 
 
@@ -103,9 +108,16 @@ def run(launch: Launch, target, caller: Caller):
     shown = (target.fn, (*target.args, *target.kwargs.values())) if isinstance(target, Call) else None
     if launch.nnodes > 1:
         return nodes.run(launch, (cwd, path0, argv, target), caller, shown)
-    # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
-    # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s
-    port = launch.master_port or free_port()
-    env = environ.common(launch.nproc_per_node, launch.master_addr, port, launch.run_id, launch.role)
-    return spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node,
-                                launch.timeout, caller, shown, output=launch.output, profile=launch.profile)
+
+    def attempt(restart_count: int):
+        # Without --master-port torchrun picks a free port, and names the master "localhost"; here it is
+        # 127.0.0.1, where a rank's loopback store listens: a client that tried ::1 first waited 0.3-0.7 s.
+        # Each attempt's rank 0 hosts a new store: a restart reads nothing the last attempt wrote (restarts.py)
+        port = launch.master_port or free_port()
+        env = environ.common(launch.nproc_per_node, launch.master_addr, port, launch.run_id, launch.role,
+                             restart_count=restart_count, max_restarts=launch.max_restarts)
+        return spawn_call.run_fresh(run_as_rank, (env, cwd, path0, argv, target), launch.nproc_per_node,
+                                    launch.timeout, caller, shown, output=launch.output, profile=launch.profile,
+                                    park=restart_count == launch.max_restarts)  # %debug: the last attempt's rank
+
+    return restarts.run(launch.max_restarts, attempt, caller.name)

@@ -34,13 +34,12 @@ NO_EFFECT = {
 HONOURED = {"nproc_per_node", "master_addr", "master_port", "rdzv_id", "role", "timeout", "standalone", "nnodes",
             "training_script", "training_script_args", "rdzv_endpoint", "rdzv_backend", "run_path", "module",
             "tee", "redirects", "log_dir", "local_ranks_filter", "log_line_prefix_template", "no_collapse",
-            "print_completion", "profile", "profile_shapes"}
+            "print_completion", "profile", "profile_shapes", "max_restarts"}
 WHY_NOT = {
     "nnodes": "ppkit does not grow or shrink a run (torchrun's elastic MIN:MAX); give one number of nodes: "
               "--nnodes 1 on this machine, --nnodes 2 for two nodes of a SLURM cluster",
     "node_rank": "one cell starts every node's ranks, so no node is given its rank by hand: with --nnodes N each "
                  "node's rank is its place in the SLURM job (SLURM_NODEID)",
-    "max_restarts": "ppkit does not restart failed ranks: a failure raises in the cell; re-run the cell",
     "no_python": "--no-python is not supported: the ranks are Python processes forked from ppkit's fork server. "
                  "Run a Python script or module (-m), or the program from a Python script with subprocess",
     "rdzv_conf": "ppkit's rendezvous (a TCP store on rank 0) has no settings to change; leave it out, and give "
@@ -73,6 +72,7 @@ class Launch:
     output: OutputSettings = PLAIN  # what reaches the cell and the files (output_options.py)
     notes: tuple[str, ...] = field(default=(), compare=False)  # options accepted that change nothing here
     profile: object = None  # a profiling.collect.Request: every rank under torch.profiler (--profile)
+    max_restarts: int = 0  # --max-restarts: the whole group started again after a failure, up to this often
 
 
 def parser():
@@ -124,7 +124,7 @@ def parse(argv: list[str], cell: bool) -> Launch | None:
     return Launch(nproc, addr, port, run_id, args.role,
                   positive_timeout(args.timeout), args.training_script, tuple(args.training_script_args),
                   count, bool(args.module), output_options.settings(args, nproc, count, run_id), notes,
-                  _profile(args))
+                  _profile(args), max_restarts(args.max_restarts, count))
 
 
 def _profile(args):
@@ -194,6 +194,18 @@ def nnodes(args) -> int:
         raise ConfigError(f"--standalone --nnodes {count}: --standalone is torchrun's run on one node. Leave "
                           "--standalone out to run on several nodes (of a SLURM cluster).")
     return count
+
+
+def max_restarts(value, nnodes: int = 1, flag: str = "--max-restarts") -> int:
+    """How often the whole group may start again after a failure (torchrun/restarts.py): 0 or more."""
+    shown = f"{flag}{value!r}" if flag.endswith("=") else f"{flag} {value}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{shown}: give how many times every rank may start again after a failure, "
+                          "0 or more, e.g. --max-restarts 2 (3 attempts in all).")
+    if value and nnodes > 1:
+        raise ConfigError(f"{shown} with {nnodes} nodes: ppkit restarts the ranks of a run on this machine "
+                          "only. Leave --max-restarts out, or run on one node (--nnodes 1).")
+    return value
 
 
 def positive_timeout(value: float | None) -> float | None:
