@@ -17,6 +17,7 @@ import torch
 from ppkit.errors import ConfigError
 from ppkit.parity.case import Case, Diagnosis
 from ppkit.parity.diagnose import diagnose
+from ppkit.parity.inputs import start_differences
 from ppkit.parity.pieces import check_covered, same_place, wanted
 from ppkit.parity.precision import least_precise
 from ppkit.parity.record import ParityRecorder, ParityRun, Piece
@@ -38,10 +39,11 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     ranks = _as_runs(runs, ref.kind)
     steps = _common_steps(ref, ranks)
     tolerances = _Tolerances(ref, ranks, rtol, atol)
+    starts = start_differences(ref, ranks, rtol, atol)
     differences: list[Difference] = []
     first_cases: list = []  # every difference of the first step that has one
     for step in steps:
-        for diff, case in _step_differences(ref, ranks, step, tolerances, absent):
+        for diff, case in _step_differences(ref, ranks, step, tolerances, absent, starts):
             differences.append(diff)
             if not first_cases or first_cases[0].step == step:
                 first_cases.append(case)
@@ -65,7 +67,7 @@ def _diagnosis(cases: list) -> Diagnosis:
             head = cases[0]
             what = {"loss": "loss", "grad": f"gradient {head.name}"}.get(head.kind, f"parameter {head.name}")
             return Diagnosis(f"{found.what} (the first difference, rank {head.rank}'s {what} at step {head.step}, "
-                             "fits no shape by itself)", found.why, found.check)
+                             "fits no shape by itself)", found.why, found.check, causes=found.causes)
     return first
 
 
@@ -152,11 +154,14 @@ def _span(steps: list[int]) -> str:
 
 
 def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerances: _Tolerances,
-                      absent: list[int]):
+                      absent: list[int], starts: dict[int, list[str]] | None):
     computed = least_precise(*(run.computed.get(step, "") for run in [ref, *ranks.values()]))
+    inputs = dict(start=starts, start_step=ref.start_step,  # what the forward was given (inputs.py)
+                  own_losses={r: run.own_losses[step] for r, run in ranks.items() if step in run.own_losses})
     forward = ""  # "equal": every rank's loss equals the reference's to float32's rounding; "loose": within
     loss_rel = None  # the tolerance only (a bf16 one, say), which does not show that the forward is right
     loss_dtype = ""
+    loss_differs = False
     if step in ref.losses:
         want = torch.tensor(ref.losses[step], dtype=torch.float64)
         losses = {r: torch.tensor(run.losses[step], dtype=torch.float64)
@@ -172,7 +177,9 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                 yield diff, Case("loss", "loss", step, rank, got, want, losses, {},
                                  {r: (v, want) for r, v in losses.items()}, tolerance,
                                  graph=ranks[rank].graphs.get(step, ""),
-                                 matched_before=step - 1 in ranks[rank].steps)
+                                 matched_before=step - 1 in ranks[rank].steps, loss_differs=True,
+                                 dp_size=ranks[rank].dp_size, world_size=ranks[rank].world_size, **inputs)
+        loss_differs = bool(losses) and not ok
         if ok:
             loss_rel = max(float((v - want).abs()) / max(float(want.abs()), 1e-30) for v in losses.values())
             exact = default_tolerance("torch.float32").at(step)[0]
@@ -204,7 +211,7 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                                  {r: (held[r].value, wants[r]) for r in held}, tolerance, forward, loss_rel,
                                  other_steps, no_grads, step in ranks[rank].losses, ranks[rank].dp_size,
                                  ranks[rank].world_size, scale, loss_dtype, ranks[rank].graphs.get(step, ""),
-                                 name in ranks[rank].tensors.get(step - 1, {}))
+                                 name in ranks[rank].tensors.get(step - 1, {}), loss_differs, **inputs)
 
 
 def _dtype(piece: Piece) -> str:
