@@ -15,9 +15,11 @@ from collections.abc import Mapping
 import torch
 
 from ppkit.errors import ConfigError
+from ppkit.parity.amplified import allowance
 from ppkit.parity.case import Case, Diagnosis
 from ppkit.parity.diagnose import diagnose
 from ppkit.parity.inputs import start_differences
+from ppkit.parity.patterns import one_scale
 from ppkit.parity.pieces import check_covered, same_place, wanted
 from ppkit.parity.precision import least_precise
 from ppkit.parity.record import ParityRecorder, ParityRun, Piece
@@ -47,18 +49,24 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
             differences.append(diff)
             if not first_cases or first_cases[0].step == step:
                 first_cases.append(case)
-    diagnosis = _diagnosis(first_cases) if first_cases else None
+    recorded = {(r, n) for r, run in ranks.items() for n in run.tensors.get(first_cases[0].step, {})} \
+        if first_cases else set()
+    diagnosis = _diagnosis(first_cases, recorded) if first_cases else None
     held = {n for run in ranks.values() for step in steps for n in run.tensors.get(step, {})}
     names = [n for n in dict.fromkeys(n for step in steps for n in ref.tensors.get(step, {})) if n in held]
     losses = any(run.losses for run in ranks.values())
-    return ParityReport(differences, diagnosis, tolerances.used(), steps, names, sorted(ranks), ref.kind, losses)
+    return ParityReport(differences, diagnosis, tolerances.used(), steps, names, sorted(ranks), ref.kind, losses,
+                        list(tolerances.amplified))
 
 
-def _diagnosis(cases: list) -> Diagnosis:
+def _diagnosis(cases: list, recorded: set) -> Diagnosis:
     """The first difference's diagnosis; where that is a loss in no shape (one number rarely fits one), the first
     difference of the same step that has a shape, so that a loss judged first does not hide what the tensors
-    show."""
+    show. A scale that one tensor's loose (bfloat16) tolerance cannot tell from other data is decided where every
+    tensor of the step fits the same one (``recorded``: every (rank, name) recorded at that step)."""
     first = diagnose(cases[0])
+    if first.causes and first.causes[-2:] == ("scale_other", "data"):
+        first = one_scale([c for c in cases if c.kind != "loss"], recorded) or first
     if first.shaped or cases[0].kind != "loss":
         return first
     for case in cases[1:]:
@@ -81,6 +89,7 @@ class _Tolerances:
             for dtype, why in run.precision.items():
                 self.why.setdefault(dtype, why)
         self.made: dict[str, Tolerance] = {}
+        self.amplified: dict[str, None] = {}  # parameters given Adam's amplified rounding (amplified.py)
 
     def of(self, dtype: str, what: str) -> Tolerance:
         dtype = dtype or "torch.float32"
@@ -195,10 +204,14 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
         wants = {r: wanted(full, piece, name, r) for r, piece in held.items()}
         check_covered(full, held, name, step, absent)
         scale = float(full.double().abs().max()) if full is not None and full.numel() else 0.0
+        free = allowance(ref, step, name, tolerances.rtol, tolerances.atol) if ref.kind == "params" else None
+        if free is not None:
+            tolerances.amplified.setdefault(name, None)
         for rank, piece in held.items():
             dtype = least_precise(_dtype(ref.tensors[step][name]), _dtype(piece), computed)
             tolerance = tolerances.of(dtype, name)
-            diff = _difference(kind, name, step, rank, piece.value, wants[rank], tolerance, scale)
+            allowed = None if free is None or piece.value is None else wanted(free, piece, name, rank)
+            diff = _difference(kind, name, step, rank, piece.value, wants[rank], tolerance, scale, allowed)
             if diff:
                 peers = {r: held[r].value for r in held if same_place(held[r], piece)}
                 elsewhere = {r: w for r, w in wants.items() if w is not None and r != rank
@@ -246,9 +259,11 @@ def _suggest(name: str, known: list[str]) -> str:
     return f" (the closest it has: {close[0]!r})" if close else ""
 
 
-def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: float) -> Difference | None:
+def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: float,
+                allowed: torch.Tensor | None = None) -> Difference | None:
     """A difference beyond ``tolerance``, measured against ``scale``: the whole reference tensor's largest
-    |value| (a loss: its own size)."""
+    |value| (a loss: its own size); ``allowed``: per element, what Adam's amplified rounding may add
+    (amplified.py)."""
     if got is None and want is None:
         return None
     if got is None or want is None:
@@ -256,7 +271,10 @@ def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: 
                           "no gradient" if got is None else "a gradient the reference has not")
     if got.numel() == 0:
         return None
-    delta = (got.double() - want.double()).abs().max()
+    delta = (got.double() - want.double()).abs()
+    if allowed is not None and allowed.shape == delta.shape:
+        delta = (delta - allowed).clamp(min=0)
+    delta = delta.max()
     diff = float(delta) if torch.isfinite(delta) else float("inf")
     if tolerance.allows(diff, scale, step):
         return None

@@ -221,3 +221,32 @@ def _owners(ranks: list[int]) -> str:
         return f"rank {ranks[0]}'s piece"
     return f"the pieces of ranks {', '.join(map(str, ranks))}"
 
+
+
+def one_scale(cases: list[Case], recorded: set) -> Diagnosis | None:
+    """Every tensor recorded at the step, on every rank, differs, and all fit one factor c (least squares over
+    all of them), far enough from 1 that the tolerance alone could not make it: the step was scaled (the loss, or
+    the gradients together). Other data moves each tensor its own way; one factor fitting them all is a scale."""
+    if len(cases) < 3 or {(c.rank, c.name) for c in cases} != recorded or any(c.kind != "grad" for c in cases):
+        return None  # gradients only: a parameter c x the reference's is no update c x
+    pairs = [(c, c.got.double(), c.want.double()) for c in cases if c.got is not None and c.want is not None]
+    if len(pairs) != len(cases) or any(g.shape != w.shape for _, g, w in pairs):
+        return None
+    norm = sum(float((w * w).sum()) for _, _, w in pairs)
+    if norm == 0.0:
+        return None
+    c = sum(float((g * w).sum()) for _, g, w in pairs) / norm
+    if any(abs(c - 1) <= max(UNIT, 2 * case.tolerance.at(case.step)[0]) for case, _, _ in pairs):
+        return None
+    if not all(fits(case, g, c * w) for case, g, w in pairs):
+        return None
+    head = cases[0]
+    ranks = sorted({case.rank for case in cases})
+    return Diagnosis(f"every one of the {len({case.name for case in cases})} gradients recorded at step {head.step} is "
+                     f"{as_factor(c)} the reference on ranks {', '.join(map(str, ranks))}",
+                     "a scale differs at this step: the loss's normalisation, gradient accumulation's division, "
+                     "or a loss scale. Each tensor alone is "
+                     f"within {head.tolerance.dtype.removeprefix('torch.')}'s rounding of other data too, but other "
+                     "data moves each tensor its own way, and one factor fits them all",
+                     "every factor applied to the loss and the gradients from this step on, against the reference's",
+                     causes=("scale_other",))

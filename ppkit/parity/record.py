@@ -70,6 +70,9 @@ class ParityRun:
     start: dict[str, Piece] = field(default_factory=dict)
     start_step: int | None = None
     own_losses: dict[int, float] = field(default_factory=dict)  # step -> this rank's own loss, before mean_over
+    # a one-process run recording parameters keeps its gradients too: where they are zero but for rounding, Adam's
+    # update is float32's rounding divided by itself (amplified.py)
+    step_grads: dict[int, dict[str, Piece]] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[int]:
@@ -160,6 +163,9 @@ class ParityRecorder:
                     piece = replace(piece, dtype=self._precision(*seen.of(str(piece.value.dtype), param)))
                 pieces[name] = piece
             self.run.tensors[step] = pieces
+            if self.run.kind == "params" and self.run.world_size == 1 and not isinstance(model, Mapping):
+                self.run.step_grads[step] = {self._renamed(name): Piece(None if g is None else g.detach().cpu().clone())
+                                             for name, _, g in _named(model, "grads")}
             if self.run.start_step is None:
                 self._keep_start(step, model)
 
