@@ -81,15 +81,18 @@ def test_the_grader_reads_the_doctors_diagnosis():
     assert claims[1].ops == {0: {"all_reduce"}} and claims[1].group_ranks == (0, 1)
 
 
-def test_the_grader_reads_every_cause_the_parity_tools_why_names():
-    """The parity tool's words for a loss not divided over micro-batches name three causes that fit; the grader
-    must read the accumulation among them, not only the first (it graded the true answer false)."""
-    from types import SimpleNamespace
-
+def test_the_grader_reads_every_cause_the_parity_tools_finding_names():
+    """The grader reads the finding's causes field, every identifier in it (a loss not divided over micro-batches
+    fits three: the accumulation must be read, not only the first), never its words: words that name a cause
+    without the field grade as no cause."""
+    from ppkit.parity.case import Diagnosis
     from tests.bug_corpus.claims import parity_causes
 
     why = ("3 causes fit: a data-parallel all_reduce that summed where it should average (the loss was averaged "
            "over 2 ranks, mean_over=, and a sum over 2 data-parallel ranks is 2x); gradient accumulation over 2 "
            "micro-batches whose losses were not divided by 2 (each backward adds its whole gradient); a loss 2x "
            "the reference's before backward (summed where the reference takes a mean)")
-    assert "accumulation" in parity_causes(SimpleNamespace(why=why))
+    three = Diagnosis("the gradient is 2x the reference on every rank", why, "...",
+                      causes=("sum_not_mean", "accumulation", "loss_scale"))
+    assert parity_causes(three) == {"sum_not_mean", "accumulation", "loss_scale"}
+    assert parity_causes(Diagnosis("the loss differs", why, "...", shaped=False)) == {"unknown"}

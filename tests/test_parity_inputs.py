@@ -219,7 +219,8 @@ def test_a_missing_gradient_a_nan_and_a_learner_tolerance():
 def test_the_default_tolerance_follows_the_dtype(dtype, rtol):
     tolerance = default_tolerance(dtype)
     assert tolerance.rtol == pytest.approx(rtol, rel=0.02)
-    assert tolerance.at(2) == pytest.approx((3 * tolerance.rtol, 3 * tolerance.atol))  # grows with the step
+    grows = 3 if dtype in (torch.float32, torch.float64) else 3 ** 0.5  # a lower precision's: as sqrt(1 + step)
+    assert tolerance.at(2) == pytest.approx((grows * tolerance.rtol, grows * tolerance.atol))  # grows with the step
 
 
 def test_the_default_tolerance_takes_a_reordered_sum_but_not_a_bug():

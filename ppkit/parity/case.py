@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ppkit.parity.causes import known
 from ppkit.parity.tolerance import Tolerance
 
 
@@ -40,14 +41,36 @@ class Case:
     loss_dtype: str = ""                       # the precision the loss at this step was judged in
     graph: str = ""                            # the dtype this rank's loss graph showed at this step ("": none)
     matched_before: bool = False               # this rank recorded it at the step before, where nothing differed
+    loss_differs: bool = False                 # some rank's loss at this step differs from the reference's
+    start: dict[int, list[str]] | None = None  # rank -> parameters whose first recorded value differs (None: unknown)
+    start_step: int | None = None              # the first step recorded with a model
+    own_losses: dict[int, float] = field(default_factory=dict)  # rank -> its own loss at this step (mean_over)
 
 
 @dataclass(frozen=True)
 class Diagnosis:
+    """What happened, why it is likely and what to check, in words; ``causes``: the identifiers
+    (ppkit.parity.causes.CAUSES) of every cause the numbers fit, the likeliest first: one where the record decides
+    it, several where it cannot tell them apart, none where no shape fits."""
+
     what: str
     why: str
     check: str
     shaped: bool = True                        # False: no shape fits (the words say what to compare next)
+    causes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        known(self.causes)
+
+    @property
+    def cause(self) -> str | None:
+        """The cause, where the record decides it; None where several fit or none does."""
+        return self.causes[0] if len(self.causes) == 1 else None
+
+    @property
+    def unsure(self) -> bool:
+        """The record cannot tell which cause it is (several fit, or none)."""
+        return len(self.causes) != 1
 
 
 def noun(case: Case) -> str:

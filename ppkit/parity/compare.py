@@ -15,8 +15,11 @@ from collections.abc import Mapping
 import torch
 
 from ppkit.errors import ConfigError
+from ppkit.parity.amplified import allowance
 from ppkit.parity.case import Case, Diagnosis
 from ppkit.parity.diagnose import diagnose
+from ppkit.parity.inputs import start_differences
+from ppkit.parity.patterns import one_scale
 from ppkit.parity.pieces import check_covered, same_place, wanted
 from ppkit.parity.precision import least_precise
 from ppkit.parity.record import ParityRecorder, ParityRun, Piece
@@ -38,25 +41,32 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     ranks = _as_runs(runs, ref.kind)
     steps = _common_steps(ref, ranks)
     tolerances = _Tolerances(ref, ranks, rtol, atol)
+    starts = start_differences(ref, ranks, rtol, atol)
     differences: list[Difference] = []
     first_cases: list = []  # every difference of the first step that has one
     for step in steps:
-        for diff, case in _step_differences(ref, ranks, step, tolerances, absent):
+        for diff, case in _step_differences(ref, ranks, step, tolerances, absent, starts):
             differences.append(diff)
             if not first_cases or first_cases[0].step == step:
                 first_cases.append(case)
-    diagnosis = _diagnosis(first_cases) if first_cases else None
+    recorded = {(r, n) for r, run in ranks.items() for n in run.tensors.get(first_cases[0].step, {})} \
+        if first_cases else set()
+    diagnosis = _diagnosis(first_cases, recorded) if first_cases else None
     held = {n for run in ranks.values() for step in steps for n in run.tensors.get(step, {})}
     names = [n for n in dict.fromkeys(n for step in steps for n in ref.tensors.get(step, {})) if n in held]
     losses = any(run.losses for run in ranks.values())
-    return ParityReport(differences, diagnosis, tolerances.used(), steps, names, sorted(ranks), ref.kind, losses)
+    return ParityReport(differences, diagnosis, tolerances.used(), steps, names, sorted(ranks), ref.kind, losses,
+                        list(tolerances.amplified))
 
 
-def _diagnosis(cases: list) -> Diagnosis:
+def _diagnosis(cases: list, recorded: set) -> Diagnosis:
     """The first difference's diagnosis; where that is a loss in no shape (one number rarely fits one), the first
     difference of the same step that has a shape, so that a loss judged first does not hide what the tensors
-    show."""
+    show. A scale that one tensor's loose (bfloat16) tolerance cannot tell from other data is decided where every
+    tensor of the step fits the same one (``recorded``: every (rank, name) recorded at that step)."""
     first = diagnose(cases[0])
+    if first.causes and first.causes[-2:] == ("scale_other", "data"):
+        first = one_scale([c for c in cases if c.kind != "loss"], recorded) or first
     if first.shaped or cases[0].kind != "loss":
         return first
     for case in cases[1:]:
@@ -65,7 +75,7 @@ def _diagnosis(cases: list) -> Diagnosis:
             head = cases[0]
             what = {"loss": "loss", "grad": f"gradient {head.name}"}.get(head.kind, f"parameter {head.name}")
             return Diagnosis(f"{found.what} (the first difference, rank {head.rank}'s {what} at step {head.step}, "
-                             "fits no shape by itself)", found.why, found.check)
+                             "fits no shape by itself)", found.why, found.check, causes=found.causes)
     return first
 
 
@@ -79,6 +89,7 @@ class _Tolerances:
             for dtype, why in run.precision.items():
                 self.why.setdefault(dtype, why)
         self.made: dict[str, Tolerance] = {}
+        self.amplified: dict[str, None] = {}  # parameters given Adam's amplified rounding (amplified.py)
 
     def of(self, dtype: str, what: str) -> Tolerance:
         dtype = dtype or "torch.float32"
@@ -152,11 +163,14 @@ def _span(steps: list[int]) -> str:
 
 
 def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerances: _Tolerances,
-                      absent: list[int]):
+                      absent: list[int], starts: dict[int, list[str]] | None):
     computed = least_precise(*(run.computed.get(step, "") for run in [ref, *ranks.values()]))
+    inputs = dict(start=starts, start_step=ref.start_step,  # what the forward was given (inputs.py)
+                  own_losses={r: run.own_losses[step] for r, run in ranks.items() if step in run.own_losses})
     forward = ""  # "equal": every rank's loss equals the reference's to float32's rounding; "loose": within
     loss_rel = None  # the tolerance only (a bf16 one, say), which does not show that the forward is right
     loss_dtype = ""
+    loss_differs = False
     if step in ref.losses:
         want = torch.tensor(ref.losses[step], dtype=torch.float64)
         losses = {r: torch.tensor(run.losses[step], dtype=torch.float64)
@@ -172,7 +186,9 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                 yield diff, Case("loss", "loss", step, rank, got, want, losses, {},
                                  {r: (v, want) for r, v in losses.items()}, tolerance,
                                  graph=ranks[rank].graphs.get(step, ""),
-                                 matched_before=step - 1 in ranks[rank].steps)
+                                 matched_before=step - 1 in ranks[rank].steps, loss_differs=True,
+                                 dp_size=ranks[rank].dp_size, world_size=ranks[rank].world_size, **inputs)
+        loss_differs = bool(losses) and not ok
         if ok:
             loss_rel = max(float((v - want).abs()) / max(float(want.abs()), 1e-30) for v in losses.values())
             exact = default_tolerance("torch.float32").at(step)[0]
@@ -188,10 +204,14 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
         wants = {r: wanted(full, piece, name, r) for r, piece in held.items()}
         check_covered(full, held, name, step, absent)
         scale = float(full.double().abs().max()) if full is not None and full.numel() else 0.0
+        free = allowance(ref, step, name, tolerances.rtol, tolerances.atol) if ref.kind == "params" else None
+        if free is not None:
+            tolerances.amplified.setdefault(name, None)
         for rank, piece in held.items():
             dtype = least_precise(_dtype(ref.tensors[step][name]), _dtype(piece), computed)
             tolerance = tolerances.of(dtype, name)
-            diff = _difference(kind, name, step, rank, piece.value, wants[rank], tolerance, scale)
+            allowed = None if free is None or piece.value is None else wanted(free, piece, name, rank)
+            diff = _difference(kind, name, step, rank, piece.value, wants[rank], tolerance, scale, allowed)
             if diff:
                 peers = {r: held[r].value for r in held if same_place(held[r], piece)}
                 elsewhere = {r: w for r, w in wants.items() if w is not None and r != rank
@@ -204,7 +224,7 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                                  {r: (held[r].value, wants[r]) for r in held}, tolerance, forward, loss_rel,
                                  other_steps, no_grads, step in ranks[rank].losses, ranks[rank].dp_size,
                                  ranks[rank].world_size, scale, loss_dtype, ranks[rank].graphs.get(step, ""),
-                                 name in ranks[rank].tensors.get(step - 1, {}))
+                                 name in ranks[rank].tensors.get(step - 1, {}), loss_differs, **inputs)
 
 
 def _dtype(piece: Piece) -> str:
@@ -239,9 +259,11 @@ def _suggest(name: str, known: list[str]) -> str:
     return f" (the closest it has: {close[0]!r})" if close else ""
 
 
-def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: float) -> Difference | None:
+def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: float,
+                allowed: torch.Tensor | None = None) -> Difference | None:
     """A difference beyond ``tolerance``, measured against ``scale``: the whole reference tensor's largest
-    |value| (a loss: its own size)."""
+    |value| (a loss: its own size); ``allowed``: per element, what Adam's amplified rounding may add
+    (amplified.py)."""
     if got is None and want is None:
         return None
     if got is None or want is None:
@@ -249,7 +271,10 @@ def _difference(kind, name, step, rank, got, want, tolerance: Tolerance, scale: 
                           "no gradient" if got is None else "a gradient the reference has not")
     if got.numel() == 0:
         return None
-    delta = (got.double() - want.double()).abs().max()
+    delta = (got.double() - want.double()).abs()
+    if allowed is not None and allowed.shape == delta.shape:
+        delta = (delta - allowed).clamp(min=0)
+    delta = delta.max()
     diff = float(delta) if torch.isfinite(delta) else float("inf")
     if tolerance.allows(diff, scale, step):
         return None

@@ -26,6 +26,7 @@ import torch
 
 from ppkit.parity.case import Case, Diagnosis, noun
 from ppkit.parity.fit import fits
+from ppkit.parity.inputs import same_batch, start_weights, weights_right
 from ppkit.parity.optimizer_steps import skipped, stepped, updated
 from ppkit.parity.patterns import mixed, partial, scaled, swapped
 from ppkit.parity.rounding import loose, no_shape, unseen_precision
@@ -42,7 +43,8 @@ def diagnose(case: Case) -> Diagnosis:
                          "(torch.autograd.backward(output, received_gradient) missing); or record was called after "
                          "optimizer.zero_grad(), which sets every .grad to None by default",
                          "that this stage calls torch.autograd.backward(output, received_gradient) on an output that "
-                         "kept its graph, and that record comes before optimizer.step() and zero_grad()")
+                         "kept its graph, and that record comes before optimizer.step() and zero_grad()",
+                         causes=("detached", "grads_none"))
     if case.got is None and case.no_grads:
         return Diagnosis(f"every gradient rank {case.rank} recorded at step {case.step} is None ({case.name} "
                          "among them)",
@@ -50,7 +52,7 @@ def diagnose(case: Case) -> Diagnosis:
                          "optimizer.zero_grad() (or model.zero_grad()), which sets every .grad to None by default, "
                          "or before loss.backward(); or the model recorded is not the one that was trained",
                          "the order in the loop: loss.backward(), then record(step, model, loss), then "
-                         "optimizer.step() and optimizer.zero_grad()")
+                         "optimizer.step() and optimizer.zero_grad()", causes=("grads_none", "wrong_model"))
     if case.got is None:
         return Diagnosis(f"rank {case.rank} has no gradient for {case.name} (its .grad is None)",
                          "backward never reached this parameter on that rank, while it reached others: the "
@@ -58,27 +60,30 @@ def diagnose(case: Case) -> Diagnosis:
                          "detached or dropped before the next stage, or the gradient sent back was never used",
                          "that this rank's forward uses the parameter; in a pipeline, that the stage's output keeps "
                          "its graph (no .detach() before the send), that the next stage sends the gradient of its "
-                         "input back, and that this stage calls torch.autograd.backward(output, received_gradient)")
+                         "input back, and that this stage calls torch.autograd.backward(output, received_gradient)",
+                         causes=("unused_param", "detached"))
     if case.want is None:
         return Diagnosis(f"rank {case.rank} has a gradient of {case.name}, which the reference has not",
                          "the parameter takes part in the parallel run's graph but not in the reference's: frozen "
                          "(requires_grad=False) or unused there",
-                         "that both models use the same layers and freeze the same parameters")
+                         "that both models use the same layers and freeze the same parameters", causes=("frozen",))
     got, want = case.got.double(), case.want.double()
     if not torch.isfinite(got).all():
         return Diagnosis(f"the {thing} holds NaN or inf on rank {case.rank}",
                          "an overflow (a low-precision dtype, a loss scale) or a division by zero",
-                         "the first step where it appears, and the dtype of every tensor that reaches it")
+                         "the first step where it appears, and the dtype of every tensor that reaches it",
+                         causes=("nonfinite",))
     if not got.any() and want.any():
         return Diagnosis(f"the {thing} is all zeros on rank {case.rank}",
                          "nothing reached it: a stage's output dropped or detached, a gradient received into a "
                          "buffer that was never filled, or zero_grad called between backward and this record",
                          "the stage boundary (send, recv, backward with the received gradient) and where "
-                         "zero_grad and record are called")
+                         "zero_grad and record are called", causes=("zeroed", "detached"))
     peers = {r: v.double() for r, v in case.peers.items() if v is not None}
     found = (skipped(case, got, thing) or updated(case, got, want, thing)
              or partial(case, got, want, peers) or scaled(case, got, want, thing)
-             or swapped(case, got, thing) or mixed(case, got, want, thing))
+             or swapped(case, got, thing) or mixed(case, got, want, thing)
+             or start_weights(case) or same_batch(case))
     if found:
         return found
     if len(peers) > 1 and not all(fits(case, v, got) for v in peers.values()):
@@ -93,13 +98,14 @@ def diagnose(case: Case) -> Diagnosis:
                              "the gradient of the block's input (Megatron's f: identity forward, all_reduce backward)",
                              f"the layers between {case.name} and the next parallel block: the block's input must go "
                              "through an all_reduce-in-backward function (ppkit.lessons.tensor_parallel."
-                             "copy_to_parallel), and nothing else may sum it")
+                             "copy_to_parallel), and nothing else may sum it", causes=("backward_allreduce",))
         return Diagnosis(f"ranks {ranks} hold different values for the same {thing}",
                          "ranks that should agree drifted apart: one skipped an all_reduce or an optimizer step, "
                          "or saw other data, or they did not start from the same weights (no broadcast, or another "
                          "seed)",
                          "that every rank builds the model from the same seed and calls the same collectives and "
-                         "optimizer steps; record what='params' from step 0 to see which step they part")
+                         "optimizer steps; record what='params' from step 0 to see which step they part",
+                         causes=("drift",))
     scale = max(case.scale, float(want.abs().max()), 1e-30)
     rel = float((got - want).abs().max()) / scale
     of = "of the reference's loss" if case.kind == "loss" else "of the tensor's largest value"
@@ -107,13 +113,20 @@ def diagnose(case: Case) -> Diagnosis:
         return _param_differs(case, rel, thing)
     where = ("the forward matches (the loss equals the reference's to float32's rounding at this step), so the "
              "backward differs" if case.forward == "equal" else "the numbers differ in no simple pattern")
+    unseen = unseen_precision(case, rel)
+    if weights_right(case):  # the record rules the start weights out: name the candidates left
+        inputs = (f"every rank's weights at step {case.step}, the first recorded, equal the reference's, so the data "
+                  "a rank or micro-batch saw, their order, or the layer's math differs")
+        causes = ("data", "model") + (("precision",) if unseen else ())
+    else:
+        inputs = ("the data a rank or micro-batch saw, their order, the start weights (a seed, no broadcast), or the "
+                  "layer's math differs")
+        causes = ()
     return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} {of}{loose(case)}",
-                     f"{where}: {no_shape(case)}; the data a rank or micro-batch saw, their order, the start "
-                     f"weights (a seed, no broadcast), or the layer's math differs{stepped(case)}"
-                     f"{unseen_precision(case, rel)}",
+                     f"{where}: {no_shape(case)}; {inputs}{stepped(case)}{unseen}",
                      "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
                      "stages), then record what='params' or a layer's output to find the first that differs",
-                     shaped=False)
+                     shaped=False, causes=causes)
 
 
 def _param_differs(case: Case, rel: float, thing: str) -> Diagnosis:

@@ -30,7 +30,7 @@ def updated(case: Case, got, want, thing: str) -> Diagnosis | None:
                      "rank), or, with SGD, the gradient it stepped with was scaled after it was recorded",
                      f"the optimizer rank {case.rank} builds (lr, scheduler, weight decay) against the reference's; "
                      f"record what='grads' at step {case.step - 1}: gradients that equal the reference's point at "
-                     "the optimizer")
+                     "the optimizer", causes=("lr", "step_grad"))
 
 
 def skipped(case: Case, got, thing: str) -> Diagnosis | None:
@@ -51,8 +51,17 @@ def skipped(case: Case, got, thing: str) -> Diagnosis | None:
             return Diagnosis(what, "this rank records the parameters at another point of the loop than the "
                                    "reference (after optimizer.step() here, before it there), or it stepped "
                                    f"{step - case.step} more time(s) than the reference",
-                             "where record is called on both sides: after backward and before optimizer.step()")
+                             "where record is called on both sides: after backward and before optimizer.step()",
+                             causes=("record_point", "extra_step"))
         missed = case.step - step
+        if missed == 1 and _updated_before(case):
+            return Diagnosis(what, f"the parameter missed the update between steps {step} and {case.step}: rank "
+                                   f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, "
+                                   "a GradScaler that found inf and skipped it). It equalled the reference's at step "
+                                   f"{step}, after an update from step {step - 1}, so its optimizer holds it and it "
+                                   "is recorded at the reference's point of the loop",
+                             "that every rank calls optimizer.step() at every step (no branch on the rank or on a "
+                             "condition that can differ between ranks)", causes=("skipped_step",))
         return Diagnosis(what,
                          f"the parameter missed {missed} update{'s' if missed > 1 else ''}: most likely rank "
                          f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, a "
@@ -60,8 +69,20 @@ def skipped(case: Case, got, thing: str) -> Diagnosis | None:
                          "parameter; or this rank records the parameters at another point of the loop than the "
                          "reference (before optimizer.step() here, after it there)",
                          "that every rank calls optimizer.step() at every step, and that the optimizer was "
-                         "built over this model's parameters (after wrapping it)")
+                         "built over this model's parameters (after wrapping it)",
+                         causes=("skipped_step", "not_in_optimizer", "record_point"))
     return None
+
+
+def _updated_before(case: Case) -> bool:
+    """The rank's parameter equalled the reference's at the step before, and the reference's had moved between
+    the two steps before: this rank's optimizer updated it then (it holds it), and it was recorded at the
+    reference's point of the loop (recorded one update late, it would have equalled the value before)."""
+    before, earlier = case.other_steps.get(case.step - 1), case.other_steps.get(case.step - 2)
+    if not case.matched_before or before is None or earlier is None or before.shape != earlier.shape:
+        return False
+    moved = float((before.double() - earlier.double()).abs().max())
+    return not case.tolerance.allows(moved, case.scale, case.step)
 
 
 def stepped(case: Case) -> str:

@@ -41,7 +41,8 @@ def partial(case: Case, got, want, peers) -> Diagnosis | None:
         if case.kind == "loss":
             return Diagnosis(f"the ranks' losses add up to the reference's (ranks {ranks})",
                              "each rank's loss was divided by the number of ranks, and then not all_reduced",
-                             "record the loss before dividing it, with mean_over=the data-parallel group")
+                             "record the loss before dividing it, with mean_over=the data-parallel group",
+                             causes=("loss_parts",))
         missing = ("the forward is right (the loss equals the reference's), so an all_reduce is missing in "
                    "backward: in a tensor-parallel block, the backward of its input (Megatron's f, identity forward "
                    "and all_reduce backward)") if case.forward == "equal" else (
@@ -51,19 +52,21 @@ def partial(case: Case, got, want, peers) -> Diagnosis | None:
                          "the reference",
                          f"{missing}; in data parallel, the ranks' gradients were never summed",
                          "the block's entry: the input must go through an all_reduce-in-backward function "
-                         "(copy_to_parallel) so that every rank gets the full gradient of what it shares")
+                         "(copy_to_parallel) so that every rank gets the full gradient of what it shares",
+                         causes=("partial",))
     if fits(case, total / len(peers), want):
         if case.kind == "loss":
             return Diagnosis(f"the mean of the ranks' losses is the reference's (ranks {ranks})",
                              "each rank recorded its own batch's loss",
                              "record(step, model, loss, mean_over=the data-parallel group), or all_reduce the loss "
-                             "and divide by the group's size")
+                             "and divide by the group's size", causes=("loss_own",))
+        grouped = _grouped(case, peers)
         return Diagnosis(f"the mean over ranks {ranks} of the {noun(case)} is the reference",
                          "each rank kept its own batch's gradient: the data-parallel all_reduce (and its average) "
-                         f"is missing{_grouped(case, peers)}",
+                         f"is missing{grouped}",
                          "that DDP or FSDP wraps the model, or that every gradient is all_reduced over the "
                          "data-parallel group (group=mesh['dp'].get_group()) and divided by its size before the "
-                         "optimizer's step")
+                         "optimizer's step", causes=("dp_missing", "wrong_group") if grouped else ("dp_missing",))
     return None
 
 
@@ -104,18 +107,20 @@ def scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
                          "fault (a sum or an average over ranks would touch every rank's piece): something rank "
                          f"{case.rank} alone did to it",
                          f"code that runs on rank {case.rank} only (a branch on the rank or on a mesh coordinate), "
-                         "and a backward or gradient accumulation that ran more (or fewer) times there")
+                         "and a backward or gradient accumulation that ran more (or fewer) times there",
+                         causes=("one_rank",))
     if k:
-        return Diagnosis(f"the {thing} is {k}x the reference on {on}", _whole_causes(case, k),
+        words, ids = _whole_causes(case, k)
+        return Diagnosis(f"the {thing} is {k}x the reference on {on}", words,
                          "the gradient all_reduce (divide by the number of data-parallel ranks or use ReduceOp.AVG; "
                          "DDP and FSDP already average: do not sum again), and, with gradient accumulation, that "
-                         "each micro-batch's loss is divided by the number of micro-batches")
+                         "each micro-batch's loss is divided by the number of micro-batches", causes=ids)
     if inverse:
         return Diagnosis(f"the {thing} is 1/{inverse} of the reference on {on}",
                          f"divided by {inverse} where a sum belongs: an average over ranks that each hold a part (a "
                          "tensor-parallel all_reduce must sum), or divided twice (DDP averages already)",
                          f"every division by the world size ({inverse}): keep the one of the data-parallel average, "
-                         "drop the others")
+                         "drop the others", causes=("mean_not_sum", "divided_twice"))
     if loose_tolerance(case):
         dtype = case.tolerance.dtype.removeprefix("torch.")
         return Diagnosis(f"the {thing} is close to {as_factor(c)} the reference on {on}, to within {dtype}'s rounding",
@@ -124,20 +129,24 @@ def scaled(case: Case, got, want, thing: str) -> Diagnosis | None:
                          f"{dtype}'s rounding is large enough that a difference in the data a rank saw can fit a "
                          "scale this near 1, and the record cannot tell them apart",
                          "every factor applied to the loss and the gradients, against the reference's, then the "
-                         "data each rank gets; compare in float32 to tell a scale from other data")
+                         "data each rank gets; compare in float32 to tell a scale from other data",
+                         causes=(("lr",) if case.kind == "param" else ()) + ("scale_other", "data"))
     return Diagnosis(f"the {thing} is {as_factor(c)} the reference on {on}",
                      f"a scale differs: {'the learning rate, ' if case.kind == 'param' else ''}the loss's "
                      "normalisation (a sum over tokens where the reference takes the mean), gradient accumulation's "
                      "division, or a loss scale",
-                     "every factor applied to the loss and the gradients, against the reference's")
+                     "every factor applied to the loss and the gradients, against the reference's",
+                     causes=(("lr",) if case.kind == "param" else ()) + ("scale_other",))
 
 
-def _whole_causes(case: Case, k: int) -> str:
-    """The causes a whole factor k on every rank fits, and which of them the mesh rules out."""
+def _whole_causes(case: Case, k: int) -> tuple[str, tuple[str, ...]]:
+    """The causes a whole factor k on every rank fits, and which of them the mesh rules out: the words, and the
+    causes' identifiers."""
     dp, world = case.dp_size, case.world_size
     causes = [f"gradient accumulation over {k} micro-batches whose losses were not divided by {k} (each backward "
               "adds its whole gradient)",
               f"a loss {k}x the reference's before backward (summed where the reference takes a mean)"]
+    ids = ["accumulation", "loss_scale"]
     ruled = ""
     if dp is None and (k > world or world % k):
         ruled = (f"; a data-parallel sum alone does not fit: {k} data-parallel ranks cannot be made of this run's "
@@ -146,9 +155,11 @@ def _whole_causes(case: Case, k: int) -> str:
         causes.append(f"if this run has {k} data-parallel ranks, an all_reduce that summed where it should average "
                       "(the record does not say how many ranks are data-parallel: record(step, model, loss, "
                       "mean_over=the data-parallel group) says it)")
+        ids.append("sum_not_mean")
     elif dp == k:
         causes.insert(0, f"a data-parallel all_reduce that summed where it should average (the loss was averaged over "
                          f"{dp} ranks, mean_over=, and a sum over {dp} data-parallel ranks is {dp}x)")
+        ids.insert(0, "sum_not_mean")
     else:
         ruled = (f"; a data-parallel sum alone does not fit: the loss was averaged over {dp} ranks (mean_over=), the "
                  f"data-parallel ones if that group is right, and a sum over them would be {dp}x")
@@ -156,7 +167,8 @@ def _whole_causes(case: Case, k: int) -> str:
         causes.append(f"an all_reduce over all {world} ranks where the {dp} data-parallel ranks' group belongs, "
                       f"divided by {dp}: a tensor that the other ranks hold alike (replicated over tensor "
                       f"parallelism) is then counted {k} times")
-    return f"{len(causes)} causes fit: " + "; ".join(causes) + ruled
+        ids.append("wrong_group")
+    return f"{len(causes)} causes fit: " + "; ".join(causes) + ruled, tuple(ids)
 
 
 def _ranks_pieces(ranks: list[int]) -> str:
@@ -173,7 +185,7 @@ def swapped(case: Case, got, thing: str) -> Diagnosis | None:
                      "the shards are swapped: the shard index or mesh coordinate used to cut the tensor is not the "
                      "rank's own",
                      "the index each rank cuts with (its rank in the tensor-parallel group, not the global rank) and "
-                     "the shards= given to the recorder")
+                     "the shards= given to the recorder", causes=("swapped",))
 
 
 def mixed(case: Case, got, want, thing: str) -> Diagnosis | None:
@@ -199,7 +211,8 @@ def mixed(case: Case, got, want, thing: str) -> Diagnosis | None:
                              "data-parallel group belongs, or an all_reduce of a shard that FSDP or DTensor already "
                              "reduced (a sharded gradient needs none of your own)",
                              "the group= of every gradient all_reduce: the data-parallel group (mesh['dp']."
-                             "get_group()), not the default WORLD, and none on gradients FSDP2 already reduced")
+                             "get_group()), not the default WORLD, and none on gradients FSDP2 already reduced",
+                             causes=("wrong_group",))
     return None
 
 
@@ -208,3 +221,32 @@ def _owners(ranks: list[int]) -> str:
         return f"rank {ranks[0]}'s piece"
     return f"the pieces of ranks {', '.join(map(str, ranks))}"
 
+
+
+def one_scale(cases: list[Case], recorded: set) -> Diagnosis | None:
+    """Every tensor recorded at the step, on every rank, differs, and all fit one factor c (least squares over
+    all of them), far enough from 1 that the tolerance alone could not make it: the step was scaled (the loss, or
+    the gradients together). Other data moves each tensor its own way; one factor fitting them all is a scale."""
+    if len(cases) < 3 or {(c.rank, c.name) for c in cases} != recorded or any(c.kind != "grad" for c in cases):
+        return None  # gradients only: a parameter c x the reference's is no update c x
+    pairs = [(c, c.got.double(), c.want.double()) for c in cases if c.got is not None and c.want is not None]
+    if len(pairs) != len(cases) or any(g.shape != w.shape for _, g, w in pairs):
+        return None
+    norm = sum(float((w * w).sum()) for _, _, w in pairs)
+    if norm == 0.0:
+        return None
+    c = sum(float((g * w).sum()) for _, g, w in pairs) / norm
+    if any(abs(c - 1) <= max(UNIT, 2 * case.tolerance.at(case.step)[0]) for case, _, _ in pairs):
+        return None
+    if not all(fits(case, g, c * w) for case, g, w in pairs):
+        return None
+    head = cases[0]
+    ranks = sorted({case.rank for case in cases})
+    return Diagnosis(f"every one of the {len({case.name for case in cases})} gradients recorded at step {head.step} is "
+                     f"{as_factor(c)} the reference on ranks {', '.join(map(str, ranks))}",
+                     "a scale differs at this step: the loss's normalisation, gradient accumulation's division, "
+                     "or a loss scale. Each tensor alone is "
+                     f"within {head.tolerance.dtype.removeprefix('torch.')}'s rounding of other data too, but other "
+                     "data moves each tensor its own way, and one factor fits them all",
+                     "every factor applied to the loss and the gradients from this step on, against the reference's",
+                     causes=("scale_other",))

@@ -65,6 +65,14 @@ class ParityRun:
     precision: dict[str, str] = field(default_factory=dict)    # each precision seen -> why (for the report)
     dp_size: int | None = None                  # the size of mean_over's group: the data-parallel ranks
     graphs: dict[int, str] = field(default_factory=dict)  # step -> the least precise dtype its loss's graph shows
+    # the parameters at the first step recorded with a model (what='grads'; with 'params' they are the record):
+    # the weights the run started from, which tell a seed per rank from other data
+    start: dict[str, Piece] = field(default_factory=dict)
+    start_step: int | None = None
+    own_losses: dict[int, float] = field(default_factory=dict)  # step -> this rank's own loss, before mean_over
+    # a one-process run recording parameters keeps its gradients too: where they are zero but for rounding, Adam's
+    # update is float32's rounding divided by itself (amplified.py)
+    step_grads: dict[int, dict[str, Piece]] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[int]:
@@ -98,7 +106,9 @@ class ParityRecorder:
     MixedPrecisionPolicy and TF32 on a GPU it sees by itself. The tolerance follows it.
 
     Every recorded tensor travels back to the kernel with the run: for a large model, record the loss at every step
-    (``record(step, None, loss)``) and the tensors at a few steps only.
+    (``record(step, None, loss)``) and the tensors at a few steps only. Recording gradients, it also keeps the
+    parameters of the first step it records with a model (one copy of this rank's pieces): the weights the run
+    started from, which tell a rank built from another seed from one that saw other data.
     """
 
     def __init__(self, what: str = "grads", shards: Mapping | None = None,
@@ -134,6 +144,8 @@ class ParityRecorder:
         if seen.everywhere:  # autocast, the loss's graph, precision=, TF32: what the whole step computed in
             self.run.computed[step] = self._precision(*seen.of("torch.float32"))
         if loss is not None:
+            if mean_over is not None:
+                self.run.own_losses[step] = _loss_value(loss, None)
             self.run.losses[step] = _loss_value(loss, mean_over)
             recorded = str(loss.dtype) if isinstance(loss, torch.Tensor) else "torch.float32"
             self.run.loss_dtypes[step] = self._precision(*seen.of(recorded))
@@ -151,6 +163,21 @@ class ParityRecorder:
                     piece = replace(piece, dtype=self._precision(*seen.of(str(piece.value.dtype), param)))
                 pieces[name] = piece
             self.run.tensors[step] = pieces
+            if self.run.kind == "params" and self.run.world_size == 1 and not isinstance(model, Mapping):
+                self.run.step_grads[step] = {self._renamed(name): Piece(None if g is None else g.detach().cpu().clone())
+                                             for name, _, g in _named(model, "grads")}
+            if self.run.start_step is None:
+                self._keep_start(step, model)
+
+    def _keep_start(self, step: int, model) -> None:
+        """The parameters at the first step recorded with a model: those of a dict of tensors are not known."""
+        self.run.start_step = step
+        if self.run.kind == "params":
+            return  # they are the record itself
+        if isinstance(model, Mapping):
+            return
+        self.run.start = {self._renamed(name): self._piece(self._renamed(name), tensor)
+                          for name, _, tensor in _named(model, "params")}
 
     def _precision(self, dtype: str, why: str) -> str:
         self.run.precision.setdefault(dtype, why)

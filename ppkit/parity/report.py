@@ -61,19 +61,27 @@ class ParityReport:
     ``tolerances``: each tolerance used, why, and what it judged; ``tolerance``: the loosest of them."""
 
     def __init__(self, differences: list[Difference], diagnosis: Diagnosis | None, tolerances: list[Used],
-                 steps: list[int], names: list[str], ranks: list[int], kind: str, losses: bool = True):
+                 steps: list[int], names: list[str], ranks: list[int], kind: str, losses: bool = True,
+                 amplified: list[str] | None = None):
         self.differences = list(differences)
         self.diagnosis = diagnosis
         self.tolerances = sorted(tolerances, key=lambda u: u.tolerance.rtol)
         self.steps, self.names, self.ranks, self.kind = steps, names, ranks, kind
         self.losses = losses  # whether any rank recorded a loss
+        self.amplified = list(amplified or [])  # parameters given Adam's amplified rounding (parity/amplified.py)
 
     @property
     def tolerance(self) -> Tolerance | None:
         return self.tolerances[-1].tolerance if self.tolerances else None
 
     def _within(self) -> str:
-        return "; ".join(map(str, self.tolerances)) or "no tolerance (nothing compared)"
+        within = "; ".join(map(str, self.tolerances)) or "no tolerance (nothing compared)"
+        if self.amplified:
+            listed = ", ".join(self.amplified[:3]) + (" and more" if len(self.amplified) > 3 else "")
+            within += (f"; besides, the elements of {listed} whose reference gradient was zero but for rounding may "
+                       "differ by up to twice the reference's largest update per such step (Adam's update of such "
+                       "an element is float32's rounding divided by itself)")
+        return within
 
     def _unseen(self) -> str:
         """What a tolerance looser than float32's let pass unseen: an "equal" under bf16 is no proof of a 5 % bug's

@@ -7,7 +7,7 @@ what, why, check). Fields a newer tool may add are read with getattr and a defau
 grades as before: a finding's ``kind``, a call's ``api``/``api_seq`` (the learner's name and number for a call
 the backend records otherwise), the doctor's ``cycles`` (waits of any length), ``unmatched`` p2p waits,
 ``unsure`` (it saw something and cannot tell) and ``notes`` (a difference that completed harmlessly: not a
-claim of a problem), the parity diagnosis's ``cause``/``causes`` and ``unsure``.
+claim of a problem), the parity diagnosis's ``causes`` (ppkit.parity.causes' identifiers) and ``unsure``.
 """
 
 from __future__ import annotations
@@ -87,28 +87,10 @@ def doctor_answer(diagnosis) -> Answer:
     return Answer(claims, unsure)
 
 
-# the parity tool's causes, from today's ``why`` sentence where the result has no ``cause`` field yet
-_WHY_CAUSES = [
-    ("pipeline stage's output was detached", "detached"), ("frozen", "frozen"), ("an overflow", "nonfinite"),
-    ("nothing reached it", "zeroed"), ("the forward is right and the backward is not", "backward_allreduce"),
-    ("drifted apart", "drift"), ("not a scale, a partial sum nor a swapped piece", "unknown"),
-    ("divided by the number of ranks, and then not all_reduced", "loss_parts"),
-    ("each rank recorded its own batch's loss", "loss_own"), ("each rank kept its own batch's gradient",
-                                                                "dp_missing"),
-    ("an all_reduce is missing", "partial"), ("alone did to it", "one_rank"),
-    ("summed where it should average", "sum_not_mean"), ("where a sum belongs", "mean_not_sum"),
-    ("a scale differs", "scale_other"), ("the shards are swapped", "swapped"),
-    ("gradient accumulation over", "accumulation"),
-]
-
-
 def parity_causes(diagnosis) -> frozenset[str]:
-    named = getattr(diagnosis, "causes", None) or (
-        [diagnosis.cause] if getattr(diagnosis, "cause", None) else None)
-    if named:
-        return frozenset(named)
-    why = getattr(diagnosis, "why", "") or ""
-    return frozenset(tag for words, tag in _WHY_CAUSES if words in why) or frozenset({"unknown"})
+    """The causes the parity tool's finding names, by their identifiers (ppkit.parity.causes.CAUSES): its
+    ``causes`` field, never its words (they are the learner's, and may change); none: {"unknown"}."""
+    return frozenset(getattr(diagnosis, "causes", ()) or ()) or frozenset({"unknown"})
 
 
 def parity_answer(report) -> Answer:

@@ -43,12 +43,12 @@ def _autocast(on: bool):
 
 
 def _dp(rank, world_size, *, what="grads", average=True, seed=0, lr=LR, skip_step=None, data_rank=None,
-        zero_before_record=False, mean_loss=True, autocast=False, ddp=False, micro=1):
+        zero_before_record=False, mean_loss=True, autocast=False, ddp=False, micro=1, steps=STEPS):
     model = mlp(seed)
     if ddp:
         model = nn.parallel.DistributedDataParallel(model)
     rec, opt = ppkit.ParityRecorder(what), torch.optim.SGD(model.parameters(), lr=lr)
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = my_half(step, rank if data_rank is None else data_rank, world_size)
         for xm, ym in zip(x.chunk(micro), y.chunk(micro)):
             with _autocast(autocast):
@@ -90,6 +90,12 @@ def parity_ddp_correct(rank, world_size):
          quick=True, **OPTIONS)
 def parity_ddp_bf16_autocast_correct(rank, world_size):
     return _dp(rank, world_size, ddp=True, autocast=True)
+
+
+@program(2, CORRECT, PARITY_REVIEW + ": a correct bf16-autocast DDP run of 10 steps (the tolerance over more steps)",
+         reference=reference(autocast=True, steps=10), **OPTIONS)
+def parity_ddp_bf16_autocast_10_steps_correct(rank, world_size):
+    return _dp(rank, world_size, ddp=True, autocast=True, steps=10)
 
 
 @program(2, Truth("wrong_numbers", ranks=(0, 1), step=0, causes=("accumulation", "scale_other")), PARITY_REVIEW +
@@ -215,3 +221,48 @@ def parity_tp_correct(rank, world_size):
          "parallel run where one rank alone scales its piece of a gradient", reference=reference(), **OPTIONS)
 def parity_tp_one_rank_scales(rank, world_size):
     return _tp_run(rank, world_size, scale_rank1=True)
+
+
+class _Attention(nn.Module):
+    """A token mixer with nn.MultiheadAttention: its key bias's gradient is zero but for rounding (softmax does not
+    change when the same number is added to every score), which Adam divides by its own size."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.out = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.out(self.attn(h, h, h, need_weights=False)[0]).mean(1)
+
+
+def _adam_attention(rank=0, world_size=1, lr_rank1=1.0):
+    """Adam (lr 1e-3) over _Attention, DDP where there are ranks, parameters recorded."""
+    model = _Attention()
+    if world_size > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    rec = ppkit.ParityRecorder("params")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3 * (lr_rank1 if rank == 1 else 1.0))
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step)
+        x, y = (t.chunk(world_size)[rank] for t in (torch.randn(8, 6, 8, generator=g), torch.randn(8, 4, generator=g)))
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        rec.record(step, model, loss, mean_over=dist.group.WORLD if world_size > 1 else None)
+        opt.step()
+        opt.zero_grad()
+    return rec.run
+
+
+@program(2, CORRECT, PARITY_REVIEW + ": a correct Adam fp32 DDP run of an attention layer (its key bias's update is "
+         "float32's rounding divided by itself)", reference=_adam_attention, **OPTIONS)
+def parity_adam_attention_correct(rank, world_size):
+    return _adam_attention(rank, world_size)
+
+
+@program(2, Truth("wrong_numbers", ranks=(0, 1), step=1, causes=("lr",)), PARITY_REVIEW + ": the same Adam run, "
+         "rank 1's learning rate 2x", reference=_adam_attention, **OPTIONS)
+def parity_adam_lr_differs_on_rank1(rank, world_size):
+    return _adam_attention(rank, world_size, lr_rank1=2.0)
