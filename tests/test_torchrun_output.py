@@ -160,6 +160,28 @@ def test_lines_that_differ_only_in_numbers_fold_at_four_ranks_naming_the_rank_th
     assert "[rank 2] step 10 loss 2.91 took 1.25s" in raw.text and "[ranks" not in raw.text, raw.text
 
 
+def test_uneven_data_in_a_cell_never_names_a_rank_that_moved_on_to_the_next_epoch(kc):
+    """Review 52b F19 as the learner ran it: every rank has the same loss at each step, rank 3 one batch fewer.
+    Its first epoch-1 loss met the others' last epoch-0 loss: ``[ranks 0-3] loss 0.729 (rank 3: 0.656)``."""
+    assert run_cell(kc, "from ppkit.cluster.output import collapse\n"
+                        "collapse.WINDOW_S, before = 60.0, collapse.WINDOW_S").error is None
+    try:  # a loaded machine's ranks print seconds apart: the wide window makes every line meet, as it did
+        cell = run_cell(kc, """%%torchrun --nproc-per-node 4
+            import os
+            batches = [4, 4, 4, 3][int(os.environ['RANK'])]  # uneven data: rank 3's shard has one batch fewer
+            for epoch in range(2):
+                for b in range(batches):
+                    print(f"loss {0.9 ** (b + 4 * epoch):.3f}")
+            """.replace("\n            ", "\n"))
+    finally:
+        run_cell(kc, "collapse.WINDOW_S = before")
+    assert cell.error is None, cell.shown()
+    lines = cell.text.splitlines()
+    assert not any("(rank" in line for line in lines), cell.text
+    assert "[ranks 0-2] loss 0.729" in lines and "[rank 3] loss 0.656" in lines, cell.text
+    assert lines[:3] == ["[ranks 0-3] loss 1.000", "[ranks 0-3] loss 0.900", "[ranks 0-3] loss 0.810"], cell.text
+
+
 def test_local_ranks_filter_shows_rank_0_only_and_log_dir_keeps_every_rank(kc):
     logs = kc.folder / "logs"
     cell = run_cell(kc, f'''

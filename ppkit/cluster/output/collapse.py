@@ -22,6 +22,7 @@ from ppkit.cluster.output import fold
 
 WINDOW_S = 0.5  # the longest a line waits for lines of its shape from other ranks
 MAX_PENDING = 10_000  # lines waiting at once; beyond, the oldest leave without waiting
+MAX_LABELS = 100_000  # a rank's counted lines remembered (fold's ``first``); beyond, its lines name no rank
 
 
 class Collapser:
@@ -34,14 +35,13 @@ class Collapser:
         self._queues: dict[int, deque] = {rank: deque() for rank in ranks}  # rank -> (stream, shape, text, since)
         self._waiting: dict[int, Counter] = {rank: Counter() for rank in ranks}  # rank -> (stream, shape) queued
         self._count = 0
-        self._numbered: Counter = Counter()  # (rank, stream) -> lines added: a line's place in its rank's output
+        self._labels: dict[int, set] = {}  # rank -> hashes of (stream, shape, counters' values) it has written
 
     def add(self, rank: int, stream: str, text: str, now: float, redrawn: bool = False) -> None:
         """``redrawn``: the line was drawn with ``\\r`` (a progress bar): it leaves only with the same line."""
         shape = fold.exact(text) if redrawn else _shape(text)
-        number = self._numbered[rank, stream]
-        self._numbered[rank, stream] += 1
-        self._queues.setdefault(rank, deque()).append((stream, shape, text, now, number))
+        first = self._first(rank, (stream, shape, _counters(shape, text)))
+        self._queues.setdefault(rank, deque()).append((stream, shape, text, now, first))
         self._waiting.setdefault(rank, Counter())[stream, shape] += 1
         self._count += 1
 
@@ -74,6 +74,17 @@ class Collapser:
     def flush(self) -> list[tuple]:
         return self.ready(force=True)
 
+    def _first(self, rank: int, label: tuple) -> bool:
+        """The line is the first of ``rank``'s with this label: its stream, its shape, its counters' values.
+        A hash that collides, or a rank past ``MAX_LABELS``, makes it not the first: then no rank is named."""
+        if not label[2]:
+            return False  # no counter on the line: nothing says which point of the program it is
+        seen = self._labels.setdefault(rank, set())
+        if hash(label) in seen or len(seen) >= MAX_LABELS:
+            return False
+        seen.add(hash(label))
+        return True
+
     def _done(self, key: tuple, ranks: list[int], age: float) -> bool:
         if age >= self._window_s or self._count > MAX_PENDING:
             return True
@@ -83,16 +94,16 @@ class Collapser:
     def _pop(self, key: tuple, ranks: list[int]) -> list[tuple]:
         """The head lines of ``ranks`` (all of ``key``), folded: one line, or several where folding would blur
         which rank wrote what (fold.py)."""
-        lines, numbers = [], set()
+        lines, first = [], True
         for rank in sorted(ranks):
-            _, _, text, _, number = self._queues[rank].popleft()
+            _, _, text, _, its_first = self._queues[rank].popleft()
             lines.append((rank, text))
-            numbers.add(number)
+            first &= its_first
             self._waiting[rank][key] -= 1
             if not self._waiting[rank][key]:
                 del self._waiting[rank][key]
         self._count -= len(ranks)
-        return [(key[0], text, folded) for folded, text in _fold(lines, aligned=len(numbers) == 1)]
+        return [(key[0], text, folded) for folded, text in _fold(lines, first)]
 
 
 def _shape(text: str) -> tuple[str, str]:
@@ -102,10 +113,17 @@ def _shape(text: str) -> tuple[str, str]:
         return fold.exact(text)
 
 
-def _fold(lines: list[tuple[int, str]], aligned: bool) -> list[tuple[list[int], str]]:
+def _counters(shape: tuple[str, str], text: str) -> tuple[str, ...]:
+    try:
+        return fold.counters(text) if shape[0] == "#" else ()
+    except Exception:  # noqa: BLE001 - folding must never cost a line: this one names no rank
+        return ()
+
+
+def _fold(lines: list[tuple[int, str]], first: bool) -> list[tuple[list[int], str]]:
     """fold.fold, or where it fails, each rank's line as it wrote it (the same text of several ranks once)."""
     try:
-        return fold.fold(lines, aligned=aligned)
+        return fold.fold(lines, first=first)
     except Exception:  # noqa: BLE001 - folding is a convenience; what the ranks wrote is the output
         same: dict[str, list[int]] = {}
         for rank, text in sorted(lines):

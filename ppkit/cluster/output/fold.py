@@ -9,27 +9,35 @@ keeps them apart (each group folded again), one line per group with its ranks:
 
 - a number that says which line is which is never spread: a whole number without a unit or with ``%`` (a
   step, an epoch, a count, a progress: ``step 3`` never joins ``step 8``), a number after a counter's name
-  (``epoch 1.50``, ``iter``, ``step``, ``batch``, ``progress``), the rank itself, a number that cannot be
-  compared (``1e400``), or a value that differs on every rank (each rank's own, a scatter's piece);
+  (``epoch 1.50``, ``iter``, ``step``, ``batch``, ``progress``), the rank itself, or a number that cannot be
+  compared (``1e400``);
 - a number inside brackets (a tensor's, a list's or a tuple's printed form, a wrapped tensor's lines), next
   to another with only a comma or spaces between (an array's wrapped line ``0.923 1.    1.462``, a table's
   row), or in a time or a date (``17:20:38,015``, ``2026-12-07``) is kept as written, so the printed form
   stays exact and a log parser still reads the line;
 - values are spread only where they are one quantity up to noise: the lowest and the highest of the spread
-  differ by at most ``REL_TOL`` of the larger magnitude (losses ``2.31…2.35``, times ``0.52s…0.53s``);
-  values further apart (a scatter's ``10.0`` … ``70.0``, a learner's bug that gave two ranks one chunk) stay
-  apart, each line with its ranks, so which rank holds what is never hidden;
+  differ by at most ``REL_TOL`` of the larger magnitude (losses ``2.31…2.35``, times ``0.52s…0.53s``),
+  whether or not two ranks wrote the same value; values further apart (a scatter's ``10.0`` … ``70.0``, a
+  learner's bug that gave two ranks one chunk) stay apart, each line with its ranks. A spread says every
+  rank's value is in it, not which rank holds which: text cannot tell a loss's noise from each rank's own
+  data (``my shard sum 100.0…107.0``), so a line that holds the rank (``rank 2 sum 104.0``) stays each
+  rank's own, and ``--no-collapse`` shows every line as written;
 - a number with two values that names no rank is said of the ranks of each: ``[ranks 0-1] loss 2.31``
   and ``[ranks 2-3] loss 7.5``, not ``loss 2.31…7.5``;
 - at most one number of a line is spread (two spreads side by side read as lowest with lowest).
 
 A spread is the lowest ``…`` the highest, as the ranks wrote them. A rank that stands out
 (``standing_out``; a difference of one step in the last digit written names no rank) is named with its
-value outside the spread only where the lines are provably the same point of each rank's output: the
-same line of each rank's stream (``fold(..., aligned=True)``, which the collapser says). Lines joined
-only because they arrived together (a lagging rank's earlier epoch beside the others' later one) name no
-rank: the one that stands out is shown on a line of its own. A word that differs keeps lines apart:
-``nan`` against ``2.31``, ``ms`` against ``s``.
+value outside the spread only where the line says which point of the program it is: a number after a
+counter's name (``step 10``, ``epoch 1 batch 3``), of one value on every rank's line, each line the first
+its rank wrote with that text and those counters (``fold(..., first=True)``, which the collapser says).
+The place of a line in each rank's output is no such evidence: with uneven data, rank 3's first loss of
+epoch 1 is its fourth line, as the others' last loss of epoch 0 is theirs, and naming rank 3 there would
+say it diverged. Lines without a counter, lines met only because they arrived together (a lagging rank's
+earlier epoch beside the others' later one), and a counter written again (an epoch on each batch's line,
+after its first) name no rank: the one that stands out is shown on a line of its own. The counter is the
+learner's own label: lines labelled alike are compared as one point. A word that differs keeps lines
+apart: ``nan`` against ``2.31``, ``ms`` against ``s``.
 
 A number is a decimal with an optional sign, fraction, exponent and unit (``-0.5``, ``1e-3``, ``91%``,
 ``1.2s``), not part of a word: ``worker3``, ``0x7f3a``, ``2.14.1`` and ``10.0.0.1`` are words. ANSI
@@ -77,15 +85,24 @@ def exact(text: str) -> tuple[str, str]:
     return "=", text
 
 
-def fold(lines: list[tuple[int, str]], aligned: bool = False) -> list[tuple[list[int], str]]:
+def counters(text: str) -> tuple[str, ...]:
+    """The values of the numbers that follow a counter's name (``epoch 1 step 40 loss 2.31``: ``("1", "40")``),
+    as written: the point of the program the line says it is at."""
+    parts, numbers = _split(text)
+    return tuple(number + unit for part, (number, unit, _) in zip(parts, numbers)
+                 if _COUNTER.search(_ANSI.sub("", part)))
+
+
+def fold(lines: list[tuple[int, str]], first: bool = False) -> list[tuple[list[int], str]]:
     """``(rank, text)`` lines of one shape as ``(ranks, text)`` lines, in the order of their lowest rank:
     one line where the numbers may be folded (the module's docstring), else one for each group of ranks
-    that wrote the same. ``aligned``: the lines are the same line of each rank's output, so a rank that
-    stands out may be named on the folded line."""
-    return _fold(sorted(lines), aligned)
+    that wrote the same. ``first``: each line is the first its rank wrote with this shape and these
+    counters' values (collapse.py keeps count), so lines that carry a counter of one value are the same
+    point of each rank's program, and a rank that stands out may be named on the folded line."""
+    return _fold(sorted(lines), first)
 
 
-def _fold(lines: list[tuple[int, str]], aligned: bool = False) -> list[tuple[list[int], str]]:
+def _fold(lines: list[tuple[int, str]], first: bool = False) -> list[tuple[list[int], str]]:
     texts = [text for _, text in lines]
     if all(text == texts[0] for text in texts):
         return [([rank for rank, _ in lines], texts[0])]
@@ -96,23 +113,25 @@ def _fold(lines: list[tuple[int, str]], aligned: bool = False) -> list[tuple[lis
         column = [row[i] for row in numbers]
         if (_in_structure(parts, i) or _in_time(parts, i) or _COUNTER.search(_ANSI.sub("", parts[i]))
                 or _identifies(column, [rank for rank, _ in lines])):
-            return _apart(lines, [row[i][0] for row in numbers], aligned)
+            return _apart(lines, [row[i][0] for row in numbers], first)
+    # the counters (if any) are of one value here: with each line its rank's first of it, one point of the program
+    same_point = first and any(_COUNTER.search(_ANSI.sub("", part)) for part in parts[:-1])
     spreads, out = 0, [parts[0]]
     for i in range(len(numbers[0])):
         column = [(rank, row[i]) for (rank, _), row in zip(lines, numbers)]
         odd = standing_out([value for _, (_, _, value) in column],
                            resolution=max(resolution(text) for _, (text, _, _) in column))
         if i in varying and not odd and len({text for _, (text, _, _) in column}) == 2:
-            return _apart(lines, [row[i][0] for row in numbers], aligned)  # two values: say which ranks have which
-        if odd and not aligned:  # not provably the same point of each rank's output: name no rank, show it apart
-            return _apart(lines, ["odd" if j in odd else "usual" for j in range(len(lines))], aligned)
+            return _apart(lines, [row[i][0] for row in numbers], first)  # two values: say which ranks have which
+        if odd and not same_point:  # nothing says the lines are one point of the program: name no rank
+            return _apart(lines, ["odd" if j in odd else "usual" for j in range(len(lines))], first)
         if not _one_quantity([value for j, (_, (_, _, value)) in enumerate(column) if j not in odd]):
-            return _apart(lines, [row[i][0] for row in numbers], aligned)  # too far apart to be noise: who has what
+            return _apart(lines, [row[i][0] for row in numbers], first)  # too far apart to be noise: who has what
         shown, spread = _spread(column, odd)
         spreads += spread
         out += [shown, parts[i + 1]]
     if spreads > 1:  # two spreads side by side read as a mapping, lowest with lowest: keep the lines apart
-        return _apart(lines, texts, aligned)
+        return _apart(lines, texts, first)
     return [([rank for rank, _ in lines], "".join(out))]
 
 
@@ -123,25 +142,24 @@ def _one_quantity(values: list[float]) -> bool:
     return low == high or high - low <= REL_TOL * max(abs(low), abs(high))
 
 
-def _apart(lines: list[tuple[int, str]], keys: list[str], aligned: bool = False) -> list[tuple[list[int], str]]:
+def _apart(lines: list[tuple[int, str]], keys: list[str], first: bool = False) -> list[tuple[list[int], str]]:
     """The lines grouped by ``keys`` (one a line), each group folded on its own, by lowest rank."""
     groups: dict[str, list] = {}
     for line, key in zip(lines, keys):
         groups.setdefault(key, []).append(line)
-    return sorted((out for group in groups.values() for out in _fold(group, aligned)), key=lambda out: out[0][0])
+    return sorted((out for group in groups.values() for out in _fold(group, first)), key=lambda out: out[0][0])
 
 
 def _identifies(column: list[tuple[str, str, float]], ranks: list[int]) -> bool:
     """A number that tells the lines apart: a whole number without a unit or with ``%`` (a step, a count, an
-    id, a progress), the rank itself, a number that cannot be compared (not finite as written: ``1e400``),
-    or a value that differs on every line (each rank's own: a scatter's piece)."""
+    id, a progress), the rank itself, or a number that cannot be compared (not finite as written: ``1e400``).
+    A value that differs on every line is not one by itself: whether it may be spread is the same question
+    as where two ranks wrote the same (REL_TOL)."""
     if all(unit in ("", "%") and _WHOLE.fullmatch(text) for text, unit, _ in column):
         return True
     if not all(math.isfinite(value) for _, _, value in column):
         return True
-    if all(value == rank for (_, _, value), rank in zip(column, ranks)):
-        return True
-    return len({text + unit for text, unit, _ in column}) == len(column)
+    return all(value == rank for (_, _, value), rank in zip(column, ranks))
 
 
 def _in_structure(parts: list[str], i: int) -> bool:
