@@ -472,3 +472,30 @@ def test_uneven_split_sizes_that_agree_are_no_mismatch():
     text = str(diagnosis)
     assert not diagnosis.mismatched, text
     assert "every rank that answered completed collective #1" in text, text
+
+
+def sum_against_max_spawned(rank, port):
+    join(rank, port)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+
+
+def test_a_run_that_completes_with_different_reduce_ops_is_told_once_it_ends(capsys):
+    ppkit.spawn(sum_against_max_spawned, args=(free_port(),), nprocs=2, timeout=60)
+    out = capsys.readouterr().out
+    assert "every rank's job completed, but the collective doctor finds a problem in their records" in out, out
+    assert "collective #1 does not match: the reduce op differs" in out, out
+    assert_none_left()
+
+
+def all_reduces_spawned(rank, port):
+    join(rank, port)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2))
+
+
+def test_a_correct_run_that_completes_is_not_told_anything(capsys):
+    ppkit.spawn(all_reduces_spawned, args=(free_port(),), nprocs=2, timeout=60)
+    out = capsys.readouterr().out
+    assert "collective doctor" not in out, out
+    assert_none_left()
