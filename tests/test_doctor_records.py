@@ -499,3 +499,31 @@ def test_a_correct_run_that_completes_is_not_told_anything(capsys):
     out = capsys.readouterr().out
     assert "collective doctor" not in out, out
     assert_none_left()
+
+
+def send_recv_then_a_new_group(rank, world_size, port, new_port):
+    """A send/recv in group 0, destroy_process_group, a new group 0: what the record's p2p_calls hold then."""
+    import sys
+
+    from ppkit.transport import flight_record
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.zeros(4)
+    dist.send(t, dst=1) if rank == 0 else dist.recv(t, src=0)
+    before = json.loads(flight_record.snapshot(sys._getframe()))["p2p_calls"]
+    dist.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(new_port)  # a new store: the old port's may still answer (torch issue 74666)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    after = json.loads(flight_record.snapshot(sys._getframe()))["p2p_calls"]
+    dist.destroy_process_group()
+    return before, after
+
+
+def test_a_destroyed_groups_send_recv_are_not_held_against_its_successors():
+    """The new group numbers its calls from 1 again: the old lifetime's #1 is not its #1."""
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        results = cluster.run(send_recv_then_a_new_group, free_port(), free_port())
+    (before, after), _ = results
+    assert [(c["op"], c["n"], c["state"]) for c in before] == [("isend", 1, "completed")], results
+    assert after == [], results

@@ -56,6 +56,7 @@ class P2PCall(NamedTuple):
     nbytes: int
     work: object  # its Work (None once completed and moved to p2p_done)
     failed: bool = False  # a wait on it raised
+    born: int = 0  # born_ns of its group's lifetime: a new group of the same name numbers its calls from 1 again
 
 
 p2p_ring: list[P2PCall] = []  # pending ones, the oldest and the newest (keep_p2p)
@@ -113,7 +114,8 @@ def _watched_p2p(name: str, original):
                 frames = call_site(sys._getframe(1), name)[1]
                 keep_p2p(P2PCall(op, peer, [list(t.shape) for t in tensors],
                                  str(tensors[0].dtype).replace("torch.", "") if tensors else "", tag, frames,
-                                 group_name, n, sum(t.numel() * t.element_size() for t in tensors), work))
+                                 group_name, n, sum(t.numel() * t.element_size() for t in tensors), work,
+                                 born=born_ns.get(group_name, 0)))
         except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
             pass
         return work

@@ -219,8 +219,9 @@ def _p2p_words(call) -> dict:
 
 
 def _p2p_calls() -> list[dict]:
-    """The kept send/recv calls: each with its group, number (flight_calls.P2PCall.n), bytes and state
-    ("pending", "completed", or "failed": a wait on it raised)."""
+    """The kept send/recv calls of each group's present lifetime (a new group of the same name numbers its
+    calls from 1 again): each with its group, number (flight_calls.P2PCall.n), bytes and state ("pending",
+    "completed", or "failed": a wait on it raised)."""
     calls = [(call, "failed" if call.failed else "completed") for call in list(flight_calls.p2p_done)]
     for call in list(flight_calls.p2p_ring):
         if call.work.is_completed():
@@ -228,8 +229,9 @@ def _p2p_calls() -> list[dict]:
             calls.append((call, "failed" if call.failed else "completed"))
         else:
             calls.append((call, "pending"))
+    born = flight_calls.born_ns
     return [{**_p2p_words(call), "group": call.group, "n": call.n, "nbytes": call.nbytes, "state": state}
-            for call, state in calls]
+            for call, state in calls if call.born == born.get(call.group, 0)]  # the group's present lifetime
 
 
 def install(send_last_words) -> None:
