@@ -361,3 +361,169 @@ def test_send_and_recv_on_some_ranks_do_not_shift_the_names_of_later_collectives
     assert "rank 0: all_reduce #4 of [2] Float, SUM" in text, text
     calls = {rank: call["api"] for finding in diagnosis.groups for rank, call in finding.calls.items()}
     assert calls.get(0) == "all_reduce", calls
+
+
+def recv_from_the_wrong_rank(rank, port):
+    """Rank 0 sends to rank 1; rank 1 receives from rank 2, which returns without sending."""
+    join(rank, port, 3)
+    t = torch.zeros(2)
+    if rank == 0:
+        dist.send(t, dst=1)
+    elif rank == 1:
+        dist.recv(t, src=2)
+
+
+def returns_before_its_send(rank, port):
+    join(rank, port)
+    if rank == 1:
+        dist.recv(torch.zeros(2), src=0)
+
+
+def sends_four_receives_three(rank, port):
+    join(rank, port)
+    if rank == 0:
+        dist.send(torch.ones(4), dst=1)
+    else:
+        dist.recv(torch.zeros(3), src=0)
+
+
+def ping_pong_then_return(rank, port):
+    join(rank, port)
+    t = torch.zeros(3)
+    for _ in range(3):
+        if rank == 0:
+            dist.send(t + 1, dst=1)
+            dist.recv(t, src=1)
+        else:
+            dist.recv(t, src=0)
+            dist.send(t + 1, dst=0)
+    if rank == 0:
+        dist.all_reduce(t)  # rank 1 has returned: a hang, whose doctor reads the completed send/recv too
+
+
+def what_a_failed_spawn_read(program, nprocs: int):
+    with pytest.raises(ppkit.WorkerError) as caught:
+        ppkit.spawn(program, args=(free_port(),), nprocs=nprocs, timeout=8)
+    assert_none_left()
+    assert caught.value.diagnosis is not None, caught.value
+    return caught.value.diagnosis
+
+
+def test_a_recv_from_a_rank_that_never_sends_while_another_sends_names_the_receivers_peer():
+    diagnosis = what_a_failed_spawn_read(recv_from_the_wrong_rank, 3)
+    text = str(diagnosis)
+    assert diagnosis.unmatched == [(1,)], text  # rank 0's send is not named: rank 1, its receiver, failed first
+    assert "rank 1's irecv #1 from rank 2 (tag 0) of [2] float32 (8 bytes)" in text, text
+    assert "rank 2 ended (it finished its job and its process ended) having posted 0 send(s) to rank 1" in text, text
+    assert "with src=0 instead of src=2, rank 1's call would be paired with it" in text, text
+
+
+def test_a_recv_whose_sender_returned_names_the_sender_and_says_either_could_be_wrong():
+    diagnosis = what_a_failed_spawn_read(returns_before_its_send, 2)
+    text = str(diagnosis)
+    assert diagnosis.unmatched == [(0,)], text
+    assert "Either rank 0 returned before its send to rank 1, or rank 1 should not receive from it" in text, text
+
+
+def test_a_send_and_recv_of_different_sizes_are_named_as_the_pair_gloo_matched():
+    diagnosis = what_a_failed_spawn_read(sends_four_receives_three, 2)
+    text = str(diagnosis)
+    [pair] = diagnosis.p2p_mismatched
+    assert pair.kind == "size_mismatch" and set(pair.calls) == {0, 1}, text
+    assert "rank 0's isend #1 to rank 1 (tag 0) of [4] float32 (16 bytes)" in text, text
+    assert "rank 1's irecv #1 from rank 0 (tag 0) of [3] float32 (12 bytes)" in text, text
+    assert not diagnosis.unmatched, text
+
+
+def test_completed_sends_and_recvs_are_not_named_and_the_hang_still_is():
+    diagnosis = what_a_failed_spawn_read(ping_pong_then_return, 2)
+    text = str(diagnosis)
+    assert not diagnosis.p2p_findings, text
+    assert "collective #1 is not reached by every rank" in text, text
+
+
+def all_to_all_single_whose_splits_disagree(rank, port):
+    join(rank, port)
+    out = torch.empty(4 if rank == 0 else 5)
+    dist.all_to_all_single(out, torch.ones(4), output_split_sizes=[2, 2] if rank == 0 else [2, 3],
+                           input_split_sizes=[2, 2])
+
+
+def uneven_all_to_all_single(rank, port):
+    join(rank, port)
+    sent = [1, 3] if rank == 0 else [2, 2]  # rank 0 sends 1 to itself, 3 to rank 1; rank 1 sends 2 and 2
+    received = [1, 2] if rank == 0 else [3, 2]
+    out = torch.empty(sum(received))
+    dist.all_to_all_single(out, torch.ones(4), output_split_sizes=received, input_split_sizes=sent)
+    if rank == 0:
+        dist.all_reduce(out)  # a hang after it, so that the doctor reads the records
+
+
+def test_an_all_to_all_singles_split_sizes_that_disagree_are_named():
+    diagnosis = what_a_failed_spawn_read(all_to_all_single_whose_splits_disagree, 2)
+    text = str(diagnosis)
+    [finding] = diagnosis.mismatched
+    assert finding.mismatch == "the sizes differ" and set(finding.calls) == {0, 1}, text
+    assert "rank 1 sends itself 2 elements (its input_split_sizes), rank 1 expects 3 from itself" in text, text
+
+
+def test_uneven_split_sizes_that_agree_are_no_mismatch():
+    diagnosis = what_a_failed_spawn_read(uneven_all_to_all_single, 2)
+    text = str(diagnosis)
+    assert not diagnosis.mismatched, text
+    assert "every rank that answered completed collective #1" in text, text
+
+
+def sum_against_max_spawned(rank, port):
+    join(rank, port)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+
+
+def test_a_run_that_completes_with_different_reduce_ops_is_told_once_it_ends(capsys):
+    ppkit.spawn(sum_against_max_spawned, args=(free_port(),), nprocs=2, timeout=60)
+    out = capsys.readouterr().out
+    assert "every rank's job completed, but the collective doctor finds a problem in their records" in out, out
+    assert "collective #1 does not match: the reduce op differs" in out, out
+    assert_none_left()
+
+
+def all_reduces_spawned(rank, port):
+    join(rank, port)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(2))
+
+
+def test_a_correct_run_that_completes_is_not_told_anything(capsys):
+    ppkit.spawn(all_reduces_spawned, args=(free_port(),), nprocs=2, timeout=60)
+    out = capsys.readouterr().out
+    assert "collective doctor" not in out, out
+    assert_none_left()
+
+
+def send_recv_then_a_new_group(rank, world_size, port, new_port):
+    """A send/recv in group 0, destroy_process_group, a new group 0: what the record's p2p_calls hold then."""
+    import sys
+
+    from ppkit.transport import flight_record
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.zeros(4)
+    dist.send(t, dst=1) if rank == 0 else dist.recv(t, src=0)
+    before = json.loads(flight_record.snapshot(sys._getframe()))["p2p_calls"]
+    dist.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(new_port)  # a new store: the old port's may still answer (torch issue 74666)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    after = json.loads(flight_record.snapshot(sys._getframe()))["p2p_calls"]
+    dist.destroy_process_group()
+    return before, after
+
+
+def test_a_destroyed_groups_send_recv_are_not_held_against_its_successors():
+    """The new group numbers its calls from 1 again: the old lifetime's #1 is not its #1."""
+    with ppkit.Cluster(2, "gloo", process_group=False, timeout=60) as cluster:
+        results = cluster.run(send_recv_then_a_new_group, free_port(), free_port())
+    (before, after), _ = results
+    assert [(c["op"], c["n"], c["state"]) for c in before] == [("isend", 1, "completed")], results
+    assert after == [], results

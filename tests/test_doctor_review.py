@@ -34,7 +34,7 @@ def keyword_send_recv(rank, world_size):
     t = torch.full((2,), float(rank + 1))
     work = pg.send([t], dstRank=1, tag=5) if rank == 0 else pg.recv([t], srcRank=0, tag=5)
     work.wait()
-    kept = [(op, peer, tag) for op, peer, _, _, tag, _, _ in flight_calls.p2p_ring]
+    kept = [(call.op, call.peer, call.tag) for call in flight_calls.p2p_ring]
     return t.tolist(), kept
 
 

@@ -84,7 +84,9 @@ class Job:
             error.values = {r: byvalue.loads(m.value) for r, m in self.results.items()
                             if isinstance(m, Result) and m.ok}  # a profiled run's traces, of the ranks that returned
             raise error
-        return [byvalue.loads(self.results[r].value) for r in range(self.world_size)]
+        values = [byvalue.loads(self.results[r].value) for r in range(self.world_size)]
+        self._look_after()
+        return values
 
     def waiting(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.results]
@@ -187,6 +189,23 @@ class Job:
         self._launcher.wait_exit_status(rank)
         status = self._launcher.exit_status(rank)
         return status is not None and os.waitstatus_to_exitcode(status) == 0
+
+    def _look_after(self) -> None:
+        """A last job (ppkit.spawn, torchrun) that completed on every rank: the doctor compares the records each
+        rank sent with its answer, once, and speaks only where they show a problem. gloo checks neither the
+        reduce op nor the root, so such a run completes with numbers no rank asked for. Not after a cluster's
+        job: its ranks would have to be asked (measured: 0.17 s more on a job of 200 all_reduces, 35 %)."""
+        if not self.last or len(self.records) < self.world_size:
+            return  # a rank's record is missing: nothing to compare it with
+        if not any(record.get("calls") for record in self.records.values()):
+            return  # no collective: nothing to compare
+        finished, failed = outcomes.of_results(self.results, self.last)
+        diagnosis = hang_doctor.diagnose(dict(self.records), self.world_size, finished, failed)
+        if diagnosis.problem:
+            self.diagnosis = diagnosis
+            self._printer.flush()
+            print("[ppkit] every rank's job completed, but the collective doctor finds a problem in their records:\n"
+                  + str(diagnosis), end="", flush=True)
 
     def _look_for_a_hang(self) -> None:
         stacks = self._stacks(self.waiting())

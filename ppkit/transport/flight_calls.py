@@ -7,7 +7,14 @@ So, on each rank, ppkit keeps beside it, from the Python side of torch.distribut
 - each collective's API name (``reduce_scatter``), reduce op, root, the learner's frames, and the
   sequence numbers it took in the backend's count (read before and after the call), matched to
   torch's entries by group and sequence number (``api_calls``);
-- each point-to-point call with its peer, tag and Work (gloo's are not in torch's record);
+- each point-to-point call with its peer, tag, sizes and Work (gloo's are not in torch's record), and
+  its number among this rank's calls of that kind to that peer with that tag (``n``): gloo pairs a
+  pair's sends and recvs of one tag in the order they are posted, so the n-th send from A to B meets
+  B's n-th recv from A (``p2p_posted`` counts them; a recv from any source breaks the count, and says
+  so). The completed ones are kept too, without their tensors (``p2p_done``), and whether a wait on
+  one raised;
+- an all_to_all_single's split sizes (elements to and from each rank): the record keeps only its
+  whole tensors;
 - which Work (or Future) the main thread waits on: a rank in ``req.wait()`` is blocked, one in
   its own code with a call pending is not;
 - when each process group was created (``born_ns``): torch's record outlives
@@ -24,6 +31,7 @@ import os
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 P2P_KEEP = 32  # point-to-point calls kept (gloo's are not in torch's record)
 API_KEEP = 256  # collectives' API records kept: more than the KEEP calls per group sent to the kernel
@@ -34,8 +42,30 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allga
                "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_single_coalesced",
                "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "barrier")
 
-p2p_ring: list = []  # (op, peer, sizes, dtype, tag, frames, work): pending ones, the oldest and the newest (keep_p2p)
-api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, root, frames)
+
+
+class P2PCall(NamedTuple):
+    op: str  # "isend" or "irecv" (a blocking send or recv is one of these and a wait)
+    peer: int | None  # global rank; None: a recv from any source
+    sizes: list
+    dtype: str
+    tag: int
+    frames: list
+    group: str
+    n: int  # its number among this rank's calls of this op to this peer with this tag in this group, from 1
+    nbytes: int
+    work: object  # its Work (None once completed and moved to p2p_done)
+    failed: bool = False  # a wait on it raised
+    born: int = 0  # born_ns of its group's lifetime: a new group of the same name numbers its calls from 1 again
+
+
+p2p_ring: list[P2PCall] = []  # pending ones, the oldest and the newest (keep_p2p)
+p2p_done: collections.deque = collections.deque(maxlen=P2P_KEEP)  # the latest completed ones, work=None
+p2p_posted: dict[tuple[str, str, int | None, int], int] = {}  # (group, op, peer, tag) -> calls posted
+failed_works: set[int] = set()  # id() of a ring call's Work whose wait raised (the ring keeps it alive)
+_posting = threading.Lock()  # a call's number and its posting in the backend happen together
+api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, root,
+#                                                                     frames, splits)
 born_ns: dict[str, int] = {}  # group name -> when its present (or last) lifetime began (time.time_ns, as torch's)
 p2p_counted: dict[tuple[str, str], int] = {}  # (group, backend) -> sequence numbers its send/recv took (gloo's do)
 waiting: dict[int, object] = {}  # thread ident -> the Work it waits on
@@ -70,25 +100,44 @@ def _watched(call):
 def _watched_p2p(name: str, original):
     def call(group, tensors, *args, **kwargs):
         backend, before = _count(group, (tensors,))
-        work = original(group, tensors, *args, **kwargs)  # as called: keywords (dstRank=, srcRank=, tag=) too
+        with _posting:  # two threads' calls to one peer: numbered in the order the backend posts them
+            work = original(group, tensors, *args, **kwargs)  # as called: keywords (dstRank=, srcRank=, tag=) too
+            key, n = _posted(group, name, args, kwargs) if work is not None else (None, 0)
         try:
             if backend is not None:  # gloo counts a send/recv in the sequence number, the record's count does not
                 taken = backend._get_sequence_number_for_group() - before
                 if taken > 0:
-                    key = (str(group.group_name), _backend_name(backend))
-                    p2p_counted[key] = p2p_counted.get(key, 0) + taken
-            if work is not None:
-                peer = None if name == "recv_anysource" else global_rank(
-                    group, args[0] if args else kwargs.get("dstRank" if name == "send" else "srcRank"))
-                tag = kwargs.get("tag", args[-1] if len(args) >= (1 if name == "recv_anysource" else 2) else 0)
+                    counted = (str(group.group_name), _backend_name(backend))
+                    p2p_counted[counted] = p2p_counted.get(counted, 0) + taken
+            if key is not None:
+                group_name, op, peer, tag = key
                 frames = call_site(sys._getframe(1), name)[1]
-                keep_p2p(("isend" if name == "send" else "irecv", peer, [list(t.shape) for t in tensors],
-                          str(tensors[0].dtype).replace("torch.", "") if tensors else "", tag, frames, work))
+                keep_p2p(P2PCall(op, peer, [list(t.shape) for t in tensors],
+                                 str(tensors[0].dtype).replace("torch.", "") if tensors else "", tag, frames,
+                                 group_name, n, sum(t.numel() * t.element_size() for t in tensors), work,
+                                 born=born_ns.get(group_name, 0)))
         except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
             pass
         return work
 
     return _watched(call)
+
+
+def _p2p_key(group, name: str, args, kwargs) -> tuple[str, str, int | None, int]:
+    peer = None if name == "recv_anysource" else global_rank(
+        group, args[0] if args else kwargs.get("dstRank" if name == "send" else "srcRank"))
+    tag = kwargs.get("tag", args[-1] if len(args) >= (1 if name == "recv_anysource" else 2) else 0)
+    return str(group.group_name), "isend" if name == "send" else "irecv", peer, tag
+
+
+def _posted(group, name: str, args, kwargs) -> tuple[tuple | None, int]:
+    """Count the call: its (group, op, global peer, tag) and its number among the rank's calls with them, from 1."""
+    try:
+        key = _p2p_key(group, name, args, kwargs)
+    except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
+        return None, 0
+    p2p_posted[key] = p2p_posted.get(key, 0) + 1
+    return key, p2p_posted[key]
 
 
 def _watched_collective(name: str, original):
@@ -102,7 +151,8 @@ def _watched_collective(name: str, original):
                 key = (str(group.group_name), _backend_name(backend))
                 p2p = p2p_counted.get(key, 0)  # the record counts collectives only
                 api_ring.append((key[0], key[1], before + 1 - p2p, after - p2p,
-                                 api, _reduce_op(args, kwargs), _root(group, args, kwargs), frames))
+                                 api, _reduce_op(args, kwargs), _root(group, args, kwargs), frames,
+                                 _splits(group, args) if name in ("all_to_all_single", "alltoall_base") else None))
         except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
             pass
         return work
@@ -125,6 +175,10 @@ def _watched_wait(original):
         waiting[ident] = work
         try:
             return original(work, *args, **kwargs)
+        except BaseException:
+            if any(call.work is work for call in list(p2p_ring)):
+                failed_works.add(id(work))
+            raise
         finally:
             waiting.pop(ident, None)
 
@@ -138,8 +192,9 @@ def _watched_creation(original):
         try:
             name = str(made[0].group_name)
             born_ns[name] = began
-            for key in [key for key in p2p_counted if key[0] == name]:  # the new group counts from 1
-                del p2p_counted[key]
+            for counts in (p2p_counted, p2p_posted):  # the new group counts from 1
+                for key in [key for key in counts if key[0] == name]:
+                    del counts[key]
             kept = [call for call in api_ring if call[0] != name]  # the earlier group's calls of this name
             api_ring.clear()
             api_ring.extend(kept)
@@ -179,14 +234,45 @@ def _backend_name(backend) -> str:
         return ""
 
 
-def keep_p2p(call) -> None:
-    """Add a send or recv to the ring. Completed calls go first (their tensors are not kept alive);
-    with more than P2P_KEEP pending, the oldest half and the newest half are kept: the oldest pending
-    call is where a hang starts, the newest is the one a rank waits on after a loop of them."""
-    p2p_ring[:] = [kept for kept in p2p_ring if not kept[-1].is_completed()]
+def keep_p2p(call: P2PCall) -> None:
+    """Add a send or recv to the ring. Completed calls move to p2p_done without their Work (their
+    tensors are not kept alive); with more than P2P_KEEP pending, the oldest half and the newest half
+    are kept: the oldest pending call is where a hang starts, the newest is the one a rank waits on
+    after a loop of them."""
+    pending = []
+    for kept in p2p_ring:
+        if kept.work.is_completed():
+            p2p_done.append(settled(kept))
+            failed_works.discard(id(kept.work))
+        else:
+            pending.append(kept)
+    p2p_ring[:] = pending
     if len(p2p_ring) >= P2P_KEEP:
         del p2p_ring[P2P_KEEP // 2]
     p2p_ring.append(call)
+
+
+def settled(call: P2PCall) -> P2PCall:
+    """A completed call as p2p_done keeps it: without its Work, with whether a wait on it raised."""
+    return call._replace(work=None, failed=call.failed or id(call.work) in failed_works)
+
+
+def _splits(group, args) -> list[list[int]] | None:
+    """An all_to_all_single's elements to and from each rank: [[global rank, sent to it, received from it]...]
+    (args: output, input, output_split_sizes, input_split_sizes, options; empty sizes split evenly)."""
+    try:
+        output, input_, out_split, in_split = args[:4]
+        size = group.size()
+
+        def per_rank(tensor, split):
+            rows = list(split) or [tensor.shape[0] // size] * size
+            row = tensor.numel() // tensor.shape[0] if tensor.shape[0] else 0
+            return [r * row for r in rows]
+
+        sent, received = per_rank(input_, in_split), per_rank(output, out_split)
+        return [[global_rank(group, j), sent[j], received[j]] for j in range(size)]
+    except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
+        return None
 
 
 def call_site(frame, method: str) -> tuple[str, list[tuple[str, int, str]]]:

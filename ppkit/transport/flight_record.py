@@ -50,6 +50,7 @@ def snapshot(main_frame, in_job: bool = True) -> str:
     """This rank's record and where its main thread is (``main_frame``: its innermost frame; ``in_job``:
     False between jobs, where the main thread waits for the next one), as JSON."""
     record = {"buffer": buffer_size(), "calls": [], "groups": {}, "done": {}, "p2p": None, "p2p_pending": [],
+              "p2p_calls": [], "p2p_posted": [],
               "at": _learner_line(flight_calls.frames_of(main_frame)),
               "main": _main_state(main_frame) if in_job else "idle", "error": "", "in": ""}
     if record["main"] == "distributed":  # the torch.distributed function it is in (new_group, a store's wait)
@@ -60,6 +61,8 @@ def snapshot(main_frame, in_job: bool = True) -> str:
     errors = []
     awaited = flight_calls.waiting.get(flight_calls.main_ident(main_frame))
     for part, read in (("groups", _groups), ("calls", _calls), ("p2p_pending", _p2p_pending),
+                       ("p2p_calls", _p2p_calls), ("p2p_posted", lambda: [[*k, v] for k, v in
+                                                                       flight_calls.p2p_posted.items()]),
                        ("p2p", lambda: _p2p_wait(main_frame) or _p2p_awaited(awaited))):
         try:  # each part on its own: one that fails leaves the others to read
             record[part] = read()
@@ -135,12 +138,14 @@ def _present(entries: list[dict]) -> list[dict]:
 
 def _name_api_calls(by_lane: dict[str, list]) -> None:
     """Each call's API name, reduce op, root and line, from the Python side (flight_calls.api_ring)."""
-    for group, backend, first, last, api, reduce_op, root, frames in list(flight_calls.api_ring):
+    for group, backend, first, last, api, reduce_op, root, frames, splits in list(flight_calls.api_ring):
         for lane in ([f"{group}:{backend}"] if backend else [k for k in by_lane if k.startswith(f"{group}:")]):
             for call in by_lane.get(lane, []):
                 if first <= call["seq"] <= last and not call["is_p2p"]:
                     call.update(api=api, api_seqs=[first, last], reduce_op=reduce_op, root=root,
                                 at=_learner_line(frames))
+                    if splits is not None:
+                        call["splits"] = splits
 
 
 def _call(entry: dict) -> dict:
@@ -204,13 +209,29 @@ def _p2p_wait(frame) -> dict | None:
 
 def _p2p_awaited(work) -> dict | None:
     """The isend or irecv whose Work the main thread waits on (``req.wait()``)."""
-    found = [call for call in list(flight_calls.p2p_ring) if call[-1] is work] if work is not None else []
+    found = [call for call in list(flight_calls.p2p_ring) if call.work is work] if work is not None else []
     return _p2p_words(found[0]) if found else None
 
 
 def _p2p_words(call) -> dict:
-    op, peer, sizes, dtype, tag, frames, _ = call
-    return {"op": op, "peer": peer, "sizes": sizes, "dtype": dtype, "tag": tag, "at": _learner_line(frames)}
+    return {"op": call.op, "peer": call.peer, "sizes": call.sizes, "dtype": call.dtype, "tag": call.tag,
+            "at": _learner_line(call.frames)}
+
+
+def _p2p_calls() -> list[dict]:
+    """The kept send/recv calls of each group's present lifetime (a new group of the same name numbers its
+    calls from 1 again): each with its group, number (flight_calls.P2PCall.n), bytes and state ("pending",
+    "completed", or "failed": a wait on it raised)."""
+    calls = [(call, "failed" if call.failed else "completed") for call in list(flight_calls.p2p_done)]
+    for call in list(flight_calls.p2p_ring):
+        if call.work.is_completed():
+            call = flight_calls.settled(call)
+            calls.append((call, "failed" if call.failed else "completed"))
+        else:
+            calls.append((call, "pending"))
+    born = flight_calls.born_ns
+    return [{**_p2p_words(call), "group": call.group, "n": call.n, "nbytes": call.nbytes, "state": state}
+            for call, state in calls if call.born == born.get(call.group, 0)]  # the group's present lifetime
 
 
 def install(send_last_words) -> None:
@@ -221,7 +242,7 @@ def install(send_last_words) -> None:
 
 def _p2p_pending() -> list[dict]:
     """The ring's calls whose Work has not completed, oldest first."""
-    return [_p2p_words(call) for call in list(flight_calls.p2p_ring) if not call[-1].is_completed()]
+    return [_p2p_words(call) for call in list(flight_calls.p2p_ring) if not call.work.is_completed()]
 
 
 def _in_distributed(frame) -> bool:

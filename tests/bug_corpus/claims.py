@@ -7,7 +7,9 @@ what, why, check). Fields a newer tool may add are read with getattr and a defau
 grades as before: a finding's ``kind``, a call's ``api``/``api_seq`` (the learner's name and number for a call
 the backend records otherwise), the doctor's ``cycles`` (waits of any length), ``unmatched`` p2p waits,
 ``unsure`` (it saw something and cannot tell) and ``notes`` (a difference that completed harmlessly: not a
-claim of a problem), the parity diagnosis's ``causes`` (ppkit.parity.causes' identifiers) and ``unsure``.
+claim of a problem), ``p2p_mismatched`` (a send and the recv the backend pairs with it, whose sizes or
+dtypes differ: ``kind`` and ``calls`` by rank), the parity diagnosis's ``causes`` (ppkit.parity.causes'
+identifiers) and ``unsure``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def doctor_answer(diagnosis) -> Answer:
     for cycle in getattr(diagnosis, "cycles", []) or []:
         if len(cycle) > 2 or frozenset(cycle) not in {c.ranks for c in claims if c.kind == "p2p_deadlock"}:
             claims.append(Claim("p2p_deadlock", frozenset(cycle), {r: {p2p.get(r, {}).get("op", "")} for r in cycle}))
+    for pair in getattr(diagnosis, "p2p_mismatched", []) or []:
+        claims.append(Claim(pair.kind, frozenset(pair.calls), {r: _call_names(c) for r, c in pair.calls.items()}))
     for wait in getattr(diagnosis, "unmatched", []) or []:
         ranks = wait if isinstance(wait, (tuple, list, set, frozenset)) else (wait,)
         claims.append(Claim("p2p_unmatched", frozenset(ranks)))

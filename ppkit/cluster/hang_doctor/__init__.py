@@ -11,9 +11,11 @@ that form a cycle, tags included. Only each group's present lifetime counts: tor
 outlives destroy_process_group.
 
 It runs when the hang watch looks (hang_watch.py), when a run fails, times out or is interrupted while
-ranks wait (jobs.py), and on demand: ``ppkit.collective_doctor(cluster)`` (on_demand.py). How each rank's
-job ended tells a rank that raised or finished from one still computing (outcomes.py). The records it
-read travel on the run's error and can be written as torch's dump files for fr_trace (fr_dumps.py).
+ranks wait (jobs.py), once after a ppkit.spawn or torchrun run that completed (it speaks only if it finds a
+problem: gloo checks neither reduce ops nor roots), and on demand: ``ppkit.collective_doctor(cluster)``
+(on_demand.py). How each rank's job ended tells a rank that raised or finished from one still computing
+(outcomes.py). The records it read travel on the run's error and can be written as torch's dump files
+for fr_trace (fr_dumps.py).
 """
 
 from __future__ import annotations

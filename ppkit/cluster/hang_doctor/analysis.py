@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from ppkit.cluster.hang_doctor.elsewhere import instead
 from ppkit.cluster.hang_doctor.memberships import memberships
 from ppkit.cluster.hang_doctor.memberships import views as group_views
+from ppkit.cluster.hang_doctor.p2p_pairs import P2PFinding, pairs
+from ppkit.cluster.hang_doctor.splits import split_words
 from ppkit.cluster.hang_doctor.words import pair
 
 KINDS = {"COLLECTIVE_TYPE_MISMATCH": "the op differs", "SIZE_OR_SYNTAX_MISMATCH": "the sizes differ",
@@ -48,6 +50,7 @@ class GroupFinding:
     unrecorded: dict[int, str] = field(default_factory=dict)
     backend: str = ""
     completed: bool = False
+    splits: list[str] = field(default_factory=list)  # an all_to_all_single's split sizes that disagree, in words
     after: int = 0  # an earlier collective of the group whose calls differ: this one follows from it
 
     @property
@@ -59,7 +62,7 @@ class GroupFinding:
     def harmless(self) -> bool:
         """Completed with only the shapes differing, each rank's tensors of the same element counts:
         the backend moved the elements in memory order, as it would for equal shapes."""
-        if not (self.completed and self.mismatch == "the sizes differ"):
+        if not (self.completed and self.mismatch == "the sizes differ") or self.splits:
             return False
         alike = {(tuple(_numel(s) for s in call["input_sizes"]), tuple(_numel(s) for s in call["output_sizes"]),
                   tuple(call["input_dtypes"]), call.get("reduce_op", "")) for call in self.calls.values()}
@@ -81,6 +84,17 @@ class Diagnosis:
     views: dict[str, dict] = field(default_factory=dict)  # groups the ranks disagree on (memberships.views)
     world_size: int = 0
     source: str = ""  # where the records come from, where not from the ranks as they are now
+    p2p_findings: list[P2PFinding] = field(default_factory=list)  # send/recv against the peer's (p2p_pairs.py)
+
+    @property
+    def unmatched(self) -> list[tuple[int, ...]]:
+        """Per send/recv that nothing will match, the ranks it names (P2PFinding.blamed)."""
+        return [f.blamed for f in self.p2p_findings if f.kind == "unmatched"]
+
+    @property
+    def p2p_mismatched(self) -> list[P2PFinding]:
+        """Send/recv pairs whose sizes or dtypes differ."""
+        return [f for f in self.p2p_findings if f.kind != "unmatched"]
 
     def write_dumps(self, folder: str) -> list[str]:
         """The records as torch's dump files, one per rank (``rank_0``, ...), which
@@ -91,9 +105,10 @@ class Diagnosis:
 
     @property
     def problem(self) -> bool:
-        """A mismatch, a send/recv pair that waits on each other, or a collective some rank never reached."""
-        return bool(self.deadlock or self.views or any(g.mismatch and not g.harmless or g.missing or g.unrecorded
-                                         for g in self.groups))
+        """A mismatch, a send/recv pair that waits on each other or that nothing will match, or a collective some
+        rank never reached."""
+        return bool(self.deadlock or self.views or self.p2p_findings
+                    or any(g.mismatch and not g.harmless or g.missing or g.unrecorded for g in self.groups))
 
     @property
     def mismatched(self) -> list[GroupFinding]:
@@ -136,7 +151,8 @@ def diagnose(records: dict[int, dict], world_size: int, ended: dict[int, str] | 
     deadlock = _cycles(p2p)
     unanswered = [r for r in range(world_size) if r not in records and r not in ended]
     off = [r for r, rec in sorted(records.items()) if rec.get("buffer", 1) == 0]
-    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, views, world_size)
+    return Diagnosis(findings, p2p, deadlock, ended, unanswered, off, records, views, world_size,
+                     p2p_findings=pairs(records, ended, failed))
 
 
 def _cycles(p2p: dict[int, dict]) -> list[list[int]]:
@@ -239,6 +255,9 @@ def _first_mismatch(name: str, ranks: list[int], calls: dict, seqs) -> GroupFind
                 mismatch, torch_says = _compare(here[first], here[rank], name, ranks)
                 if mismatch:
                     return GroupFinding(name, "", ranks, None, seq, here, mismatch, torch_says)
+        disagree = split_words(here)  # torch's matcher leaves all_to_all's sizes unchecked
+        if disagree:
+            return GroupFinding(name, "", ranks, None, seq, here, "the sizes differ", splits=disagree)
     return None
 
 

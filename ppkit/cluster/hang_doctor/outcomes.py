@@ -29,6 +29,16 @@ def failed_in_a_collective(error) -> bool:
             or error.type == "RuntimeError" and "/torch/" in raised_in and bool(GLOO_SAYS.match(error.message)))
 
 
+# how a rank's job ended without raising, in the words of_results and jobs.py give it
+CLEAN_ENDS = ("it finished its job", "its last job finished", "it exited through sys.exit (status 0)",
+              "its process exited with status 0")
+
+
+def ended_cleanly(how: str) -> bool:
+    """``how`` (an ``ended`` value) says the rank's job returned (or exited with status 0): it did not raise."""
+    return how.startswith(CLEAN_ENDS)
+
+
 SYS_EXIT = "ppkit: fn ended through sys.exit with status 0"  # what a rank's last job returns then (one_call.py)
 
 

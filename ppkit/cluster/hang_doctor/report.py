@@ -46,6 +46,8 @@ def explain(diagnosis) -> str:
         lines.append(f"    {verdict}:")
         for ranks, words in _alike(finding.calls):
             lines.append(f"      {'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)}: {words}")
+        for words in finding.splits:
+            lines.append(f"      {words}")
         if finding.harmless:
             lines.append("      (the backend moves elements in memory order, as for equal shapes: the result is "
                          "what you meant if the layouts line up)")
@@ -85,6 +87,8 @@ def explain(diagnosis) -> str:
             lines.append(f"  rank {rank} started {len(started) - 2} more point-to-point calls, not completed yet")
     for cycle in diagnosis.deadlock:
         lines.append(_cycle_words(cycle, diagnosis.p2p))
+    for finding in diagnosis.p2p_findings:
+        lines.append(_pair_words(finding))
     for rank, record in sorted(diagnosis.records.items()):
         if record.get("error"):
             lines.append(f"  rank {rank}'s record is incomplete: {record['error']}")
@@ -114,6 +118,40 @@ def _cycle_words(cycle: list[int], p2p: dict[int, dict]) -> str:
                       for r in cycle)
     return (f"  ranks {', '.join(map(str, cycle))} wait in a cycle: {steps}. None can complete: break the cycle "
             "(even ranks send first while odd ranks receive, or isend/irecv every message, then wait on all).")
+
+
+def _p2p_call_words(rank: int, call: dict) -> str:
+    """"rank 1's irecv #1 from rank 0 (tag 0) of [3] float32 (12 bytes), called at ...": #1, its first with
+    this peer and tag."""
+    return (f"rank {rank}'s {call['op']} #{call['n']} {'to' if 'send' in call['op'] else 'from'} rank {call['peer']} "
+            f"(tag {call.get('tag', 0)}) of {sizes_words(call.get('sizes', []))} {call.get('dtype', '')} "
+            f"({call.get('nbytes')} bytes){line_words(call.get('at'), 'called ')}")
+
+
+def _pair_words(finding) -> str:
+    """A send/recv that nothing will match, or a send and a recv that gloo pairs whose sizes or dtypes differ."""
+    if finding.kind != "unmatched":
+        (a, call_a), (b, call_b) = sorted(finding.calls.items())
+        what = "sizes" if finding.kind == "size_mismatch" else "dtypes"
+        return (f"  the send and the recv that gloo pairs (each rank's #N with that peer and tag) differ in {what}: "
+                f"{_p2p_call_words(a, call_a)}; {_p2p_call_words(b, call_b)}. gloo aborts a receiver that is sent "
+                "more bytes than its buffer holds: give both sides the same shape and dtype.")
+    call, rank, peer = finding.call, finding.rank, finding.peer
+    partner = "recv" if "send" in call["op"] else "send"
+    state = "failed" if call.get("state") == "failed" else "has not completed"
+    words = (f"  {_p2p_call_words(rank, call)} {state}, and rank {peer} ended ({finding.peer_ended}) having posted "
+             f"{finding.made} {partner}(s) {'to' if partner == 'send' else 'from'} rank {rank} with tag "
+             f"{call.get('tag', 0)}: nothing will match it in this run.")
+    if finding.fits:
+        other, fit = finding.fits
+        named = "src" if partner == "send" else "dst"
+        words += (f" Meanwhile {_p2p_call_words(other, fit)} has not completed, and rank {rank} never posted its "
+                  f"match: with {named}={other} instead of {named}={peer}, rank {rank}'s call would be paired with "
+                  f"it. Check which rank rank {rank} should {'receive from' if partner == 'send' else 'send to'}.")
+    else:
+        words += (f" Either rank {peer} returned before its {partner} to rank {rank}, or rank {rank} should not "
+                  f"{'receive from' if partner == 'send' else 'send to'} it.")
+    return words
 
 
 def _alike(calls: dict[int, dict]) -> list[tuple[list[int], str]]:
