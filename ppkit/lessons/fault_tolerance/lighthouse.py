@@ -17,7 +17,7 @@ import tempfile
 import threading
 
 from ppkit.errors import ConfigError, LaunchError
-from ppkit.lessons.fault_tolerance._process_group import stop_group
+from ppkit.lessons.fault_tolerance._process_group import child_env, stop_group
 from ppkit.transport.procs import in_lasting_thread
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -81,7 +81,7 @@ class Lighthouse:
             self._log = tempfile.NamedTemporaryFile(prefix="ppkit-lighthouse-", suffix=".log")
             self._process = in_lasting_thread(lambda: subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL, text=True,
-                start_new_session=True))
+                start_new_session=True, env=child_env()))
             line = _first_line(self._process, self.start_timeout_s)
             if not line.startswith("listening "):
                 err = self._stop_and_read_stderr()

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from ppkit.errors import ConfigError, JobTimeoutError, LaunchError, WorkerDiedError
-from ppkit.lessons.fault_tolerance._process_group import stop_group
+from ppkit.lessons.fault_tolerance._process_group import child_env, stop_group
 from ppkit.lessons.fault_tolerance.lighthouse import Lighthouse, require_torchft
 from ppkit.lessons.fault_tolerance.run_result import Kill, TorchftRun
 from ppkit.transport.procs import in_lasting_thread
@@ -109,7 +109,8 @@ class _Run:
         command = [sys.executable, os.path.join(HERE, "replica.py"), json.dumps(config)]
         with open(self.path(f"log-{label}.txt"), "ab") as log:
             self.processes[replica, incarnation] = in_lasting_thread(lambda: subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env=child_env()))
 
     def records(self, replica: int, incarnation: int) -> list[dict]:
         try:
