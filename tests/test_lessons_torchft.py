@@ -212,3 +212,62 @@ def test_replicas_that_do_not_join_in_time_end_with_a_launch_error_and_nothing_l
     with pytest.raises(LaunchError, match=r"did not finish within 1 s.*did not all join.*give timeout_s more"):
         run_replicas(2, steps=4, timeout_s=1)
     assert lesson_processes() == []
+
+
+def wait_for_training(deadline_s: float = 120) -> None:
+    """Until one of this test's replicas has written a step."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for proc in lesson_processes():
+            try:
+                records = [f.path for f in proc.open_files() if "records-" in f.path]
+                if records and '"event": "step"' in open(records[0]).read():
+                    return
+            except (psutil.NoSuchProcess, OSError):
+                continue
+        time.sleep(0.05)
+
+
+@needs_torchft
+@pytest.mark.slow
+def test_a_lighthouse_that_dies_mid_run_ends_it_at_once_saying_so():
+    lighthouse = Lighthouse().start()
+
+    def kill_the_lighthouse():
+        wait_for_training()
+        os.kill(lighthouse.pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_the_lighthouse, daemon=True).start()
+    started = time.monotonic()
+    try:
+        said = r"torchft's lighthouse .* died .*SIGKILL.*no quorum .*\(Lighthouse\(\)\)"
+        with pytest.raises(WorkerDiedError, match=said):
+            run_replicas(2, steps=400, lighthouse=lighthouse)
+    finally:
+        lighthouse.stop()
+    assert time.monotonic() - started < 60  # not the replicas' 30 s quorum timeout after their start
+    assert lesson_processes() == []
+
+
+@needs_torchft
+@pytest.mark.slow
+def test_an_interrupt_mid_run_stops_every_replica_and_the_lighthouse():
+    import _thread
+
+    def interrupt():
+        wait_for_training()
+        _thread.interrupt_main()  # what Kernel > Interrupt does to a cell
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_replicas(2, steps=400)
+    assert lesson_processes() == []
+
+
+@needs_torchft
+def test_a_lighthouse_that_does_not_start_in_time_says_so_and_leaves_nothing():
+    lighthouse = Lighthouse(start_timeout_s=0.001)
+    with pytest.raises(LaunchError, match=r"lighthouse did not start within 0\.001 s .*its log: .*Check that torchft"):
+        lighthouse.start()
+    assert not lighthouse.running and lesson_processes() == []
+    lighthouse.stop()

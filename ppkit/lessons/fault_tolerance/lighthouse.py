@@ -50,8 +50,11 @@ class Lighthouse:
         self.min_replicas = min_replicas
         self.join_timeout_ms = join_timeout_ms
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        if not start_timeout_s > 0:
+            raise ConfigError(f"Lighthouse(start_timeout_s={start_timeout_s!r}): give the seconds to wait, > 0.")
         self.start_timeout_s = start_timeout_s
         self._process: subprocess.Popen | None = None
+        self._log = None  # the lighthouse's log file, while it runs
         self.port: int | None = None
         self._lock = threading.Lock()
 
@@ -70,6 +73,11 @@ class Lighthouse:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """How the lighthouse process ended (-9: SIGKILL), while it is not stopped by stop(); else None."""
+        return self._process.poll() if self._process is not None else None
+
     def start(self) -> Lighthouse:
         require_torchft()
         with self._lock:
@@ -84,8 +92,8 @@ class Lighthouse:
                 start_new_session=True, env=child_env()))
             line = _first_line(self._process, self.start_timeout_s)
             if not line.startswith("listening "):
-                err = self._stop_and_read_stderr()
-                raise LaunchError(f"torchft's lighthouse did not start within {self.start_timeout_s:.0f} s "
+                err = self._stop_and_read_log()
+                raise LaunchError(f"torchft's lighthouse did not start within {self.start_timeout_s:g} s "
                                   f"(it said {line!r}; its log: {err.strip() or 'nothing'}). Check that "
                                   f"torchft imports ({INSTALL_HINT}) and that 127.0.0.1 can be bound.")
             self.port = int(line.split()[1])
@@ -101,13 +109,21 @@ class Lighthouse:
             process.stdout.close()
             self._log.close()
 
-    def _stop_and_read_stderr(self) -> str:
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of the lighthouse's log (quorum decisions, heartbeats missed), until stop()."""
+        try:
+            with open(self._log.name, errors="replace") as f:
+                return f.read()[-chars:]
+        except (AttributeError, OSError):
+            return ""
+
+    def _stop_and_read_log(self) -> str:
         process, self._process = self._process, None
         stop_group(process, 1.0)
-        err = process.stderr.read() if process.stderr else ""
-        for stream in (process.stdout, process.stderr):
-            stream.close()
-        return err
+        log = self.log_tail(800)
+        process.stdout.close()
+        self._log.close()
+        return log
 
     def __enter__(self) -> Lighthouse:
         return self.start()

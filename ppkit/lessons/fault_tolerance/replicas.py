@@ -49,7 +49,7 @@ def run_replicas(num_replicas: int = 3, steps: int = 30, *, mode: str = "ddp", s
     run = _Run(folder, num_replicas, steps, mode, sync_every, step_seconds, timeout_s)
     try:
         lighthouse.start()
-        run.lighthouse = lighthouse.address
+        run.lighthouse = lighthouse
         return run.go(kill)
     finally:
         run.stop_all()
@@ -92,7 +92,7 @@ class _Run:
     def __init__(self, folder, num_replicas, steps, mode, sync_every, step_seconds, timeout_s):
         self.folder, self.num_replicas, self.steps, self.mode = folder, num_replicas, steps, mode
         self.sync_every, self.step_seconds, self.timeout_s = sync_every, step_seconds, timeout_s
-        self.lighthouse = ""
+        self.lighthouse: Lighthouse | None = None
         self.processes: dict[tuple[int, int], subprocess.Popen] = {}  # (replica, incarnation) -> process
         self.killed: set[tuple[int, int]] = set()
         self.t0 = time.time()
@@ -104,7 +104,7 @@ class _Run:
         label = f"{replica}.{incarnation}"
         config = dict(replica=replica, incarnation=incarnation, steps=self.steps, mode=self.mode,
                       sync_every=self.sync_every, step_seconds=self.step_seconds, timeout_s=30,
-                      lighthouse=self.lighthouse, records_path=self.path(f"records-{label}.jsonl"),
+                      lighthouse=self.lighthouse.address, records_path=self.path(f"records-{label}.jsonl"),
                       go_path=self.path("go"), join_path=join_path)
         command = [sys.executable, os.path.join(HERE, "replica.py"), json.dumps(config)]
         with open(self.path(f"log-{label}.txt"), "ab") as log:
@@ -163,10 +163,19 @@ class _Run:
         process.wait()
 
     def check_exits(self, deadline: float, starting: bool = False) -> None:
+        if not self.lighthouse.running:  # the replicas would wait for a quorum until their timeout (30 s)
+            steps = {i: [r.get("step") for r in self.records(i, 0) if r["event"] == "step"][-1:]
+                     for i in range(self.num_replicas)}
+            raise WorkerDiedError(
+                f"torchft's lighthouse ({self.lighthouse.address}) died during the run: it "
+                f"{_how(self.lighthouse.returncode)} (last steps: {steps}). "
+                f"With no lighthouse no quorum forms, and every replica would wait for one until its timeout, so "
+                f"the run was stopped. The lighthouse holds no training state: start a new one (Lighthouse()) "
+                f"and run again; its log: {self.lighthouse.log_tail(400).strip() or 'empty'}", ranks=[])
         for (replica, incarnation), process in self.processes.items():
             code = process.poll()
             if code not in (None, 0) and (replica, incarnation) not in self.killed:
-                how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                how = _how(code)
                 what = "while starting (importing torch/torchft, joining the lighthouse)" if starting else \
                     "while training"
                 raise WorkerDiedError(
@@ -206,3 +215,9 @@ class _Run:
     def stop_all(self) -> None:
         for process in self.processes.values():
             stop_group(process, grace=1.0)
+
+
+def _how(code: int | None) -> str:
+    if code is None:
+        return "is gone"
+    return f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
