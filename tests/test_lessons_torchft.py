@@ -271,3 +271,19 @@ def test_a_lighthouse_that_does_not_start_in_time_says_so_and_leaves_nothing():
         lighthouse.start()
     assert not lighthouse.running and lesson_processes() == []
     lighthouse.stop()
+
+
+@needs_torchft
+@pytest.mark.slow
+def test_a_kill_in_the_middle_of_a_step_costs_the_survivor_that_step_only():
+    """Replica 1 is killed in step 6, between its forward and its backward, while replica 0 waits for its
+    gradients in the all-reduce. torchft 0.2.0's DDP comm hook then fails an assert (``assert fut._fut``) and
+    the survivor dies too; the lesson's DDP drops the step instead (should_commit says no) and does it again."""
+    run = run_replicas(2, steps=12, step_seconds=0.05, kill=Kill(replica=1, at_step=5, back_after=None, mid_step=True))
+    assert run.killed_after_step == 5
+    attempts = [(r["step_before"], r["committed"], r["participants"]) for r in run.of(0)]
+    assert attempts[:5] == [(s, True, 2) for s in range(5)]
+    assert attempts[5] == (5, False, 2)  # the all-reduce of step 6 failed: the step is dropped
+    assert attempts[6:] == [(s, True, 1) for s in range(5, 12)]  # and done again, alone
+    assert run.final_steps() == {0: 12} and run.steps_missed()[0] == []
+    assert lesson_processes() == []

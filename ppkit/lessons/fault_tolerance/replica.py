@@ -77,6 +77,31 @@ def _recording_gloo():
     return RecordingGloo
 
 
+def _ddp_class():
+    """torchft's DistributedDataParallel with a comm hook that survives a peer dying in the all-reduce.
+
+    torchft 0.2.0 (and its main branch as of 2025-10, 73dafea): when the gloo all-reduce fails (a peer was
+    killed), ``_ManagedWork.wait()`` catches the error and reports it to the Manager, so that should_commit
+    drops the step, but it never builds the work's future chain; ``DistributedDataParallel._comm_hook`` then
+    fails ``assert fut._fut`` and the healthy replica dies too. Here the hook hands DDP the bucket as it is
+    instead: the step is dropped all the same, and the replica goes on with the next quorum.
+    """
+    from torchft import DistributedDataParallel
+
+    class DistributedDataParallelSurvivingPeers(DistributedDataParallel):
+        @staticmethod
+        def _comm_hook(state, bucket):
+            work = state.allreduce(bucket.buffer())
+            work.wait()
+            fut = work.get_future()._fut
+            if fut is None:  # the all-reduce failed and was reported: should_commit() will say no
+                fut = torch.futures.Future()
+                fut.set_result(bucket.buffer())
+            return fut
+
+    return DistributedDataParallelSurvivingPeers
+
+
 class _Log:
     def __init__(self, path: str):
         self._file = open(path, "a", buffering=1)
@@ -95,7 +120,7 @@ def _wait_for(path: str | None) -> None:
 
 def main(config: dict) -> None:
     from torch.distributed import TCPStore
-    from torchft import DistributedDataParallel, Manager
+    from torchft import Manager
     from torchft.checkpointing.pg_transport import PGTransport
     from torchft.local_sgd import LocalSGD
     from torchft.optim import OptimizerWrapper
@@ -129,13 +154,16 @@ def main(config: dict) -> None:
 
     loss_fn = nn.MSELoss()
     if mode == "ddp":
-        ddp = DistributedDataParallel(manager, model)
+        ddp = _ddp_class()(manager, model)
         optimizer = OptimizerWrapper(manager, inner)
         while manager.current_step() < steps:
             started, before = time.monotonic(), manager.current_step()
             optimizer.zero_grad()  # starts the quorum for this step
             x, y = batch(replica, before)
             loss = loss_fn(ddp(x), y)
+            if before + 1 == config.get("hold_in_step"):  # to be killed here, the others in the all-reduce
+                log.write(event="holding", replica=replica, step=before)
+                time.sleep(3600)
             loss.backward()
             optimizer.step()  # steps the optimizer only if every replica group's step went well
             after = manager.current_step()

@@ -100,12 +100,12 @@ class _Run:
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
 
-    def start(self, replica: int, incarnation: int, join_path: str | None) -> None:
+    def start(self, replica: int, incarnation: int, join_path: str | None, hold_in_step: int | None = None) -> None:
         label = f"{replica}.{incarnation}"
         config = dict(replica=replica, incarnation=incarnation, steps=self.steps, mode=self.mode,
                       sync_every=self.sync_every, step_seconds=self.step_seconds, timeout_s=30,
                       lighthouse=self.lighthouse.address, records_path=self.path(f"records-{label}.jsonl"),
-                      go_path=self.path("go"), join_path=join_path)
+                      go_path=self.path("go"), join_path=join_path, hold_in_step=hold_in_step)
         command = [sys.executable, os.path.join(HERE, "replica.py"), json.dumps(config)]
         with open(self.path(f"log-{label}.txt"), "ab") as log:
             self.processes[replica, incarnation] = in_lasting_thread(lambda: subprocess.Popen(
@@ -128,7 +128,8 @@ class _Run:
 
     def go(self, kill: Kill | None) -> TorchftRun:
         for replica in range(self.num_replicas):
-            self.start(replica, 0, None)
+            hold = kill.at_step + 1 if kill is not None and kill.mid_step and replica == kill.replica else None
+            self.start(replica, 0, None, hold_in_step=hold)
         returning = kill is not None and kill.back_after is not None
         if returning:  # started now, so that its return does not wait for torch's import
             self.start(kill.replica, 1, self.path("join"))
@@ -142,8 +143,10 @@ class _Run:
         while any(p.poll() is None for p in self.processes.values()):
             self.check_exits(deadline)
             if kill is not None and result["kill_time"] is None:
-                steps = [r["step"] for r in self.records(kill.replica, 0) if r["event"] == "step" and r["committed"]]
-                if steps and steps[-1] >= kill.at_step:
+                records = self.records(kill.replica, 0)
+                steps = [r["step"] for r in records if r["event"] == "step" and r["committed"]]
+                if (any(r["event"] == "holding" for r in records) if kill.mid_step
+                        else steps and steps[-1] >= kill.at_step):
                     self.sigkill(kill.replica, 0)
                     result["killed_after_step"], result["kill_time"] = steps[-1], time.time() - self.t0
             if returning and result["kill_time"] is not None and result["return_time"] is None:

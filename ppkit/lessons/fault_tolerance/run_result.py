@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Kill:
     """SIGKILL replica group ``replica`` once it has finished step ``at_step``; start it again once the others
-    have made ``back_after`` more steps (None: it stays dead)."""
+    have made ``back_after`` more steps (None: it stays dead). ``mid_step``: kill it in the next step instead,
+    after its forward pass, while the others wait for its gradients in the all-reduce."""
 
     replica: int
     at_step: int
     back_after: int | None = 4
+    mid_step: bool = False
 
 
 @dataclass
