@@ -106,7 +106,7 @@ def test_wrong_arguments_are_refused_before_anything_starts(kwargs, says):
 # -- what the records say (hand-made records: the reading, not torchft) ------------------------------
 def step(replica, s, participants, incarnation=0, healed=False, t=0.0, committed=True):
     return dict(replica=replica, incarnation=incarnation, step=s, committed=committed, healed=healed,
-                participants=participants, t=t)
+                participants=participants, t=t, loss=float(s))
 
 
 def test_steps_missed_counts_the_dead_steps_and_the_one_recovered_in():
@@ -118,6 +118,7 @@ def test_steps_missed_counts_the_dead_steps_and_the_one_recovered_in():
     assert run.steps_missed() == {0: [], 1: [3, 4, 5, 6]}
     assert run.quorum_sizes() == {1: 3, 2: 3, 3: 2, 4: 2, 5: 2, 6: 3, 7: 3, 8: 3}
     assert run.recovered and run.recovery_step == 6 and run.weights_equal
+    assert run.loss_curve(1) == [(1, 1.0), (2, 2.0), (6, 6.0), (7, 7.0), (8, 8.0)]  # committed steps, both lives
     run.done[1] = {**done[1], "weights_sha256": "b"}
     assert not run.weights_equal
     del run.done[1]

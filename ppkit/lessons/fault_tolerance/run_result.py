@@ -51,6 +51,11 @@ class TorchftRun:
         replica = self.healthy[0] if replica is None else replica
         return {r["step"]: r["participants"] for r in self.of(replica) if r["committed"]}
 
+    def loss_curve(self, replica: int) -> list[tuple[int, float]]:
+        """(step, loss) of ``replica``'s steps, over all its lives: its own batch's loss, before the step's
+        update; for DDP only the steps that counted (a dropped step is done again)."""
+        return [(r["step"], r["loss"]) for r in self.of(replica) if self.mode == "localsgd" or r["committed"]]
+
     def steps_missed(self) -> dict[int, list[int]]:
         """Replica -> the steps, up to the last, whose gradients it did not give: it was dead, or it was
         recovering (the step it recovered in it took part with zeros, as torchft does)."""
