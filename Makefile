@@ -56,7 +56,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -c constraints.txt -e '.[test,ft]'
 	touch $(STAMP)
 
 # Debian's chromium for the browser tests (Playwright drives it; it never downloads a browser).

@@ -26,7 +26,8 @@ KINDS = ("hub", "browser", "slurm", "netns", "notebook", "kernel", "cluster", "p
 _TIMING_KIND = {"hub": "hub", "browser": "browser", "SLURM": "slurm", "two-host": "netns", "notebooks": "notebook"}
 _KERNEL = re.compile(r"\b(live_kernel|kernels|isolated_kernel|KernelManager|start_new_kernel)\b")
 _CLUSTER = re.compile(r"\b(cluster2|cluster4|bare6|fresh|ppkit\.Cluster|Cluster\(|ppkit\.spawn|spawn\(|"
-                      r"ppkit\.torchrun|torchrun|start_rpc|two_hosts|%%ranks)\b")
+                      r"ppkit\.torchrun|torchrun|start_rpc|two_hosts|%%ranks|killed_run)\b|"
+                      r"\b(run_replicas\(\d|Lighthouse\()")  # lessons/fault_tolerance: torchft replicas, lighthouse
 _PACKAGING = {"test_packaging.py", "test_course_wheel.py", "test_course_build.py", "test_kernel_install_for_all.py"}
 
 

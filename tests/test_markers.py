@@ -23,6 +23,17 @@ def reads_a_kernel(live_kernel):
     return live_kernel
 
 
+def runs_torchft_replicas():
+    from ppkit.lessons.fault_tolerance import Lighthouse, run_replicas
+    with Lighthouse() as lighthouse:
+        run_replicas(2, steps=4, lighthouse=lighthouse)
+
+
+def refuses_torchft_arguments():
+    from ppkit.lessons.fault_tolerance import run_replicas
+    run_replicas(**{"num_replicas": 0})
+
+
 def adds():
     assert 1 + 1 == 2
 
@@ -35,6 +46,8 @@ def adds():
     ("tests/test_x.py::test_x", "unit", starts_two_ranks, (), {"cluster"}),
     ("tests/test_x.py::test_x", "unit", adds, (starts_two_ranks,), {"cluster"}),  # through a fixture
     ("tests/test_x.py::test_x", "unit", reads_a_kernel, (), {"kernel"}),
+    ("tests/test_x.py::test_x", "unit", runs_torchft_replicas, (), {"cluster"}),  # torchft's replica processes
+    ("tests/test_x.py::test_x", "unit", refuses_torchft_arguments, (), {"unit"}),  # a ConfigError starts nothing
     ("tests/test_course_wheel.py::test_x", "unit", adds, (), {"packaging"}),
     ("tests/test_x.py::test_x", "unit", adds, (), {"unit"}),
 ])

@@ -68,7 +68,7 @@ def test_environment_yml_and_pyproject_name_the_same_dependencies():
     assert conda == pip, "environment.yml and pyproject.toml disagree; update both together"
     # the test extra reaches conda users through pip, from pyproject itself
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    assert "-e .[test]" in pip_section
+    assert "-e .[test,ft]" in pip_section
 
 
 def test_the_python_versions_agree():
@@ -145,3 +145,20 @@ def test_notebook_keeps_only_the_outputs_nbval_checks(path, capsys):
 def test_notebook_opens_with_what_you_will_learn(path):
     first = nbformat.read(path, as_version=4).cells[0]
     assert first.cell_type == "markdown" and "learn" in first.source.lower()
+
+
+def test_torchft_is_an_extra_pinned_and_installed_for_the_tests():
+    """Notebook 15's fault-tolerance sections run torchft: an extra of its own (a learner on macOS, where it has
+    no wheel, installs without it), installed with the test extra by make setup and by conda users, pinned."""
+    (torchft,) = map(Requirement, pyproject()["project"]["optional-dependencies"]["ft"])
+    assert (torchft.name, str(torchft.specifier)) == ("torchft", ">=0.2")
+    # only where 0.2.0 has a wheel, so that `pip install -e .[test,ft]` still works on macOS, Windows, ARM
+    assert torchft.marker.evaluate({"sys_platform": "linux", "platform_machine": "x86_64"})
+    assert not torchft.marker.evaluate({"sys_platform": "darwin", "platform_machine": "arm64"})
+    assert not torchft.marker.evaluate({"sys_platform": "linux", "platform_machine": "aarch64"})
+    pins = {str(Requirement(line)) for line in (REPO / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+    assert "torchft==0.2.0" in pins
+    assert "-e '.[test,ft]'" in make_target(r"\$\(STAMP\)")
+    pip_section = next(d["pip"] for d in environment()["dependencies"] if isinstance(d, dict))
+    assert "-e .[test,ft]" in pip_section

@@ -37,6 +37,7 @@ are in ppkit/exercises/.
     mesh_costs       lesson 13: the Playbook's formulas beside the measurement, budgets, pictures
     mesh_throughput  lesson 13: each mesh's step time predicted from measured compute and links, ranked, measured
     mesh_links       lesson 13: each kind of collective's latency and bandwidth over groups of n ranks, measured
+    fault_tolerance/ lesson 15: torchft's lighthouse and replica groups as processes, a replica killed and back
 """
 
 from __future__ import annotations
