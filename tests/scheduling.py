@@ -11,18 +11,24 @@ pytest session of its own, with its own session fixtures, so each *scope* below 
 - ``slurm``: every test that uses the SLURM testbed and every notebook that does (conftest.py starts the
   testbed for those): one testbed per run, not one per worker.
 
-These two groups are the longest scopes, so they are handed out first; the rest go in xdist's own order
-(most tests first). `check_scopes` (called at collection, on every worker) refuses a run in which a test that
+These two groups are handed out first; the rest go longest first, by each file's seconds in the last run that
+timed it (tests/timing.py keeps them in pytest's cache), so that a long file does not start last while the other
+worker has nothing left (xdist's own order, most tests first, put a one-test file of two minutes near the end). A
+scope the cache does not know counts as the median of those it knows; without a cache (a fresh clone) the order is
+xdist's. `check_scopes` (called at collection, on every worker) refuses a run in which a test that
 starts one of these components would land outside its group.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
+from collections import OrderedDict, defaultdict
 from functools import cache
 from pathlib import Path, PurePosixPath
 
 import slurm_session
+from timing import CACHE_KEY
 
 BROWSER = "browser and hub"
 SLURM = "slurm"
@@ -66,20 +72,38 @@ def check_scopes(items, root: Path, kind_of) -> None:
             "e.g. by using the component's fixture by name in the test file.")
 
 
-def make_scheduler(config, log):
-    """pytest-xdist's load-scope scheduler with the scopes above, the two groups handed out first."""
+def longest_first(scopes: list[str], file_seconds: dict[str, float], root: Path) -> list[str]:
+    """``scopes`` in the order they are handed out: the groups of FIRST, then the longest first by
+    ``file_seconds`` (a scope's seconds are its files'); unknown scopes count as the median, ties keep their order."""
+    seconds: dict[str, float] = defaultdict(float)
+    for name, spent in file_seconds.items():
+        seconds[scope_of(name, root)] += spent
+    known = [seconds[s] for s in scopes if s in seconds]
+    typical = statistics.median(known) if known else 0.0
+    return sorted(scopes, key=lambda s: (FIRST.index(s) if s in FIRST else len(FIRST), -seconds.get(s, typical)))
+
+
+def make_scheduler(config, log, file_seconds: dict[str, float] | None = None):
+    """pytest-xdist's load-scope scheduler with the scopes above, handed out in ``longest_first``'s order
+    (``file_seconds``: the last run's, from pytest's cache, unless given)."""
     from xdist.scheduler import LoadScopeScheduling
 
     root = Path(str(config.rootpath))
+    if file_seconds is None:
+        cache_ = getattr(config, "cache", None)  # None under -p no:cacheprovider
+        file_seconds = cache_.get(CACHE_KEY, {}) if cache_ is not None else {}
 
     class ByScope(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid, root)
 
         def _assign_work_unit(self, node) -> None:
-            for group in reversed(FIRST):
-                if group in self.workqueue:
-                    self.workqueue.move_to_end(group, last=False)
+            if not self.ordered:  # the first call: the work queue is complete
+                order = longest_first(list(self.workqueue), file_seconds, root)
+                self.workqueue = OrderedDict((scope, self.workqueue[scope]) for scope in order)
+                self.ordered = True
             super()._assign_work_unit(node)
 
     return ByScope(config, log)

@@ -5,6 +5,9 @@ fixture's start (a browser, a hub, the SLURM testbed, a module's cluster) counts
 With pytest-xdist's workers (`make test` runs two, tests/scheduling.py) the table is made where the reports
 arrive: the seconds of the kinds add up to the workers' busy time, about the workers times pytest's wall time,
 and a last line says how busy each worker was. Registered by the repository's conftest.py.
+
+Each file's seconds are also kept in pytest's cache (``.pytest_cache``, under CACHE_KEY), where the next run's
+scheduler (tests/scheduling.py) reads them to hand out the longest files first.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 TOP = 15
 # First match wins: the components a test starts for real, then what is left.
 KINDS = ("hub", "browser", "SLURM", "two-host", "notebooks", "unit")
+CACHE_KEY = "ppkit/file_seconds"  # {test file or notebook: its seconds in the last run that ran it}
 
 
 def kind_of(item: pytest.Item) -> str:
@@ -55,16 +59,29 @@ class TimeTable:
         node = getattr(report, "node", None)  # xdist's WorkerController, on the controller only
         self.workers[node.gateway.id if node is not None else "pytest"] += report.duration
 
+    def file_seconds(self) -> dict[str, float]:
+        by_file: dict[str, float] = defaultdict(float)
+        for nodeid, (_, seconds) in self.tests.items():
+            by_file[nodeid.split("::", 1)[0]] += seconds
+        return dict(by_file)
+
     def rows(self) -> tuple[list, list, list]:
-        by_kind, by_file, counts = defaultdict(float), defaultdict(float), defaultdict(int)
-        for nodeid, (kind, seconds) in self.tests.items():
+        by_kind, counts = defaultdict(float), defaultdict(int)
+        for kind, seconds in self.tests.values():
             by_kind[kind] += seconds
             counts[kind] += 1
-            by_file[nodeid.split("::", 1)[0]] += seconds
         kinds = [(k, counts[k], by_kind[k]) for k in KINDS if k in by_kind]
-        files = sorted(by_file.items(), key=lambda kv: -kv[1])[:TOP]
+        files = sorted(self.file_seconds().items(), key=lambda kv: -kv[1])[:TOP]
         tests = sorted(((n, s) for n, (_, s) in self.tests.items()), key=lambda kv: -kv[1])[:TOP]
         return kinds, files, tests
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Where the reports arrive: keep each file's seconds for the next run's scheduler (a file this run did
+        not run keeps its older entry; one it ran in part, under -k, is kept as measured)."""
+        cache = getattr(session.config, "cache", None)  # None under -p no:cacheprovider
+        if not self.tests or cache is None or hasattr(session.config, "workerinput"):
+            return
+        cache.set(CACHE_KEY, {**cache.get(CACHE_KEY, {}), **self.file_seconds()})
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
         if not self.tests or hasattr(config, "workerinput"):  # a worker's summary is not shown
