@@ -423,3 +423,10 @@ def test_a_bf16_run_that_never_trains_is_not_called_equal_without_saying_it_cann
     report = ppkit.compare_runs(ln_run(bf16=False, **kw), cluster2.run(ln_run, bug="never_step", **kw))
     assert not report.equal or "cannot tell" in str(report), str(report)
     assert not report.equal or report.cannot_tell, str(report)
+
+
+def test_a_difference_in_no_shape_does_not_name_start_weights_the_record_shows_equal():
+    """The weights each rank kept at its first step equal the reference's: the words may not offer them."""
+    report = ppkit.compare_runs(one_process(), noisy("grads", alike=True))
+    assert "start weights" not in report.diagnosis.why, str(report)
+    assert "init" not in report.diagnosis.causes, str(report)

@@ -123,10 +123,11 @@ def diagnose(case: Case) -> Diagnosis:
         inputs = (f"every rank's weights at step {case.step}, the first recorded, equal the reference's, so the data "
                   "a rank or micro-batch saw, their order, or the layer's math differs")
         causes = ("data", "model") + (("precision",) if unseen else ())
-    else:
-        inputs = ("the data a rank or micro-batch saw, their order, the start weights (a seed, no broadcast), or the "
-                  "layer's math differs")
-        causes = ()
+    else:  # the start weights only where the record did not show them equal to the reference's
+        known = case.start is not None and not any(case.start.values())
+        weights = "" if known else " the start weights (a seed, no broadcast),"
+        inputs = f"the data a rank or micro-batch saw, their order,{weights} or the layer's math differs"
+        causes = ()  # the backward's own bugs (a clip on one rank, zero_grad between micro-batches) fit too
     return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} {of}{loose(case)}",
                      f"{where}: {no_shape(case)}; {inputs}{stepped(case)}{unseen}",
                      "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
