@@ -220,11 +220,12 @@ def test_a_diagnosis_names_its_causes_by_identifier(cluster2):
     assert "summed where it should average" in summed.why  # the words stay the learner's
 
 
-def test_a_skipped_step_after_updated_steps_is_decided(cluster2):
+def test_a_skipped_step_after_updated_steps_rules_out_another_record_point(cluster2):
     """Rank 1 skips optimizer.step() at step 1: its parameters matched at step 1, after an update the optimizer
-    made, so neither another record point nor a parameter outside the optimizer fits."""
+    made, so neither another record point nor a parameter outside the optimizer fits. A step that ran without
+    moving them (lr 0, zeroed gradients) leaves the same numbers: those stay listed, and it is not decided."""
     diagnosis = ppkit.compare_runs(one_process("params"), cluster2.run(dp_run, "params", skip=(1, 1))).diagnosis
-    assert diagnosis.causes == ("skipped_step",), diagnosis
+    assert diagnosis.causes == ("skipped_step", "lr", "step_grad", "zeroed"), diagnosis
     first = ppkit.compare_runs(one_process("params"), cluster2.run(dp_run, "params", skip=(1, 0))).diagnosis
     assert first.causes[0] == "skipped_step" and "not_in_optimizer" in first.causes, first  # no update seen before
 
@@ -339,3 +340,93 @@ def test_a_correct_adam_run_with_attention_equals_the_reference_and_a_learning_r
     wrong = ppkit.compare_runs(ref, cluster2.run(attention_run, lr_rank1=2.0))
     assert not wrong.equal and "lr" in wrong.diagnosis.causes, str(wrong)
     assert wrong.first.step == 1
+
+
+# -- the second review: a correct bf16 AdamW run, a frozen parameter, a step that ran with lr 0, a run that never
+# trains under bf16 (its reproducers: a LayerNorm MLP, DDP over the 2 ranks, autocast in bfloat16)
+
+def ln_run(rank=0, world_size=1, width=64, opt="adamw", lr=1e-2, steps=3, what="params", bf16=True, bug=None,
+           mlp=False):
+    """Linear, LayerNorm (its bias starts at zero), Tanh, Linear; DDP where there are ranks. ``bug``: "frozen"
+    (the first Linear's weight requires_grad=False), "never_step" (optimizer.step() never called), "lr0_rank1"
+    (rank 1's lr is 0 at step 1: the step runs, Adam's state moves), "zero_rank1" (rank 1 zeroes its gradients
+    before optimizer.step() at step 1); ``mlp``: test_parity's MLP (no LayerNorm) instead."""
+    torch.manual_seed(0)
+    model = make_model() if mlp else nn.Sequential(nn.Linear(8, width), nn.LayerNorm(width), nn.Tanh(),
+                                                   nn.Linear(width, 4))
+    if bug == "frozen":
+        model[0].weight.requires_grad_(False)
+    if world_size > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = (torch.optim.AdamW(model.parameters(), lr=lr) if opt == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=lr))
+    rec = ppkit.ParityRecorder(what)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 + step)
+        x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
+        x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(x)
+        loss = F.mse_loss(out.float(), y)
+        loss.backward()
+        rec.record(step, model, loss, mean_over=dist.group.WORLD if world_size > 1 else None)
+        odd = rank == 1 and step == 1
+        if bug == "lr0_rank1" and odd:
+            opt.param_groups[0]["lr"] = 0.0
+        if bug == "zero_rank1" and odd:
+            opt.zero_grad(set_to_none=False)
+        if bug != "never_step":
+            opt.step()
+        opt.param_groups[0]["lr"] = lr
+        opt.zero_grad()
+    return rec.run
+
+
+def test_a_correct_bf16_adamw_run_equals_the_fp32_reference(cluster2):
+    """Adam's first update is lr x sign(g): an element whose gradient is small flips sign under bf16's rounding and
+    moves 2 x lr the other way. Elements free under bf16's tolerance get the allowance, and no skipped step is
+    read into a tolerance larger than one update."""
+    report = ppkit.compare_runs(ln_run(bf16=False), cluster2.run(ln_run))
+    assert report.equal, str(report)
+    assert "skipped optimizer.step()" not in str(report)
+
+
+def test_a_parameter_frozen_in_the_run_is_named_frozen(cluster2):
+    report = ppkit.compare_runs(ln_run(what="grads", steps=1, bf16=False),
+                                cluster2.run(ln_run, what="grads", steps=1, bf16=False, bug="frozen"))
+    assert report.diagnosis.causes == ("frozen",), str(report)
+    assert "requires_grad" in report.diagnosis.what, str(report)
+
+
+def test_a_step_that_ran_with_lr_0_or_zero_gradients_is_not_called_a_skipped_step_alone(cluster2):
+    """The step ran (Adam's moments and count moved; SGD's gradients were zeros): the parameters alone cannot
+    tell it from a skipped step, so every candidate is listed."""
+    for bug, opt in (("lr0_rank1", "adamw"), ("zero_rank1", "sgd")):
+        runs = cluster2.run(ln_run, width=16, bf16=False, bug=bug, opt=opt)
+        diagnosis = ppkit.compare_runs(ln_run(width=16, bf16=False, opt=opt), runs).diagnosis
+        assert diagnosis.unsure and {"skipped_step", "lr", "step_grad", "zeroed"} <= set(diagnosis.causes), \
+            (bug, diagnosis)
+
+
+def test_a_zero_initialised_bias_that_never_moved_is_not_called_zeroed(cluster2):
+    """A LayerNorm bias starts at zero: a run that never steps holds zeros that equal the reference's step 0."""
+    report = ppkit.compare_runs(ln_run(width=16, lr=1e-3, steps=2, bf16=False),
+                                cluster2.run(ln_run, width=16, lr=1e-3, steps=2, bug="never_step"))
+    assert "all zeros" not in report.diagnosis.what, str(report)
+    assert "detached" not in report.diagnosis.causes and "skipped_step" in report.diagnosis.causes, str(report)
+
+
+def test_a_bf16_run_that_never_trains_is_not_called_equal_without_saying_it_cannot_tell(cluster2):
+    """SGD at lr 0.01 over 20 steps: the reference moves less than bf16's tolerance, so a run whose optimizer
+    never steps passes every comparison: the report must say that it cannot tell."""
+    kw = dict(opt="sgd", lr=0.01, steps=20, mlp=True)
+    report = ppkit.compare_runs(ln_run(bf16=False, **kw), cluster2.run(ln_run, bug="never_step", **kw))
+    assert not report.equal or "cannot tell" in str(report), str(report)
+    assert not report.equal or report.cannot_tell, str(report)
+
+
+def test_a_difference_in_no_shape_does_not_name_start_weights_the_record_shows_equal():
+    """The weights each rank kept at its first step equal the reference's: the words may not offer them."""
+    report = ppkit.compare_runs(one_process(), noisy("grads", alike=True))
+    assert "start weights" not in report.diagnosis.why, str(report)
+    assert "init" not in report.diagnosis.causes, str(report)

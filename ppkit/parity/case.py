@@ -45,6 +45,7 @@ class Case:
     start: dict[int, list[str]] | None = None  # rank -> parameters whose first recorded value differs (None: unknown)
     start_step: int | None = None              # the first step recorded with a model
     own_losses: dict[int, float] = field(default_factory=dict)  # rank -> its own loss at this step (mean_over)
+    frozen: bool = False                       # this rank's parameter had requires_grad=False when recorded
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ CAUSES = {
     "wrong_model": "the model recorded is not the one that was trained",
     "detached": "a pipeline stage's output was detached or dropped, or the gradient sent back was never used",
     "unused_param": "the parameter was not used in this rank's forward",
-    "frozen": "the parameter is frozen (requires_grad=False) or unused in the reference",
-    "zeroed": "the gradient was zeroed before record, or received into a buffer that was never filled",
+    "frozen": "the parameter is frozen (requires_grad=False) on one side, or unused in the reference",
+    "zeroed": "the gradient was zeroed before record or before optimizer.step(), or received into a buffer that "
+              "was never filled",
     "nonfinite": "an overflow (a low-precision dtype, a loss scale) or a division by zero",
     # the optimizer
     "skipped_step": "a rank skipped optimizer.step() (a branch on the rank, an early continue, a GradScaler)",

@@ -43,9 +43,10 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     tolerances = _Tolerances(ref, ranks, rtol, atol)
     starts = start_differences(ref, ranks, rtol, atol)
     differences: list[Difference] = []
+    untrained: dict[str, int] = {}  # parameter -> the first step where its start value would pass (_untrained_passes)
     first_cases: list = []  # every difference of the first step that has one
     for step in steps:
-        for diff, case in _step_differences(ref, ranks, step, tolerances, absent, starts):
+        for diff, case in _step_differences(ref, ranks, step, tolerances, absent, starts, untrained):
             differences.append(diff)
             if not first_cases or first_cases[0].step == step:
                 first_cases.append(case)
@@ -56,7 +57,7 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     names = [n for n in dict.fromkeys(n for step in steps for n in ref.tensors.get(step, {})) if n in held]
     losses = any(run.losses for run in ranks.values())
     return ParityReport(differences, diagnosis, tolerances.used(), steps, names, sorted(ranks), ref.kind, losses,
-                        list(tolerances.amplified))
+                        list(tolerances.amplified), untrained, ref.start_step)
 
 
 def _diagnosis(cases: list, recorded: set) -> Diagnosis:
@@ -163,7 +164,7 @@ def _span(steps: list[int]) -> str:
 
 
 def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerances: _Tolerances,
-                      absent: list[int], starts: dict[int, list[str]] | None):
+                      absent: list[int], starts: dict[int, list[str]] | None, untrained: dict[str, int]):
     computed = least_precise(*(run.computed.get(step, "") for run in [ref, *ranks.values()]))
     inputs = dict(start=starts, start_step=ref.start_step,  # what the forward was given (inputs.py)
                   own_losses={r: run.own_losses[step] for r, run in ranks.items() if step in run.own_losses})
@@ -204,14 +205,21 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
         wants = {r: wanted(full, piece, name, r) for r, piece in held.items()}
         check_covered(full, held, name, step, absent)
         scale = float(full.double().abs().max()) if full is not None and full.numel() else 0.0
-        free = allowance(ref, step, name, tolerances.rtol, tolerances.atol) if ref.kind == "params" else None
-        if free is not None:
-            tolerances.amplified.setdefault(name, None)
+        frees: dict[Tolerance, torch.Tensor | None] = {}  # Adam's amplified rounding, per precision compared in
         for rank, piece in held.items():
             dtype = least_precise(_dtype(ref.tensors[step][name]), _dtype(piece), computed)
             tolerance = tolerances.of(dtype, name)
+            if ref.kind == "params" and tolerance not in frees:
+                frees[tolerance] = allowance(ref, step, name, tolerance)
+            free = frees.get(tolerance)
+            if free is not None:
+                tolerances.amplified.setdefault(name, None)
             allowed = None if free is None or piece.value is None else wanted(free, piece, name, rank)
             diff = _difference(kind, name, step, rank, piece.value, wants[rank], tolerance, scale, allowed)
+            if ref.kind == "params" and name not in untrained and _untrained_passes(ref, step, name, piece, rank,
+                                                                                     wants[rank], tolerance, scale,
+                                                                                     allowed):
+                untrained[name] = step
             if diff:
                 peers = {r: held[r].value for r in held if same_place(held[r], piece)}
                 elsewhere = {r: w for r, w in wants.items() if w is not None and r != rank
@@ -224,7 +232,22 @@ def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, to
                                  {r: (held[r].value, wants[r]) for r in held}, tolerance, forward, loss_rel,
                                  other_steps, no_grads, step in ranks[rank].losses, ranks[rank].dp_size,
                                  ranks[rank].world_size, scale, loss_dtype, ranks[rank].graphs.get(step, ""),
-                                 name in ranks[rank].tensors.get(step - 1, {}), loss_differs, **inputs)
+                                 name in ranks[rank].tensors.get(step - 1, {}), loss_differs,
+                                 frozen=name in ranks[rank].frozen.get(step, ()), **inputs)
+
+
+def _untrained_passes(ref: ParityRun, step: int, name: str, piece: Piece, rank: int, want, tolerance: Tolerance,
+                      scale: float, allowed) -> bool:
+    """The reference's parameter moved since its first recorded step, yet that first value would pass at ``step``:
+    the tolerance (bfloat16's grows to 0.28 of a tensor's largest value by step 19) exceeds the reference's own
+    change, so a run in which this parameter never trained would be called equal here."""
+    first = ref.tensors.get(ref.start_step, {}).get(name) if ref.start_step is not None else None
+    if step == ref.start_step or first is None or first.value is None or want is None:
+        return False
+    start = wanted(first.value, piece, name, rank)
+    if start is None or start.shape != want.shape or torch.equal(start, want):
+        return False
+    return _difference("param", name, step, rank, start, want, tolerance, scale, allowed) is None
 
 
 def _dtype(piece: Piece) -> str:

@@ -53,6 +53,8 @@ def diagnose(case: Case) -> Diagnosis:
                          "or before loss.backward(); or the model recorded is not the one that was trained",
                          "the order in the loop: loss.backward(), then record(step, model, loss), then "
                          "optimizer.step() and optimizer.zero_grad()", causes=("grads_none", "wrong_model"))
+    if case.frozen and case.want is not None:
+        return _frozen(case, thing)
     if case.got is None:
         return Diagnosis(f"rank {case.rank} has no gradient for {case.name} (its .grad is None)",
                          "backward never reached this parameter on that rank, while it reached others: the "
@@ -73,6 +75,9 @@ def diagnose(case: Case) -> Diagnosis:
                          "an overflow (a low-precision dtype, a loss scale) or a division by zero",
                          "the first step where it appears, and the dtype of every tensor that reaches it",
                          causes=("nonfinite",))
+    earlier = skipped(case, got, thing)  # a zero-initialised bias that never moved equals its start: not "zeroed"
+    if earlier:
+        return earlier
     if not got.any() and want.any():
         return Diagnosis(f"the {thing} is all zeros on rank {case.rank}",
                          "nothing reached it: a stage's output dropped or detached, a gradient received into a "
@@ -80,7 +85,7 @@ def diagnose(case: Case) -> Diagnosis:
                          "the stage boundary (send, recv, backward with the received gradient) and where "
                          "zero_grad and record are called", causes=("zeroed", "detached"))
     peers = {r: v.double() for r, v in case.peers.items() if v is not None}
-    found = (skipped(case, got, thing) or updated(case, got, want, thing)
+    found = (updated(case, got, want, thing)
              or partial(case, got, want, peers) or scaled(case, got, want, thing)
              or swapped(case, got, thing) or mixed(case, got, want, thing)
              or start_weights(case) or same_batch(case))
@@ -118,15 +123,30 @@ def diagnose(case: Case) -> Diagnosis:
         inputs = (f"every rank's weights at step {case.step}, the first recorded, equal the reference's, so the data "
                   "a rank or micro-batch saw, their order, or the layer's math differs")
         causes = ("data", "model") + (("precision",) if unseen else ())
-    else:
-        inputs = ("the data a rank or micro-batch saw, their order, the start weights (a seed, no broadcast), or the "
-                  "layer's math differs")
-        causes = ()
+    else:  # the start weights only where the record did not show them equal to the reference's
+        known = case.start is not None and not any(case.start.values())
+        weights = "" if known else " the start weights (a seed, no broadcast),"
+        inputs = f"the data a rank or micro-batch saw, their order,{weights} or the layer's math differs"
+        causes = ()  # the backward's own bugs (a clip on one rank, zero_grad between micro-batches) fit too
     return Diagnosis(f"the {thing} differs on rank {case.rank} by {rel:.2g} {of}{loose(case)}",
                      f"{where}: {no_shape(case)}; {inputs}{stepped(case)}{unseen}",
                      "the inputs and targets each rank and each micro-batch gets (and their order between pipeline "
                      "stages), then record what='params' or a layer's output to find the first that differs",
                      shaped=False, causes=causes)
+
+
+def _frozen(case: Case, thing: str) -> Diagnosis:
+    """The recorder saw requires_grad=False on this rank's parameter, which the reference trains."""
+    where = f"rank {case.rank}'s parameter {case.name} has requires_grad=False"
+    if case.kind == "grad":
+        what = f"{where}, so backward gave it no gradient, while the reference's has one"
+    else:
+        what = f"{where}, so the optimizer does not move it, while the reference's moves ({thing} differs)"
+    return Diagnosis(what,
+                     "the parameter is frozen in the run (requires_grad_(False), a layer frozen for fine-tuning) "
+                     "and trained in the reference",
+                     "where the run freezes parameters, and whether the reference should freeze the same ones",
+                     causes=("frozen",))
 
 
 def _param_differs(case: Case, rel: float, thing: str) -> Diagnosis:

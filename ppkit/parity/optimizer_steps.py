@@ -42,9 +42,7 @@ def skipped(case: Case, got, thing: str) -> Diagnosis | None:
         sorted(t for t in case.other_steps if t > case.step)
     for step in order:
         other = case.other_steps[step]
-        if other is None or other.shape != got.shape:
-            continue
-        if not case.tolerance.allows(float((got - other.double()).abs().max()), case.scale, case.step):
+        if other is None or other.shape != got.shape or not _nearer(case, got, other.double()):
             continue
         what = f"rank {case.rank}'s {thing} at step {case.step} equals the reference's value at step {step}"
         if step > case.step:
@@ -54,24 +52,47 @@ def skipped(case: Case, got, thing: str) -> Diagnosis | None:
                              "where record is called on both sides: after backward and before optimizer.step()",
                              causes=("record_point", "extra_step"))
         missed = case.step - step
+        still = ("; or the step ran and did not move it: a learning rate of 0 on this rank (a warmup that starts "
+                 "at 0), or gradients zeroed before optimizer.step() (zero_grad in the wrong place). A parameter "
+                 "that did not move looks the same whichever it was, and the record cannot tell them apart (with "
+                 "Adam or momentum a step that ran still moved the optimizer's state, which only the next steps' "
+                 "updates show, not which of these it was)")
         if missed == 1 and _updated_before(case):
             return Diagnosis(what, f"the parameter missed the update between steps {step} and {case.step}: rank "
                                    f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, "
-                                   "a GradScaler that found inf and skipped it). It equalled the reference's at step "
-                                   f"{step}, after an update from step {step - 1}, so its optimizer holds it and it "
-                                   "is recorded at the reference's point of the loop",
+                                   f"a GradScaler that found inf and skipped it){still}. It equalled the reference's "
+                                   f"at step {step}, after an update from step {step - 1}, so its optimizer holds it "
+                                   "and it is recorded at the reference's point of the loop",
                              "that every rank calls optimizer.step() at every step (no branch on the rank or on a "
-                             "condition that can differ between ranks)", causes=("skipped_step",))
+                             "condition that can differ between ranks), with this rank's learning rate at that "
+                             "step, and that zero_grad comes after it",
+                             causes=("skipped_step", "lr", "step_grad", "zeroed"))
         return Diagnosis(what,
                          f"the parameter missed {missed} update{'s' if missed > 1 else ''}: most likely rank "
                          f"{case.rank} skipped optimizer.step() (a branch on the rank, an early continue, a "
                          "GradScaler that found inf and skipped it), or its optimizer does not hold this "
                          "parameter; or this rank records the parameters at another point of the loop than the "
-                         "reference (before optimizer.step() here, after it there)",
-                         "that every rank calls optimizer.step() at every step, and that the optimizer was "
-                         "built over this model's parameters (after wrapping it)",
-                         causes=("skipped_step", "not_in_optimizer", "record_point"))
+                         f"reference (before optimizer.step() here, after it there){still}",
+                         "that every rank calls optimizer.step() at every step with its learning rate, that the "
+                         "optimizer was built over this model's parameters (after wrapping it), and that zero_grad "
+                         "comes after the step",
+                         causes=("skipped_step", "not_in_optimizer", "record_point", "lr", "step_grad", "zeroed"))
     return None
+
+
+CLEAR = 2  # "clearly": the other step's value at least this many times nearer, its update this many tolerances
+
+
+def _nearer(case: Case, got, other) -> bool:
+    """``got`` equals the reference's value ``other`` of another step, and the record can tell that from equalling
+    the current one: ``got`` is CLEAR times nearer to it than to the current value, and the reference's update
+    between the two is CLEAR times the tolerance. Where the tolerance exceeds an update (bfloat16 over a few steps
+    of a small learning rate) every parameter "equals" the earlier value and that says nothing."""
+    bound = case.tolerance.bound(case.scale, case.step)
+    to_other = float((got - other).abs().max())
+    to_current = float((got - case.want.double()).abs().max())
+    update = float((case.want.double() - other).abs().max())
+    return to_other <= bound and CLEAR * to_other < to_current and update > CLEAR * bound
 
 
 def _updated_before(case: Case) -> bool:

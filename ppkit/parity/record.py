@@ -73,6 +73,9 @@ class ParityRun:
     # a one-process run recording parameters keeps its gradients too: where they are zero but for rounding, Adam's
     # update is float32's rounding divided by itself (amplified.py)
     step_grads: dict[int, dict[str, Piece]] = field(default_factory=dict)
+    # step -> the parameters recorded with requires_grad=False (frozen): backward gives them no gradient and the
+    # optimizer does not move them, which the record alone would read as a detached stage or a skipped step
+    frozen: dict[int, list[str]] = field(default_factory=dict)
 
     @property
     def steps(self) -> list[int]:
@@ -162,6 +165,8 @@ class ParityRecorder:
                 if piece.value is not None:
                     piece = replace(piece, dtype=self._precision(*seen.of(str(piece.value.dtype), param)))
                 pieces[name] = piece
+                if isinstance(param, torch.Tensor) and not param.requires_grad:
+                    self.run.frozen.setdefault(step, []).append(name)
             self.run.tensors[step] = pieces
             if self.run.kind == "params" and self.run.world_size == 1 and not isinstance(model, Mapping):
                 self.run.step_grads[step] = {self._renamed(name): Piece(None if g is None else g.detach().cpu().clone())

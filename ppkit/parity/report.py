@@ -62,13 +62,18 @@ class ParityReport:
 
     def __init__(self, differences: list[Difference], diagnosis: Diagnosis | None, tolerances: list[Used],
                  steps: list[int], names: list[str], ranks: list[int], kind: str, losses: bool = True,
-                 amplified: list[str] | None = None):
+                 amplified: list[str] | None = None, cannot_tell: dict[str, int] | None = None,
+                 start_step: int | None = None):
         self.differences = list(differences)
         self.diagnosis = diagnosis
         self.tolerances = sorted(tolerances, key=lambda u: u.tolerance.rtol)
         self.steps, self.names, self.ranks, self.kind = steps, names, ranks, kind
         self.losses = losses  # whether any rank recorded a loss
         self.amplified = list(amplified or [])  # parameters given Adam's amplified rounding (parity/amplified.py)
+        # parameter -> the first step at which its value at the first recorded step would have passed, though the
+        # reference's had moved: there the comparison cannot tell a run in which it never trained
+        self.cannot_tell = dict(cannot_tell or {})
+        self.start_step = start_step
 
     @property
     def tolerance(self) -> Tolerance | None:
@@ -99,6 +104,19 @@ class ParityReport:
                 f"value at step {self.steps[0]}{at_end}: a bug that small passes unseen{measured}; compare in "
                 "float32 to rule it out.")
 
+    def _untrained(self) -> str:
+        """Where the tolerance exceeds the reference's own change since the first step, an equal there says
+        nothing about whether the run trained: say so, for those parameters."""
+        if not self.cannot_tell:
+            return ""
+        names = sorted(self.cannot_tell, key=lambda n: (self.cannot_tell[n], n))
+        listed = ", ".join(f"{n} (from step {self.cannot_tell[n]})" for n in names[:4]) + (
+            f" and {len(names) - 4} more" if len(names) > 4 else "")
+        return (f" It cannot tell whether the run trained {listed}: there the tolerance exceeds the reference's own "
+                f"change since step {self.start_step}, so a run whose parameters never moved (optimizer.step() "
+                "never called, updates rounded away in bfloat16 weights) would pass as equal; compare in float32, "
+                "or with a learning rate or a number of steps that moves the reference further than the tolerance.")
+
     @property
     def equal(self) -> bool:
         return not self.differences
@@ -115,7 +133,8 @@ class ParityReport:
         what = [w for w, on in (("the loss", self.losses), (f"{len(self.names)} {kind} by name", self.names)) if on]
         compared = f"{len(self.steps)} step(s), {' and '.join(what)}, ranks {_ranges(self.ranks)}"
         if self.equal:
-            return f"parity: the parallel run equals the reference ({compared}): {self._within()}.{self._unseen()}"
+            return (f"parity: the parallel run equals the reference ({compared}): {self._within()}.{self._unseen()}"
+                    f"{self._untrained()}")
         first, d = self.first, self.diagnosis
         lines = [f"parity: the parallel run differs from the reference first at {first}.",
                  f"  What: {d.what}.", f"  Why it is likely: {d.why}.", f"  Check: {d.check}."]
@@ -125,7 +144,7 @@ class ParityReport:
             lines += [f"    {diff}" for diff in rest[:SHOWN]]
             if len(rest) > SHOWN:
                 lines.append(f"    ... (report.differences has all {len(self.differences)})")
-        lines.append(f"  Compared {compared}: {self._within()}.")
+        lines.append(f"  Compared {compared}: {self._within()}.{self._untrained()}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
