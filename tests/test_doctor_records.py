@@ -56,7 +56,40 @@ def async_all_reduces_on_two_groups(i, port):
     print(f"rank {i} sums {a[0].item()} {b[0].item()}", flush=True)
 
 
-@pytest.mark.parametrize("program", [isend_compute_recv, async_all_reduces_on_two_groups])
+def async_all_reduces_with_a_library_computing_between(i, port, compute):
+    """The same overlap, with the compute inside torch.nn (a Linear's forward) or autograd (backward): the
+    main thread's innermost frame is the library's while each rank's first all_reduce is pending (review
+    52b, cases D1m, D1, D2)."""
+    join(i, port)
+    torch.set_num_threads(1)
+    groups = [dist.new_group([0, 1]), dist.new_group([0, 1])]
+    first, second = (groups[0], groups[1]) if i == 0 else (groups[1], groups[0])
+    linear, x = torch.nn.Linear(1000, 1000), torch.randn(200, 1000)
+    a, b = torch.ones(2), torch.ones(2)
+    work_a = dist.all_reduce(a, group=first, async_op=True)
+    began = time.monotonic()
+    while time.monotonic() - began < 7:
+        if compute == "forward":
+            with torch.no_grad():
+                linear(x)
+        else:
+            linear(x).sum().backward()
+    work_b = dist.all_reduce(b, group=second, async_op=True)
+    work_a.wait()
+    work_b.wait()
+    print(f"rank {i} sums {a[0].item()} {b[0].item()}", flush=True)
+
+
+def linear_forward_between(i, port):
+    async_all_reduces_with_a_library_computing_between(i, port, "forward")
+
+
+def backward_between(i, port):
+    async_all_reduces_with_a_library_computing_between(i, port, "backward")
+
+
+@pytest.mark.parametrize("program", [isend_compute_recv, async_all_reduces_on_two_groups, linear_forward_between,
+                                     backward_between])
 def test_a_valid_overlap_program_is_not_called_hung(monkeypatch, capsys, program):
     monkeypatch.setenv("PPKIT_HANG_S", "2")
     ppkit.spawn(program, args=(free_port(),), nprocs=2, timeout=60)
@@ -89,6 +122,26 @@ def test_a_wait_that_only_the_record_shows_is_not_a_hang_while_the_rank_is_in_it
     watch = HangWatch(2)
     assert watch.look({0: own, 1: own}, {0: pending, 1: pending}) is None
     assert watch.look({0: own, 1: own}, {0: pending, 1: pending}) is None  # gloo's record alone: never a hang
+
+
+def test_a_rank_in_a_library_is_waiting_only_while_its_main_thread_uses_no_cpu_time():
+    """Inside torch.nn with a gloo call pending: DDP's reducer blocked in C++ uses no CPU time, a Linear's
+    forward does. The frames read the same at both looks; the CPU time tells them apart."""
+    in_linear = '  File "/x/torch/nn/modules/linear.py", line 134, in forward\n    return F.linear(x)\n'
+
+    def record(main, cpu_s, cpu_at):
+        return {"calls": [{"group": "1", "seq": 1, "done": False, "is_p2p": False, "backend": "gloo"}],
+                "p2p": None, "main": main, "cpu_s": cpu_s, "cpu_at": cpu_at}
+
+    computing = HangWatch(2)
+    assert computing.look({0: in_linear}, {0: record("other", 10.0, 100.0)}) is None
+    assert computing.look({0: in_linear}, {0: record("other", 12.5, 103.0)}) is None  # 2.5 s of CPU in 3 s
+    assert computing.look({0: in_linear}, {0: record("busy", 15.0, 106.0)}) is None  # its record says so itself
+    assert computing.look({0: in_linear}, {0: record("busy", 15.0, 109.0)}) is None
+    blocked = HangWatch(2)
+    assert blocked.look({0: in_linear}, {0: record("other", 10.0, 100.0)}) is None
+    message = blocked.look({0: in_linear}, {0: record("other", 10.0, 103.0)})
+    assert message and message.startswith("[ppkit] possibly hung"), message
 
 
 def all_reduces(rank, world_size, port, count):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ppkit.cluster.hang_doctor.elsewhere import instead
+from ppkit.cluster.hang_doctor.gather import COMPUTING
 from ppkit.cluster.hang_doctor.memberships import memberships
 from ppkit.cluster.hang_doctor.memberships import views as group_views
 from ppkit.cluster.hang_doctor.p2p_pairs import P2PFinding, pairs
@@ -116,9 +117,9 @@ class Diagnosis:
 
     def blocked(self, rank: int) -> bool:
         """The rank's main thread waits (in torch.distributed, a Work's wait(), a library such as
-        autograd): not in its own code, where a call it started runs on the backend's threads, nor
-        idle between jobs."""
-        return rank not in self.ended and self.records.get(rank, {}).get("main") not in ("own", "idle")
+        autograd using no CPU time): not in its own code or computing in a library, where a call it
+        started runs on the backend's threads, nor idle between jobs."""
+        return rank not in self.ended and self.records.get(rank, {}).get("main") not in COMPUTING
 
     def __str__(self) -> str:
         from ppkit.cluster.hang_doctor.report import explain
