@@ -196,6 +196,33 @@ def test_a_completed_difference_is_a_note_and_the_doctor_goes_on_to_the_hang():
     assert "collective #2 is not reached by every rank" in text and "rank 1 has not reached it" in text, text
 
 
+def all_gather_of_uneven_inputs(i, port, first_all_reduce):
+    join(i, port)
+    if first_all_reduce:
+        dist.all_reduce(torch.ones(1))
+    out = [torch.zeros(3), torch.zeros(3)]
+    dist.all_gather(out, torch.ones(3 if i == 0 else 2))  # gloo raises on rank 1 before it runs the call
+
+
+@pytest.mark.parametrize("first_all_reduce", [False, True])
+def test_a_rank_whose_call_raised_before_the_backend_ran_it_is_said_to_have_raised_in_it(capsys, first_all_reduce):
+    """Review 52b, case D25: rank 1 raised inside all_gather (gloo's "invalid tensor size"), so its record
+    holds no entry for it; it made the call, and the sizes differ. Its earlier all_reduce completed."""
+    with pytest.raises(ppkit.ProcessRaisedError):
+        ppkit.spawn(all_gather_of_uneven_inputs, args=(free_port(), first_all_reduce), nprocs=2, timeout=30)
+    out = capsys.readouterr().out
+    seq = 2 if first_all_reduce else 1
+    assert "has not reached it" not in out, out
+    assert f"collective #{seq} does not match: the sizes differ" in out, out
+    assert f"rank 0: all_gather #{seq} of [3] Float" in out, out
+    assert (f"rank 1: all_gather #{seq} of [2] Float, called at test_doctor_records.py, line " in out
+            and "it raised in this call before gloo ran it: RuntimeError: ProcessGroupGloo::allgather: invalid "
+                "tensor size" in out), out
+    if first_all_reduce:
+        assert "every rank that answered completed collective #1 (all_reduce)" in out, out
+    assert_none_left()
+
+
 def twenty_in_flight_against_a_recv(rank, world_size, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)

@@ -53,7 +53,7 @@ def snapshot(main_frame, in_job: bool = True, ident: int | None = None) -> str:
     threading ident, found from ``main_frame`` where not given, which fails once the thread moved on), as JSON."""
     ident = ident if ident is not None else flight_calls.main_ident(main_frame)
     record = {"buffer": buffer_size(), "calls": [], "groups": {}, "done": {}, "p2p": None, "p2p_pending": [],
-              "p2p_calls": [], "p2p_posted": [],
+              "p2p_calls": [], "p2p_posted": [], "raised": [],
               "at": _learner_line(flight_calls.frames_of(main_frame)),
               "main": _main_state(main_frame, ident) if in_job else "idle", "error": "", "in": "",
               "cpu_s": thread_cpu.seconds(ident), "cpu_at": time.monotonic()}  # the watch compares two looks'
@@ -67,7 +67,7 @@ def snapshot(main_frame, in_job: bool = True, ident: int | None = None) -> str:
     for part, read in (("groups", _groups), ("calls", _calls), ("p2p_pending", _p2p_pending),
                        ("p2p_calls", _p2p_calls), ("p2p_posted", lambda: [[*k, v] for k, v in
                                                                        flight_calls.p2p_posted.items()]),
-                       ("p2p", lambda: _p2p_wait(main_frame) or _p2p_awaited(awaited))):
+                       ("p2p", lambda: _p2p_wait(main_frame) or _p2p_awaited(awaited)), ("raised", _raised)):
         try:  # each part on its own: one that fails leaves the others to read
             record[part] = read()
         except Exception as exc:  # noqa: BLE001 - the record is a diagnosis; it never fails the rank
@@ -81,6 +81,14 @@ def snapshot(main_frame, in_job: bool = True, ident: int | None = None) -> str:
             newest["waits_at"] = record["at"]
     record["error"] = "; ".join(errors)
     return json.dumps(record)
+
+
+def _raised() -> list[dict]:
+    """The collectives of each group's present lifetime that raised before the backend ran them, with the
+    learner's line: torch's record has no entry for them."""
+    born = flight_calls.born_ns
+    return [{**{k: v for k, v in call.items() if k not in ("frames", "born")}, "at": _learner_line(call["frames"])}
+            for call in list(flight_calls.raised_calls) if call["born"] == born.get(call["group"], 0)]
 
 
 def _main_state(frame, ident: int | None) -> str:
