@@ -505,6 +505,23 @@ def test_a_recv_whose_sender_returned_names_the_sender_and_says_either_could_be_
     assert "Either rank 0 returned before its send to rank 1, or rank 1 should not receive from it" in text, text
 
 
+def batch_without_its_send(rank, port):
+    """Review 52b, case D4: rank 0 batches a send to rank 1 and a recv from it; rank 1 batches only its recv."""
+    join(rank, port)
+    ops = ([dist.P2POp(dist.isend, torch.ones(3), 1), dist.P2POp(dist.irecv, torch.zeros(3), 1)] if rank == 0
+           else [dist.P2POp(dist.irecv, torch.zeros(3), 0)])
+    for req in dist.batch_isend_irecv(ops):  # gloo: no coalescing, each op is the group's send or recv
+        req.wait()
+
+
+def test_a_batched_recv_whose_sender_ended_without_sending_is_named_not_only_glooss_crash_words():
+    diagnosis = what_a_failed_spawn_read(batch_without_its_send, 2)
+    text = str(diagnosis)
+    assert diagnosis.unmatched == [(1,)], text
+    assert "rank 0's irecv #1 from rank 1 (tag 0) of [3] float32 (12 bytes)" in text, text
+    assert "rank 1 ended (it finished its job and its process ended) having posted 0 send(s) to rank 0" in text, text
+
+
 def test_a_send_and_recv_of_different_sizes_are_named_as_the_pair_gloo_matched():
     diagnosis = what_a_failed_spawn_read(sends_four_receives_three, 2)
     text = str(diagnosis)
