@@ -583,6 +583,10 @@ def test_a_run_that_completes_with_different_reduce_ops_is_told_once_it_ends(cap
     assert "every rank's job completed, but the collective doctor finds a problem in their records" in out, out
     assert "collective #1 does not match: the reduce op differs" in out, out
     assert_none_left()
+    again = ppkit.collective_doctor()  # on demand afterwards: what was printed, not "ended without error"
+    assert again.problem and "collective #1 does not match: the reduce op differs" in str(again), str(again)
+    assert "ended without error" not in str(again), str(again)
+    assert "the last ppkit.spawn run, which completed" in str(again), str(again)
 
 
 def all_reduces_spawned(rank, port):
@@ -596,6 +600,10 @@ def test_a_correct_run_that_completes_is_not_told_anything(capsys):
     out = capsys.readouterr().out
     assert "collective doctor" not in out, out
     assert_none_left()
+    again = ppkit.collective_doctor()
+    assert not again.problem, str(again)
+    assert ("the last ppkit.spawn run ended without error, and the records its ranks sent as they ended show no "
+            "problem") in str(again), str(again)
 
 
 def send_recv_then_a_new_group(rank, world_size, port, new_port):
