@@ -54,7 +54,7 @@ class HangWatch:
     def __init__(self, seconds: float, show_stacks=None):
         self.seconds = seconds
         self.told = False
-        self._show = show_stacks or (lambda stacks: stacks)  # the caller's view of a stack (its own frames left out)
+        self._show = show_stacks or _cells_named  # the caller's view of a stack (its own frames left out)
         self._since = time.monotonic()  # the last look that found ranks busy, or the run's start
         self._last_activity = self._since
         self._moved = self._since  # the last look that found a rank busy or a record moved: the silence's start
@@ -99,6 +99,12 @@ class HangWatch:
                 "stops every rank. "
                 f"(This look comes once per run, after {HANG_ENV}={self.seconds:g} s of silence.)\n"
                 + (str(diagnosis) if diagnosis is not None else "") + shown + "\n")
+
+
+def _cells_named(stacks: dict[int, str]) -> dict[int, str]:
+    from ppkit.cluster.diagnostics import cells_named
+
+    return {rank: cells_named(text) for rank, text in stacks.items()}
 
 
 def _waits(stack: str, record: dict | None, earlier: dict | None) -> bool:
