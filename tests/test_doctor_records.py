@@ -56,7 +56,40 @@ def async_all_reduces_on_two_groups(i, port):
     print(f"rank {i} sums {a[0].item()} {b[0].item()}", flush=True)
 
 
-@pytest.mark.parametrize("program", [isend_compute_recv, async_all_reduces_on_two_groups])
+def async_all_reduces_with_a_library_computing_between(i, port, compute):
+    """The same overlap, with the compute inside torch.nn (a Linear's forward) or autograd (backward): the
+    main thread's innermost frame is the library's while each rank's first all_reduce is pending (review
+    52b, cases D1m, D1, D2)."""
+    join(i, port)
+    torch.set_num_threads(1)
+    groups = [dist.new_group([0, 1]), dist.new_group([0, 1])]
+    first, second = (groups[0], groups[1]) if i == 0 else (groups[1], groups[0])
+    linear, x = torch.nn.Linear(1000, 1000), torch.randn(200, 1000)
+    a, b = torch.ones(2), torch.ones(2)
+    work_a = dist.all_reduce(a, group=first, async_op=True)
+    began = time.monotonic()
+    while time.monotonic() - began < 7:
+        if compute == "forward":
+            with torch.no_grad():
+                linear(x)
+        else:
+            linear(x).sum().backward()
+    work_b = dist.all_reduce(b, group=second, async_op=True)
+    work_a.wait()
+    work_b.wait()
+    print(f"rank {i} sums {a[0].item()} {b[0].item()}", flush=True)
+
+
+def linear_forward_between(i, port):
+    async_all_reduces_with_a_library_computing_between(i, port, "forward")
+
+
+def backward_between(i, port):
+    async_all_reduces_with_a_library_computing_between(i, port, "backward")
+
+
+@pytest.mark.parametrize("program", [isend_compute_recv, async_all_reduces_on_two_groups, linear_forward_between,
+                                     backward_between])
 def test_a_valid_overlap_program_is_not_called_hung(monkeypatch, capsys, program):
     monkeypatch.setenv("PPKIT_HANG_S", "2")
     ppkit.spawn(program, args=(free_port(),), nprocs=2, timeout=60)
@@ -89,6 +122,26 @@ def test_a_wait_that_only_the_record_shows_is_not_a_hang_while_the_rank_is_in_it
     watch = HangWatch(2)
     assert watch.look({0: own, 1: own}, {0: pending, 1: pending}) is None
     assert watch.look({0: own, 1: own}, {0: pending, 1: pending}) is None  # gloo's record alone: never a hang
+
+
+def test_a_rank_in_a_library_is_waiting_only_while_its_main_thread_uses_no_cpu_time():
+    """Inside torch.nn with a gloo call pending: DDP's reducer blocked in C++ uses no CPU time, a Linear's
+    forward does. The frames read the same at both looks; the CPU time tells them apart."""
+    in_linear = '  File "/x/torch/nn/modules/linear.py", line 134, in forward\n    return F.linear(x)\n'
+
+    def record(main, cpu_s, cpu_at):
+        return {"calls": [{"group": "1", "seq": 1, "done": False, "is_p2p": False, "backend": "gloo"}],
+                "p2p": None, "main": main, "cpu_s": cpu_s, "cpu_at": cpu_at}
+
+    computing = HangWatch(2)
+    assert computing.look({0: in_linear}, {0: record("other", 10.0, 100.0)}) is None
+    assert computing.look({0: in_linear}, {0: record("other", 12.5, 103.0)}) is None  # 2.5 s of CPU in 3 s
+    assert computing.look({0: in_linear}, {0: record("busy", 15.0, 106.0)}) is None  # its record says so itself
+    assert computing.look({0: in_linear}, {0: record("busy", 15.0, 109.0)}) is None
+    blocked = HangWatch(2)
+    assert blocked.look({0: in_linear}, {0: record("other", 10.0, 100.0)}) is None
+    message = blocked.look({0: in_linear}, {0: record("other", 10.0, 103.0)})
+    assert message and message.startswith("[ppkit] possibly hung"), message
 
 
 def all_reduces(rank, world_size, port, count):
@@ -141,6 +194,33 @@ def test_a_completed_difference_is_a_note_and_the_doctor_goes_on_to_the_hang():
     assert "collective #1" in text and "[4]" in text and "[2, 2]" in text, text  # the note
     assert "completed collective #1 (all_reduce)" in text, text
     assert "collective #2 is not reached by every rank" in text and "rank 1 has not reached it" in text, text
+
+
+def all_gather_of_uneven_inputs(i, port, first_all_reduce):
+    join(i, port)
+    if first_all_reduce:
+        dist.all_reduce(torch.ones(1))
+    out = [torch.zeros(3), torch.zeros(3)]
+    dist.all_gather(out, torch.ones(3 if i == 0 else 2))  # gloo raises on rank 1 before it runs the call
+
+
+@pytest.mark.parametrize("first_all_reduce", [False, True])
+def test_a_rank_whose_call_raised_before_the_backend_ran_it_is_said_to_have_raised_in_it(capsys, first_all_reduce):
+    """Review 52b, case D25: rank 1 raised inside all_gather (gloo's "invalid tensor size"), so its record
+    holds no entry for it; it made the call, and the sizes differ. Its earlier all_reduce completed."""
+    with pytest.raises(ppkit.ProcessRaisedError):
+        ppkit.spawn(all_gather_of_uneven_inputs, args=(free_port(), first_all_reduce), nprocs=2, timeout=30)
+    out = capsys.readouterr().out
+    seq = 2 if first_all_reduce else 1
+    assert "has not reached it" not in out, out
+    assert f"collective #{seq} does not match: the sizes differ" in out, out
+    assert f"rank 0: all_gather #{seq} of [3] Float" in out, out
+    assert (f"rank 1: all_gather #{seq} of [2] Float, called at test_doctor_records.py, line " in out
+            and "it raised in this call before gloo ran it: RuntimeError: ProcessGroupGloo::allgather: invalid "
+                "tensor size" in out), out
+    if first_all_reduce:
+        assert "every rank that answered completed collective #1 (all_reduce)" in out, out
+    assert_none_left()
 
 
 def twenty_in_flight_against_a_recv(rank, world_size, port):
@@ -425,6 +505,23 @@ def test_a_recv_whose_sender_returned_names_the_sender_and_says_either_could_be_
     assert "Either rank 0 returned before its send to rank 1, or rank 1 should not receive from it" in text, text
 
 
+def batch_without_its_send(rank, port):
+    """Review 52b, case D4: rank 0 batches a send to rank 1 and a recv from it; rank 1 batches only its recv."""
+    join(rank, port)
+    ops = ([dist.P2POp(dist.isend, torch.ones(3), 1), dist.P2POp(dist.irecv, torch.zeros(3), 1)] if rank == 0
+           else [dist.P2POp(dist.irecv, torch.zeros(3), 0)])
+    for req in dist.batch_isend_irecv(ops):  # gloo: no coalescing, each op is the group's send or recv
+        req.wait()
+
+
+def test_a_batched_recv_whose_sender_ended_without_sending_is_named_not_only_glooss_crash_words():
+    diagnosis = what_a_failed_spawn_read(batch_without_its_send, 2)
+    text = str(diagnosis)
+    assert diagnosis.unmatched == [(1,)], text
+    assert "rank 0's irecv #1 from rank 1 (tag 0) of [3] float32 (12 bytes)" in text, text
+    assert "rank 1 ended (it finished its job and its process ended) having posted 0 send(s) to rank 0" in text, text
+
+
 def test_a_send_and_recv_of_different_sizes_are_named_as_the_pair_gloo_matched():
     diagnosis = what_a_failed_spawn_read(sends_four_receives_three, 2)
     text = str(diagnosis)
@@ -486,6 +583,10 @@ def test_a_run_that_completes_with_different_reduce_ops_is_told_once_it_ends(cap
     assert "every rank's job completed, but the collective doctor finds a problem in their records" in out, out
     assert "collective #1 does not match: the reduce op differs" in out, out
     assert_none_left()
+    again = ppkit.collective_doctor()  # on demand afterwards: what was printed, not "ended without error"
+    assert again.problem and "collective #1 does not match: the reduce op differs" in str(again), str(again)
+    assert "ended without error" not in str(again), str(again)
+    assert "the last ppkit.spawn run, which completed" in str(again), str(again)
 
 
 def all_reduces_spawned(rank, port):
@@ -499,6 +600,10 @@ def test_a_correct_run_that_completes_is_not_told_anything(capsys):
     out = capsys.readouterr().out
     assert "collective doctor" not in out, out
     assert_none_left()
+    again = ppkit.collective_doctor()
+    assert not again.problem, str(again)
+    assert ("the last ppkit.spawn run ended without error, and the records its ranks sent as they ended show no "
+            "problem") in str(again), str(again)
 
 
 def send_recv_then_a_new_group(rank, world_size, port, new_port):

@@ -158,6 +158,20 @@ def test_the_learners_line_is_shown_as_ipython_names_the_cell(kc):
     assert re.search(r"^  Cell In\[\d+\], line 5, in case$", text, re.MULTILINE), text
 
 
+def test_a_cluster_runs_timeout_names_the_cell_in_each_ranks_stack_as_the_doctor_does(kc):
+    """Review 52b, case C1: the timeout's stacks named the kernel's temporary file, the doctor 'Cell In[5]'."""
+    cell = run_cell(kc, "def stuck(rank, world_size):\n    import torch, torch.distributed as dist\n"
+                        "    if rank == 0:\n        dist.all_reduce(torch.ones(1))\n"
+                        "    else:\n        dist.recv(torch.zeros(1), src=0)\n"
+                        "with ppkit.Cluster(2, 'gloo', timeout=60) as cl:\n    try:\n        cl.run(stuck, timeout=6)\n"
+                        "    except ppkit.JobTimeoutError as exc:\n        print('TIMEOUT', exc)\n")
+    assert cell.error is None and "TIMEOUT" in cell.text, cell.text
+    stacks = cell.text.split("TIMEOUT", 1)[1]
+    assert re.search(r"^  Cell In\[\d+\], line 4, in stuck$", stacks, re.MULTILINE), stacks
+    assert re.search(r"^  Cell In\[\d+\], line 6, in stuck$", stacks, re.MULTILINE), stacks
+    assert "ipykernel_" not in cell.text, cell.text
+
+
 def test_the_learners_line_is_shown_under_torchrun(kc):
     cell = run_cell(kc, "%%torchrun --nproc-per-node 2 --timeout 9\nimport torch, torch.distributed as dist\n"
                         "dist.init_process_group('gloo')\nt = torch.ones(4)\n"

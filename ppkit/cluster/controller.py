@@ -370,6 +370,12 @@ class Cluster:
         empty after a restart. The collective doctor on demand reads how each rank's job ended."""
         return dict(self._jobs.last_results)
 
+    @property
+    def last_job_diagnosis(self):
+        """The collective doctor's last reading of this cluster's last job (its hang watch's, its error's, or,
+        after a last job that completed, the check of the records its ranks sent as they ended); None if none."""
+        return self._jobs.last_diagnosis
+
     def _check_usable(self) -> None:
         if self.state == "closed":
             raise ClusterStateError("this cluster is closed. Start a new one: cluster = ppkit.start(N).")

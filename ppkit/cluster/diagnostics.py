@@ -4,6 +4,7 @@ and the errors built from them (each says what happened, why, and what to type n
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from html import escape
@@ -88,7 +89,22 @@ def reinit_note(rendezvous: dict, advice: str = PERSISTENT_WORKERS_ADVICE) -> st
 
 
 def format_stacks(stacks: dict[int, str]) -> str:
-    return "".join(f"\n--- rank {r} is waiting here ---\n{text}" for r, text in stacks.items())
+    return "".join(f"\n--- rank {r} is waiting here ---\n{cells_named(text)}" for r, text in stacks.items())
+
+
+_FRAME = re.compile(r'^([ |]*)File "([^"]+)", line (\d+)', re.MULTILINE)
+
+
+def cells_named(text: str) -> str:
+    """A rank's stack or traceback with each notebook cell's frame named as IPython and the collective doctor
+    name it (``Cell In[4], line 5``), not by the kernel's temporary file (``/tmp/ipykernel_.../123.py``)."""
+    from ppkit.cluster.hang_doctor.words import place
+
+    def named(match: re.Match) -> str:
+        cell = place(match[2])
+        return f"{match[1]}{cell}, line {match[3]}" if cell.startswith("Cell In[") else match[0]
+
+    return _FRAME.sub(named, text)
 
 
 def needs_restart(reason: str) -> ClusterStateError:
@@ -178,7 +194,7 @@ def ranks_raised(errors: dict[int, ErrorInfo], waiting: list[int], stacks: dict,
     if note := reinit_note(rendezvous):
         text += f"\n{note.strip()}"
     for r in failed:
-        text += f"\n\n--- traceback on rank {r} ---\n{errors[r].traceback}"
+        text += f"\n\n--- traceback on rank {r} ---\n{cells_named(errors[r].traceback)}"
     if waiting:
         text += (f"\nRank(s) {waiting} are still blocked, probably waiting for the failed "
                  f"rank. {RESTART}.\n" + format_stacks(stacks))

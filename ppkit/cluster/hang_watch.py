@@ -5,12 +5,14 @@ none: a training run takes as long as it takes. A hang is told apart from a long
 together: for ``PPKIT_HANG_S`` seconds (default 60; 0 turns the watch off) no rank printed anything
 or finished, and every rank that is still running waits on its peers: its stack ends inside
 torch.distributed (a collective, a send/recv, a barrier, a store), or its flight record shows a
-collective started and not completed while its main thread is not in its own code (DDP's reducer
-inside autograd, measured on gloo; by torch's design NCCL's waits at ``.item()`` or ``synchronize``,
-not measured here: no GPU). A rank in its own code with a gloo call pending is computing (an
-overlap: isend, compute, wait). And a second look, ``CONFIRM_S`` later, finds the ranks' records and
-stacks as they were: a loop of collectives is inside torch.distributed at any look, but its record
-moves. Then the cell
+collective started and not completed while its main thread is not in its own code and uses no CPU
+time (DDP's reducer waits inside autograd in C++, measured on gloo; by torch's design NCCL's waits at
+``.item()`` or ``synchronize``, not measured here: no GPU). A rank in its own code, or computing in
+torch.nn or autograd (its main thread's CPU time moves, as its record is read or between two looks),
+with a gloo call pending is computing (an overlap: isend, compute, wait). And a second look,
+``CONFIRM_S`` later, finds the ranks' records and stacks as they were: a loop of collectives is inside
+torch.distributed at any look, but its record moves; a loop of a Linear's forward passes the same lines,
+but its CPU time moves. Then the cell
 shows the collective doctor's reading of the ranks' records (hang_doctor/) and each rank's stack once,
 and the run goes on:
 the learner decides (Kernel > Interrupt stops every rank). A rank that computes for a minute
@@ -52,11 +54,12 @@ class HangWatch:
     def __init__(self, seconds: float, show_stacks=None):
         self.seconds = seconds
         self.told = False
-        self._show = show_stacks or (lambda stacks: stacks)  # the caller's view of a stack (its own frames left out)
+        self._show = show_stacks or _cells_named  # the caller's view of a stack (its own frames left out)
         self._since = time.monotonic()  # the last look that found ranks busy, or the run's start
         self._last_activity = self._since
         self._moved = self._since  # the last look that found a rank busy or a record moved: the silence's start
         self._seen = None  # what the last look found, where every rank waited: the next must find the same
+        self._records: dict[int, dict] = {}  # the last look's records: a rank whose CPU time moved since computed
 
     def due(self, last_activity: float) -> float:
         """When to look next: ``seconds`` after the latest of the run's output, results and looks."""
@@ -78,8 +81,8 @@ class HangWatch:
         records = records or {}
         now = time.monotonic()
         quiet, self._since = now - max(self._last_activity, self._moved), now
-        if not stacks or not all(waits_on_peers(text) or hang_doctor.waits_on_peers(records.get(rank))
-                                 for rank, text in stacks.items()):
+        before, self._records = self._records, records
+        if not stacks or not all(_waits(text, records.get(rank), before.get(rank)) for rank, text in stacks.items()):
             self._seen, self._moved = None, now
             return None
         seen = {rank: (text, hang_doctor.progress(records.get(rank))) for rank, text in stacks.items()}
@@ -96,6 +99,21 @@ class HangWatch:
                 "stops every rank. "
                 f"(This look comes once per run, after {HANG_ENV}={self.seconds:g} s of silence.)\n"
                 + (str(diagnosis) if diagnosis is not None else "") + shown + "\n")
+
+
+def _cells_named(stacks: dict[int, str]) -> dict[int, str]:
+    from ppkit.cluster.diagnostics import cells_named
+
+    return {rank: cells_named(text) for rank, text in stacks.items()}
+
+
+def _waits(stack: str, record: dict | None, earlier: dict | None) -> bool:
+    """A rank waits on its peers by its stack, or by its flight record unless its main thread used CPU time
+    since the last look's record (``earlier``): a loop of a Linear's forward looks the same at each look."""
+    from ppkit.cluster import hang_doctor
+    from ppkit.cluster.hang_doctor.gather import computed_between
+
+    return waits_on_peers(stack) or (hang_doctor.waits_on_peers(record) and not computed_between(earlier, record))
 
 
 def _record(quiet: float, stacks: dict[int, str]) -> None:

@@ -36,6 +36,7 @@ class JobRunner:
         self._sources_sent: set[str] = set()  # the notebook cells whose source the ranks have
         self._one_job = threading.Lock()
         self.last_results: dict = {}  # rank -> its answer to the last job (Result or Cancelled), if it answered
+        self.last_diagnosis = None  # the collective doctor's last reading of the last job, if it read one
 
     def exclusive(self) -> threading.Lock:
         """``with runner.exclusive():`` no job runs meanwhile (a post-mortem, stopping a kept rank)."""
@@ -45,6 +46,7 @@ class JobRunner:
         """The ranks were started anew: they have no notebook cell's source yet."""
         self._sources_sent = set()
         self.last_results = {}
+        self.last_diagnosis = None
 
     def run(self, fn, args: tuple, kwargs: dict, timeout: float | None, *, last: bool = False, watch=None) -> list:
         """``fn(rank, world_size, *args, **kwargs)`` on every rank; its values by rank, or the job's error.
@@ -68,6 +70,7 @@ class JobRunner:
                 raise
             finally:
                 self.last_results = dict(job.results)  # the doctor on demand: a rank that raised is not computing
+                self.last_diagnosis = job.diagnosis
 
 
 @contextlib.contextmanager

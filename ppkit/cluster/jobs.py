@@ -47,7 +47,8 @@ class Job:
         self.results: dict[int, Result | Cancelled] = {}
         self.rendezvous: dict[int, tuple] = {}  # rank -> its rendezvous history, from its stack report
         self.records: dict[int, dict] = {}  # rank -> its flight record's last words, as it aborted (hang_doctor/)
-        self.diagnosis: hang_doctor.Diagnosis | None = None  # the doctor's last reading, put on the job's error
+        # the doctor's last reading: put on the job's error, or, after a last job that completed, its check at the end
+        self.diagnosis: hang_doctor.Diagnosis | None = None
         self.exited: set[int] = set()  # ranks whose process exited with status 0 without answering (os._exit(0))
         self.last, self.watch, self._workers = False, None, {}  # run() sets them
         self._shown = ""  # the doctor's reading as the hang watch printed it
@@ -200,9 +201,8 @@ class Job:
         if not any(record.get("calls") for record in self.records.values()):
             return  # no collective: nothing to compare
         finished, failed = outcomes.of_results(self.results, self.last)
-        diagnosis = hang_doctor.diagnose(dict(self.records), self.world_size, finished, failed)
-        if diagnosis.problem:
-            self.diagnosis = diagnosis
+        diagnosis = self.diagnosis = hang_doctor.diagnose(dict(self.records), self.world_size, finished, failed)
+        if diagnosis.problem:  # collective_doctor() afterwards gives this reading too (JobRunner.last_diagnosis)
             self._printer.flush()
             print("[ppkit] every rank's job completed, but the collective doctor finds a problem in their records:\n"
                   + str(diagnosis), end="", flush=True)

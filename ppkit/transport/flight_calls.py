@@ -66,6 +66,8 @@ failed_works: set[int] = set()  # id() of a ring call's Work whose wait raised (
 _posting = threading.Lock()  # a call's number and its posting in the backend happen together
 api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, root,
 #                                                                     frames, splits)
+raised_calls: collections.deque = collections.deque(maxlen=4)  # collectives that raised before the backend
+#                                                                   ran them (_keep_raised)
 born_ns: dict[str, int] = {}  # group name -> when its present (or last) lifetime began (time.time_ns, as torch's)
 p2p_counted: dict[tuple[str, str], int] = {}  # (group, backend) -> sequence numbers its send/recv took (gloo's do)
 waiting: dict[int, object] = {}  # thread ident -> the Work it waits on
@@ -143,7 +145,11 @@ def _posted(group, name: str, args, kwargs) -> tuple[tuple | None, int]:
 def _watched_collective(name: str, original):
     def call(group, *args, **kwargs):
         backend, before = _count(group, args)
-        work = original(group, *args, **kwargs)
+        try:
+            work = original(group, *args, **kwargs)
+        except Exception as exc:  # the backend refused the call (gloo checks sizes): no entry in torch's record
+            _keep_raised(group, backend, before, name, args, kwargs, exc, sys._getframe(1))
+            raise
         try:
             after = backend._get_sequence_number_for_group() if backend is not None else before
             if after is not None and after > before:
@@ -158,6 +164,42 @@ def _watched_collective(name: str, original):
         return work
 
     return _watched(call)
+
+
+def _keep_raised(group, backend, before, name: str, args, kwargs, exc: Exception, frame) -> None:
+    """A collective that raised as the learner called it, before the backend ran it (so torch's record has
+    no entry): its group, the number it would have taken, the learner's call and inputs, and the error."""
+    try:
+        api, frames = call_site(frame, name)
+        key = (str(group.group_name), _backend_name(backend) if backend is not None else "")
+        sizes, dtypes = _api_inputs(frame, api)
+        raised_calls.append({"group": key[0], "backend": key[1], "api": api, "frames": frames,
+                             "seq": (before or 0) + 1 - p2p_counted.get(key, 0), "reduce_op": _reduce_op(args, kwargs),
+                             "root": _root(group, args, kwargs), "input_sizes": sizes, "input_dtypes": dtypes,
+                             "error": f"{type(exc).__name__}: {exc}", "time_ns": time.time_ns(),
+                             "born": born_ns.get(key[0], 0)})
+    except Exception:  # noqa: BLE001 - the record is a diagnosis; it never changes the learner's error
+        pass
+
+
+INPUTS = ("input_tensor", "input", "tensor", "input_list", "input_tensor_list")  # distributed_c10d's names
+SCALAR_TYPES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
+                "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+                "complex64": "ComplexFloat", "complex128": "ComplexDouble"}  # as torch's record names dtypes
+
+
+def _api_inputs(frame, api: str) -> tuple[list, list]:
+    """The input tensors' sizes and dtypes of the torch.distributed call ``api`` (its frame's arguments), as
+    torch's record gives them ([[3]], ["Float"]); empty where its frame is not found."""
+    while frame is not None and not (frame.f_code.co_name == api
+                                     and frame.f_code.co_filename.endswith("distributed_c10d.py")):
+        frame = frame.f_back
+    if frame is None:
+        return [], []
+    value = next((frame.f_locals[name] for name in INPUTS if frame.f_locals.get(name) is not None), None)
+    tensors = [value] if hasattr(value, "shape") else [t for t in value or [] if hasattr(t, "shape")]
+    dtypes = [str(t.dtype).replace("torch.", "") for t in tensors]
+    return [list(t.shape) for t in tensors], [SCALAR_TYPES.get(d, d) for d in dtypes]
 
 
 def _count(group, args):

@@ -27,8 +27,9 @@ import linecache
 import os
 import pickle
 import sys
+import time
 
-from ppkit.transport import flight_calls
+from ppkit.transport import flight_calls, thread_cpu
 from ppkit.transport.flight_abort import HANDLER_S, on_abort  # noqa: F401 - HANDLER_S: the worker's bound
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -46,24 +47,27 @@ def buffer_size(environ=os.environ) -> int:
         return 0
 
 
-def snapshot(main_frame, in_job: bool = True) -> str:
+def snapshot(main_frame, in_job: bool = True, ident: int | None = None) -> str:
     """This rank's record and where its main thread is (``main_frame``: its innermost frame; ``in_job``:
-    False between jobs, where the main thread waits for the next one), as JSON."""
+    False between jobs, where the main thread waits for the next one; ``ident``: the main thread's
+    threading ident, found from ``main_frame`` where not given, which fails once the thread moved on), as JSON."""
+    ident = ident if ident is not None else flight_calls.main_ident(main_frame)
     record = {"buffer": buffer_size(), "calls": [], "groups": {}, "done": {}, "p2p": None, "p2p_pending": [],
-              "p2p_calls": [], "p2p_posted": [],
+              "p2p_calls": [], "p2p_posted": [], "raised": [],
               "at": _learner_line(flight_calls.frames_of(main_frame)),
-              "main": _main_state(main_frame) if in_job else "idle", "error": "", "in": ""}
+              "main": _main_state(main_frame, ident) if in_job else "idle", "error": "", "in": "",
+              "cpu_s": thread_cpu.seconds(ident), "cpu_at": time.monotonic()}  # the watch compares two looks'
     if record["main"] == "distributed":  # the torch.distributed function it is in (new_group, a store's wait)
         record["in"] = flight_calls.call_site(main_frame, "")[0]
         record["creating"] = _creating(main_frame)
     if "torch.distributed" not in sys.modules:  # no process group was ever created here
         return json.dumps(record)
     errors = []
-    awaited = flight_calls.waiting.get(flight_calls.main_ident(main_frame))
+    awaited = flight_calls.waiting.get(ident)
     for part, read in (("groups", _groups), ("calls", _calls), ("p2p_pending", _p2p_pending),
                        ("p2p_calls", _p2p_calls), ("p2p_posted", lambda: [[*k, v] for k, v in
                                                                        flight_calls.p2p_posted.items()]),
-                       ("p2p", lambda: _p2p_wait(main_frame) or _p2p_awaited(awaited))):
+                       ("p2p", lambda: _p2p_wait(main_frame) or _p2p_awaited(awaited)), ("raised", _raised)):
         try:  # each part on its own: one that fails leaves the others to read
             record[part] = read()
         except Exception as exc:  # noqa: BLE001 - the record is a diagnosis; it never fails the rank
@@ -79,17 +83,29 @@ def snapshot(main_frame, in_job: bool = True) -> str:
     return json.dumps(record)
 
 
-def _main_state(frame) -> str:
+def _raised() -> list[dict]:
+    """The collectives of each group's present lifetime that raised before the backend ran them, with the
+    learner's line: torch's record has no entry for them."""
+    born = flight_calls.born_ns
+    return [{**{k: v for k, v in call.items() if k not in ("frames", "born")}, "at": _learner_line(call["frames"])}
+            for call in list(flight_calls.raised_calls) if call["born"] == born.get(call["group"], 0)]
+
+
+def _main_state(frame, ident: int | None) -> str:
     """Where the main thread is, in a job: "wait" (in a Work's wait()), "distributed" (inside torch.distributed),
     "own" (its innermost Python frame is the learner's: computing, sleeping; a gloo call it started
-    runs on gloo's threads meanwhile) or "other" (a library: autograd, where DDP's reducer waits)."""
-    if flight_calls.waiting.get(flight_calls.main_ident(frame)) is not None:
+    runs on gloo's threads meanwhile), "busy" (in a library, using CPU time: a Linear's forward, a
+    backward) or "other" (in a library, using none: blocked in C++, where DDP's reducer waits inside
+    autograd; or its CPU time cannot be read)."""
+    if flight_calls.waiting.get(ident) is not None:
         return "wait"
     if _in_distributed(frame):
         return "distributed"
     if frame is not None and _own_code(frame.f_code.co_filename):
         return "own"
-    return "other" if frame is not None else ""
+    if frame is None:
+        return ""
+    return "busy" if thread_cpu.computing(ident) else "other"
 
 
 def _calls() -> tuple[list[dict], dict[str, int]]:

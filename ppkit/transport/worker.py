@@ -223,7 +223,8 @@ class Worker:
 
     def _flight_record(self, last_words: bool = False) -> FlightRecord:
         frame = sys._current_frames().get(self._main_ident)
-        return FlightRecord(self._current, flight_record.snapshot(frame, self._current is not None), last_words)
+        return FlightRecord(self._current, flight_record.snapshot(frame, self._current is not None, self._main_ident),
+                            last_words)
 
     # -- the main thread --------------------------------------------------------------------
     def serve(self) -> None:

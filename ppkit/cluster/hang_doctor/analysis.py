@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ppkit.cluster.hang_doctor.elsewhere import instead
+from ppkit.cluster.hang_doctor.gather import COMPUTING
 from ppkit.cluster.hang_doctor.memberships import memberships
 from ppkit.cluster.hang_doctor.memberships import views as group_views
 from ppkit.cluster.hang_doctor.p2p_pairs import P2PFinding, pairs
@@ -52,6 +53,11 @@ class GroupFinding:
     completed: bool = False
     splits: list[str] = field(default_factory=list)  # an all_to_all_single's split sizes that disagree, in words
     after: int = 0  # an earlier collective of the group whose calls differ: this one follows from it
+
+    @property
+    def raised(self) -> list[int]:
+        """Ranks whose call raised as they made it, before the backend ran it (gloo's size checks)."""
+        return [rank for rank, call in self.calls.items() if call.get("raised")]
 
     @property
     def note_only(self) -> bool:
@@ -108,7 +114,7 @@ class Diagnosis:
         """A mismatch, a send/recv pair that waits on each other or that nothing will match, or a collective some
         rank never reached."""
         return bool(self.deadlock or self.views or self.p2p_findings
-                    or any(g.mismatch and not g.harmless or g.missing or g.unrecorded for g in self.groups))
+                    or any(g.mismatch and not g.harmless or g.missing or g.unrecorded or g.raised for g in self.groups))
 
     @property
     def mismatched(self) -> list[GroupFinding]:
@@ -116,9 +122,9 @@ class Diagnosis:
 
     def blocked(self, rank: int) -> bool:
         """The rank's main thread waits (in torch.distributed, a Work's wait(), a library such as
-        autograd): not in its own code, where a call it started runs on the backend's threads, nor
-        idle between jobs."""
-        return rank not in self.ended and self.records.get(rank, {}).get("main") not in ("own", "idle")
+        autograd using no CPU time): not in its own code or computing in a library, where a call it
+        started runs on the backend's threads, nor idle between jobs."""
+        return rank not in self.ended and self.records.get(rank, {}).get("main") not in COMPUTING
 
     def __str__(self) -> str:
         from ppkit.cluster.hang_doctor.report import explain
@@ -180,8 +186,11 @@ def matches(wait: dict, other: dict | None, rank: int) -> bool:
 def _failed(record: dict) -> dict:
     calls = [dict(call) for call in record.get("calls", [])]
     done = dict(record.get("done", {}))
+    raised = max((call.get("time_ns", 0) for call in record.get("raised", [])), default=0)
     if calls:
         newest = max(calls, key=lambda call: call["time_created_ns"])
+        if raised > newest["time_created_ns"]:  # it raised in a call the backend never ran: the newest completed
+            return record
         newest["done"] = False
         lane = f"{newest['group']}:{newest.get('backend', '')}"
         done[lane] = min(done.get(lane, 0), newest["seq"] - 1)
@@ -222,13 +231,18 @@ def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
         found.append(earlier)
     seq = last + 1
     here = {r: cs[seq] for r, cs in calls.items() if seq in cs}
+    raised = {r: call for r in ranks if r not in here and r in records and done.get(r, 0) < seq
+              for call in [_raised_call(records[r], name, backend, seq)] if call}
     last_op = next((cs[last]["op"] for cs in calls.values() if last in cs), "")
-    if here:
-        finding = _first_mismatch(name, ranks, calls, [seq]) or GroupFinding(name, desc, ranks, None, seq, here)
-        finding.calls = here
+    if here or raised:
+        finding = ((_first_mismatch(name, ranks, calls, [seq]) if here else None)
+                   or GroupFinding(name, desc, ranks, None, seq, here))
+        finding.calls = dict(sorted({**here, **raised}.items()))
+        if not finding.mismatch and here and raised:
+            finding.mismatch = _raised_mismatch(here[min(here)], raised)
         if finding.mismatch and earlier is not None and not earlier.harmless:
             finding.after = earlier.seq
-        absent = [r for r in ranks if r not in here and done.get(r, 0) < seq]
+        absent = [r for r in ranks if r not in finding.calls and done.get(r, 0) < seq]
         # a rank without a record may have died inside this very call (gloo aborts on a mismatch): not "missing"
         finding.missing = {r: instead(r, name, records, ended) for r in absent if r in records}
         finding.unrecorded = {r: instead(r, name, records, ended) for r in absent if r not in records}
@@ -237,6 +251,26 @@ def _group(name: str, desc: str, ranks: list[int], records: dict, ended: dict,
         finding.desc, finding.backend = desc, backend
         finding.last_done = (last, last_op) if last else None
     return found
+
+
+def _raised_call(record: dict, name: str, backend: str, seq: int) -> dict | None:
+    """The rank's call ``seq`` of the group that raised as it called it, before the backend ran it (gloo checks
+    the sizes first), in the form of a recorded call; None if it has none."""
+    for call in record.get("raised", []):
+        if call["group"] == name and call["seq"] == seq and (not backend or call.get("backend") == backend):
+            return {**call, "op": call["api"], "done": False, "is_p2p": False, "raised": call["error"]}
+    return None
+
+
+def _raised_mismatch(other: dict, raised: dict[int, dict]) -> str:
+    """What differs between a recorded call and the calls that raised before the backend ran them."""
+    for call in raised.values():
+        if call["api"] != (other.get("api") or other["op"]):
+            return "the op differs"
+        for key, words in (("input_sizes", "the sizes differ"), ("input_dtypes", "the dtypes differ")):
+            if call[key] and call[key] != other[key]:
+                return words
+    return ""
 
 
 def _done_upto(record: dict, name: str, backend: str, calls: dict) -> list[int]:

@@ -3,6 +3,7 @@ thread's state (a wait, torch.distributed, its own code, idle) and the calls it 
 
 from __future__ import annotations
 
+from ppkit.cluster.hang_doctor.gather import COMPUTING
 from ppkit.cluster.hang_doctor.words import call_words, line_words, p2p_words
 
 
@@ -17,7 +18,7 @@ def instead(rank: int, group: str, records: dict, ended: dict) -> str:
     if record.get("p2p"):
         wait = record["p2p"]
         return f"it waits in {p2p_words(wait)}{line_words(wait.get('at'))}"
-    if pending and record.get("main") not in ("own", "idle"):
+    if pending and record.get("main") not in COMPUTING:
         return f"it waits in {call_words(pending[0], with_group=True)}"
     started = ([call_words(c, with_group=True) for c in pending[:1]]
                + [p2p_words(w) + line_words(w.get("at"), "called ") for w in record.get("p2p_pending", [])[:1]])
@@ -27,6 +28,9 @@ def instead(rank: int, group: str, records: dict, ended: dict) -> str:
         return f"its job returned, so it is idle{left}"
     if main == "own":
         return f"it is in its own code, not in a collective{at} (still computing?){left}"
+    if main == "busy":
+        return (f"it computes in a library, not in a collective{at} (its main thread used CPU time as its record "
+                f"was read){left}")
     if main == "distributed":
         inside = f" ({record['in']})" if record.get("in") else ""
         if record.get("creating"):

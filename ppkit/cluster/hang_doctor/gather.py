@@ -7,6 +7,7 @@ import time
 
 from ppkit.transport.flight_messages import AskFlightRecord, FlightRecord
 
+COMPUTING = ("own", "idle", "busy")  # main thread states (flight_record._main_state) that wait on no one
 WAIT_S = 3.0  # a rank's reader thread answers at once, even while its main thread waits in a collective
 
 
@@ -53,8 +54,9 @@ def parse(text: str) -> dict:
 
 def waits_on_peers(record: dict | None) -> bool:
     """The record shows a send/recv the rank is blocked in, or a collective started and not completed
-    while its main thread is not in its own code (DDP's reducer waiting inside autograd, measured on
-    gloo). A rank in its own code with a gloo call pending is computing: gloo runs the call on its own
+    while its main thread neither is in its own code nor computes in a library (DDP's reducer waits
+    inside autograd using no CPU time, measured on gloo). A rank in its own code, or in torch.nn or
+    autograd using CPU time, with a gloo call pending is computing: gloo runs the call on its own
     threads. NCCL's calls are the exception, by torch's design: their wait is at ``.item()`` or
     ``synchronize``, in the learner's code (not measured here: no GPU)."""
     if not record:
@@ -62,8 +64,19 @@ def waits_on_peers(record: dict | None) -> bool:
     if record.get("p2p") is not None:
         return True
     pending = [call for call in record.get("calls", []) if not call["done"]]
-    return bool(pending) and (record.get("main") not in ("own", "idle")
+    return bool(pending) and (record.get("main") not in COMPUTING
                               or any(c.get("backend") == "nccl" for c in pending))
+
+
+def computed_between(before: dict | None, after: dict | None) -> bool:
+    """The rank's main thread used CPU time between two of its records: it computed, whatever its frames
+    and pending calls look like (thread_cpu.py)."""
+    from ppkit.transport.thread_cpu import computed
+
+    if not before or not after:
+        return False
+    wall = (after.get("cpu_at") or 0) - (before.get("cpu_at") or 0)
+    return computed(before.get("cpu_s"), after.get("cpu_s"), wall)
 
 
 def progress(record: dict | None) -> tuple:

@@ -20,10 +20,21 @@ def remember(diagnosis: Diagnosis | None, caller: str) -> None:
     _last_run[0] = diagnosis
 
 
-def succeeded(caller: str) -> None:
-    """A ppkit.spawn or %%torchrun run ended without error: an earlier run's reading is no longer the last run's."""
-    _last_run[0] = _nothing(f"the last {caller} run ended without error, so the doctor did not read its records; "
-                            "an earlier failed run's reading is on that run's error, as .diagnosis")
+def succeeded(caller: str, checked: Diagnosis | None = None) -> None:
+    """A ppkit.spawn or %%torchrun run ended without error: an earlier run's reading is no longer the last run's.
+    ``checked``: the doctor's check at its end of the records its ranks sent (None: it had none of some rank's,
+    or no collective to compare); where it found a problem, that reading is what was printed, and stays."""
+    earlier = "an earlier failed run's reading is on that run's error, as .diagnosis"
+    if checked is not None and checked.problem:
+        checked.source = (f"the records of the last {caller} run, which completed: what the check at its end found, "
+                          "read as it ended, not now")
+        _last_run[0] = checked
+    elif checked is not None:
+        _last_run[0] = _nothing(f"the last {caller} run ended without error, and the records its ranks sent as they "
+                                f"ended show no problem; {earlier}")
+    else:
+        _last_run[0] = _nothing(f"the last {caller} run ended without error; the doctor had no record of every rank "
+                                f"to compare at its end, or no collective was made; {earlier}")
 
 
 def _nothing(why: str) -> Diagnosis:

@@ -42,6 +42,8 @@ def explain(diagnosis) -> str:
                    f"collective #{finding.seq} does not match: {finding.mismatch}" if finding.mismatch else
                    f"collective #{finding.seq} is not reached by every rank" if finding.missing else
                    f"collective #{finding.seq} has not completed on every rank" if finding.unrecorded else
+                   f"collective #{finding.seq} raised on rank(s) {finding.raised} as they called it"
+                   if finding.raised else
                    f"collective #{finding.seq} is called by every rank and has not completed yet")
         lines.append(f"    {verdict}:")
         for ranks, words in _alike(finding.calls):

@@ -23,9 +23,11 @@ def call_words(call: dict, with_group: bool = False) -> str:
         seqs = f"#{first}" + (f"-#{last}" if last != first else "")
         name = f"{call['api']} ({call.get('backend') or 'the backend'} records {call['op']} {seqs})"
     root = f", root rank {call['root']}" if call.get("root") is not None else ""
+    raised = (f"; it raised in this call before {call.get('backend') or 'the backend'} ran it: {call['raised']}"
+              if call.get("raised") else "")
     return (f"{name}{where} of {sizes_words(call['input_sizes'])}{' ' + dtypes if dtypes else ''}"
             f"{', ' + call['reduce_op'] if call.get('reduce_op') else ''}{root}"
-            f"{line_words(call.get('at'), 'called ') or line_words(call.get('waits_at'), 'its rank waits ')}")
+            f"{line_words(call.get('at'), 'called ') or line_words(call.get('waits_at'), 'its rank waits ')}{raised}")
 
 
 def renamed(call: dict) -> bool:

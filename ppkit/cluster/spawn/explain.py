@@ -9,11 +9,10 @@ that every process of the call is already gone.
 from __future__ import annotations
 
 import os
-import re
 import signal
 from dataclasses import dataclass
 
-from ppkit.cluster.diagnostics import describe_status, format_stacks, reinit_note
+from ppkit.cluster.diagnostics import cells_named, describe_status, format_stacks, reinit_note
 from ppkit.errors import (
     ConfigError,
     JobInterrupted,
@@ -93,20 +92,7 @@ def from_fn(text: str) -> str:
     """A stack or traceback from the call of ``fn`` on: the frames of the worker that ran it (its
     job loop, ``_call_rank``) say nothing to a learner who called mp.spawn. A notebook cell's frame is
     named as IPython and the collective doctor name it (``Cell In[4], line 5``), not by the kernel's file."""
-    return _cells_named(_after_runners(text))
-
-
-_FRAME = re.compile(r'^([ |]*)File "([^"]+)", line (\d+)', re.MULTILINE)
-
-
-def _cells_named(text: str) -> str:
-    from ppkit.cluster.hang_doctor.words import place
-
-    def named(match: re.Match) -> str:
-        cell = place(match[2])
-        return f"{match[1]}{cell}, line {match[3]}" if cell.startswith("Cell In[") else match[0]
-
-    return _FRAME.sub(named, text)
+    return cells_named(_after_runners(text))
 
 
 def _after_runners(text: str) -> str:

@@ -66,7 +66,7 @@ class Call:
             ended = sys.exc_info()[1]
             progress.job_ended(self.caller.name, self.cluster.world_size, ended)  # its error, or None
             if ended is None:  # collective_doctor() then says so, not what an earlier failed run's doctor read
-                on_demand.succeeded(self.caller.name)
+                on_demand.succeeded(self.caller.name, self.cluster.last_job_diagnosis)
                 faults.unfired(self.caller.name)  # a fault armed for this run that did not fire is dropped
             elif not failed:  # interrupted or refused before its ranks ran to an end
                 on_demand.remember(None, self.caller.name)
