@@ -105,6 +105,12 @@ def via_torchrun(program) -> Outcome:
     return outcome
 
 
+def _warm(rank, world_size):
+    """What DDP, FSDP2 and DTensor import on their first call (torch._dynamo: about 3 s of CPU per rank, far more
+    under load), imported before the program's time limit starts, as ppkit.spawn's fork server has it already."""
+    import torch._dynamo  # noqa: F401
+
+
 class Clusters:
     """One ``ppkit.start`` cluster per world size, kept between programs, restarted after a broken run."""
 
@@ -119,6 +125,7 @@ class Clusters:
             cluster = self._by_size[world_size] = ppkit.start(world_size, timeout=60)
         elif cluster.state == "broken":
             cluster.restart()
+        cluster.run(_warm, timeout=120)  # a program's time limit is for its bug, not for torch's first imports
         return cluster
 
     def close(self):
