@@ -18,7 +18,7 @@ import pytest
 from kernels import kernel_in
 from test_debugger import run_cell
 
-from ppkit.cluster.hang_doctor.analysis import KINDS
+from ppkit.cluster.hang_doctor.call_compare import KINDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

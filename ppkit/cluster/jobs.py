@@ -15,9 +15,8 @@ import signal
 import socket
 import time
 
-from ppkit.cluster import diagnostics, hang_doctor
+from ppkit.cluster import diagnostics, hang_doctor, job_doctor
 from ppkit.cluster.debug.sessions import Ended, Sessions, ended_error
-from ppkit.cluster.hang_doctor import outcomes
 from ppkit.cluster.hang_watch import HangWatch
 from ppkit.cluster.inbox import Closed, Item, LaunchFailed
 from ppkit.transport import byvalue, channel
@@ -86,7 +85,8 @@ class Job:
                             if isinstance(m, Result) and m.ok}  # a profiled run's traces, of the ranks that returned
             raise error
         values = [byvalue.loads(self.results[r].value) for r in range(self.world_size)]
-        self._look_after()
+        checked = job_doctor.look_after(self.records, self.results, self.world_size, self.last, self._printer.flush)
+        self.diagnosis = self.diagnosis if checked is None else checked
         return values
 
     def waiting(self) -> list[int]:
@@ -191,22 +191,6 @@ class Job:
         status = self._launcher.exit_status(rank)
         return status is not None and os.waitstatus_to_exitcode(status) == 0
 
-    def _look_after(self) -> None:
-        """A last job (ppkit.spawn, torchrun) that completed on every rank: the doctor compares the records each
-        rank sent with its answer, once, and speaks only where they show a problem. gloo checks neither the
-        reduce op nor the root, so such a run completes with numbers no rank asked for. Not after a cluster's
-        job: its ranks would have to be asked (measured: 0.17 s more on a job of 200 all_reduces, 35 %)."""
-        if not self.last or len(self.records) < self.world_size:
-            return  # a rank's record is missing: nothing to compare it with
-        if not any(record.get("calls") for record in self.records.values()):
-            return  # no collective: nothing to compare
-        finished, failed = outcomes.of_results(self.results, self.last)
-        diagnosis = self.diagnosis = hang_doctor.diagnose(dict(self.records), self.world_size, finished, failed)
-        if diagnosis.problem:  # collective_doctor() afterwards gives this reading too (JobRunner.last_diagnosis)
-            self._printer.flush()
-            print("[ppkit] every rank's job completed, but the collective doctor finds a problem in their records:\n"
-                  + str(diagnosis), end="", flush=True)
-
     def _look_for_a_hang(self) -> None:
         stacks = self._stacks(self.waiting())
         diagnosis = self._diagnosis()
@@ -236,14 +220,9 @@ class Job:
         raise ended_error(ended, stuck, restarted=bool(stuck and self._restart))
 
     def _diagnosis(self, ended: dict | None = None) -> hang_doctor.Diagnosis:
-        """The collective doctor's reading of every rank's flight record (ppkit/cluster/hang_doctor/)."""
-        finished, failed = outcomes.of_results(self.results, self.last)
-        finished.update({r: "its process exited with status 0 before its job returned" for r in self.exited})
-        gone = set(ended or {}) | ({r for r, m in self.results.items() if isinstance(m, Result) and m.ok}
-                                   if self.last else set())  # their processes ended: none would answer
-        records = hang_doctor.ask_records(self._send, self._inbox,
-                                          [r for r in range(self.world_size) if r not in gone], self.records)
-        return hang_doctor.diagnose(records, self.world_size, {**finished, **(ended or {})}, failed)
+        """The collective doctor's reading of every rank's flight record (job_doctor.py)."""
+        return job_doctor.reading(self._send, self._inbox, self.world_size, self.results, self.records, self.exited,
+                                  self.last, ended)
 
     def _print_diagnosis(self, ended: dict | None = None) -> None:
         diagnosis = self.diagnosis = self._diagnosis(ended)

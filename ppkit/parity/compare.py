@@ -10,7 +10,6 @@ tolerance of the precision it was computed in (tolerance.py), against the whole 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
 
 import torch
 
@@ -22,8 +21,9 @@ from ppkit.parity.inputs import start_differences
 from ppkit.parity.patterns import one_scale
 from ppkit.parity.pieces import check_covered, same_place, wanted
 from ppkit.parity.precision import least_precise
-from ppkit.parity.record import ParityRecorder, ParityRun, Piece
+from ppkit.parity.record import ParityRun, Piece
 from ppkit.parity.report import Difference, ParityReport, Used
+from ppkit.parity.runs_given import absent_ranks, as_run, as_runs, common_steps
 from ppkit.parity.tolerance import Tolerance, chosen_tolerance, default_tolerance
 
 
@@ -33,13 +33,13 @@ def compare_runs(reference, runs, *, rtol: float | None = None, atol: float | No
     of one process). The report's ``first`` names the first step, tensor and rank beyond tolerance, and says
     what happened, why it is likely and what to check. ``rtol``/``atol`` replace the default, which
     ``ppkit.parity.tolerance`` derives from the dtype and the reordered sums of a parallel run."""
-    ref = _as_run(reference, "reference")
+    ref = as_run(reference, "reference")
     if ref.world_size != 1:
         raise ConfigError(f"the reference was recorded on rank {ref.rank} of {ref.world_size}: record it in one "
                           "process (the kernel, no process group), as the run a parallel one must equal.")
-    absent = _absent(runs)
-    ranks = _as_runs(runs, ref.kind)
-    steps = _common_steps(ref, ranks)
+    absent = absent_ranks(runs)
+    ranks = as_runs(runs, ref.kind)
+    steps = common_steps(ref, ranks)
     tolerances = _Tolerances(ref, ranks, rtol, atol)
     starts = start_differences(ref, ranks, rtol, atol)
     differences: list[Difference] = []
@@ -102,65 +102,6 @@ class _Tolerances:
     def used(self) -> list[Used]:
         return [Used(self.made[d], self.why.get(d, "the recorded dtype"), list(names))
                 for d, names in self.judged.items()]
-
-
-def _absent(runs) -> list[int]:
-    """Ranks of the run that handed back nothing (None), where the others say how many ranks there were."""
-    items = list(runs.values() if isinstance(runs, Mapping) else runs) if isinstance(runs, (list, tuple, Mapping)) \
-        else []
-    found = [obj.run if isinstance(obj, ParityRecorder) else obj for obj in items]
-    found = [run for run in found if isinstance(run, ParityRun)]
-    size = max((run.world_size for run in found), default=0)
-    return sorted(set(range(size)) - {run.rank for run in found})
-
-
-def _as_run(obj, label: str) -> ParityRun:
-    if isinstance(obj, ParityRecorder):
-        return obj.run
-    if isinstance(obj, ParityRun):
-        return obj
-    raise ConfigError(f"compare_runs: the {label} is a {type(obj).__name__}; give what a ParityRecorder recorded "
-                      "(recorder.run, returned from the rank function).")
-
-
-def _as_runs(runs, kind: str) -> dict[int, ParityRun]:
-    if isinstance(runs, (ParityRun, ParityRecorder)):
-        runs = [runs]
-    items = runs.values() if isinstance(runs, Mapping) else runs
-    if not isinstance(items, (list, tuple, type({}.values()))):
-        raise ConfigError(f"compare_runs: the parallel run is a {type(runs).__name__}; give the list cluster.run "
-                          "returned (each rank's recorder.run).")
-    found: dict[int, ParityRun] = {}
-    for obj in items:
-        if obj is None:
-            continue
-        run = _as_run(obj, "parallel run's entry")
-        if run.rank in found:
-            raise ConfigError(f"compare_runs: two runs say they are rank {run.rank}; give each rank's run once.")
-        if run.kind != kind:
-            raise ConfigError(f"rank {run.rank} recorded {run.kind}, the reference {kind}: record the same with "
-                              f"ParityRecorder(what={kind!r}) on both sides.")
-        found[run.rank] = run
-    if not found:
-        raise ConfigError("compare_runs: no rank recorded anything: return recorder.run from the rank function.")
-    return dict(sorted(found.items()))
-
-
-def _common_steps(ref: ParityRun, ranks: dict[int, ParityRun]) -> list[int]:
-    for rank, run in ranks.items():
-        extra = sorted(set(run.steps) - set(ref.steps))
-        if extra:
-            raise ConfigError(f"rank {rank} recorded steps {extra}, which the reference did not (it has "
-                              f"{_span(ref.steps)}): run the reference for as many steps, numbered the same.")
-    steps = sorted(set().union(*(run.steps for run in ranks.values())))
-    if not steps:
-        raise ConfigError("compare_runs: the ranks recorded no step: call recorder.record(step, model, loss) "
-                          "once per step.")
-    return steps
-
-
-def _span(steps: list[int]) -> str:
-    return f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
 
 
 def _step_differences(ref: ParityRun, ranks: dict[int, ParityRun], step: int, tolerances: _Tolerances,

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ppkit.errors import ConfigError
+from ppkit.parity.loss_value import group_size, loss_value
 from ppkit.parity.precision import EPS, Seen
 from ppkit.parity.precision import name as precision_name
 
@@ -148,12 +149,12 @@ class ParityRecorder:
             self.run.computed[step] = self._precision(*seen.of("torch.float32"))
         if loss is not None:
             if mean_over is not None:
-                self.run.own_losses[step] = _loss_value(loss, None)
-            self.run.losses[step] = _loss_value(loss, mean_over)
+                self.run.own_losses[step] = loss_value(loss, None)
+            self.run.losses[step] = loss_value(loss, mean_over)
             recorded = str(loss.dtype) if isinstance(loss, torch.Tensor) else "torch.float32"
             self.run.loss_dtypes[step] = self._precision(*seen.of(recorded))
             if mean_over is not None:
-                self.run.dp_size = _group_size(mean_over)
+                self.run.dp_size = group_size(mean_over)
         if model is not None:
             pieces = {}
             for name, param, tensor in _named(model, self.run.kind):
@@ -238,31 +239,6 @@ def _named(model, kind: str) -> Iterable[tuple[str, nn.Parameter | None, torch.T
         return [(n, p, p.grad if kind == "grads" else p) for m in model for n, p in m.named_parameters()]
     raise ConfigError(f"record(model=...) got {type(model).__name__}: give the module (or a list of a stage's "
                       "modules), or a dict of name -> tensor.")
-
-
-def _loss_value(loss, group) -> float:
-    if isinstance(loss, torch.Tensor):
-        if loss.numel() != 1:
-            raise ConfigError(f"record(loss=...) got a tensor of shape {list(loss.shape)}: give the step's loss, "
-                              "one number (reduce it with .mean() as the reference does).")
-        loss = loss.detach().double().cpu().reshape(())
-    elif isinstance(loss, (int, float)) and not isinstance(loss, bool):
-        loss = torch.tensor(float(loss), dtype=torch.float64)
-    else:
-        raise ConfigError(f"record(loss=...) got {type(loss).__name__}: give a tensor or a number.")
-    if group is not None:
-        if hasattr(group, "get_group"):  # a 1-D DeviceMesh, such as mesh["dp"]
-            group = group.get_group()
-        loss = loss.clone()
-        dist.all_reduce(loss, group=group)  # SUM then divide: gloo has no AVG
-        loss /= dist.get_world_size(group)
-    return float(loss)
-
-
-def _group_size(group) -> int:
-    if hasattr(group, "get_group"):  # a 1-D DeviceMesh
-        group = group.get_group()
-    return dist.get_world_size(group)
 
 
 def _is_dtensor(tensor) -> bool:

@@ -31,9 +31,10 @@ import os
 import sys
 import threading
 import time
-from typing import NamedTuple
 
-P2P_KEEP = 32  # point-to-point calls kept (gloo's are not in torch's record)
+from ppkit.transport.flight_frames import is_learners, torch_dir
+from ppkit.transport.flight_p2p import P2PCall, _posted, failed_works, global_rank, keep_p2p, p2p_posted, p2p_ring
+
 API_KEEP = 256  # collectives' API records kept: more than the KEEP calls per group sent to the kernel
 P2P = ("send", "recv", "recv_anysource")
 COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "_allgather_base",
@@ -41,28 +42,6 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allga
                "all_gather_single_coalesced", "gather", "gather_into_tensor", "gather_single", "scatter",
                "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_single_coalesced",
                "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "barrier")
-
-
-
-class P2PCall(NamedTuple):
-    op: str  # "isend" or "irecv" (a blocking send or recv is one of these and a wait)
-    peer: int | None  # global rank; None: a recv from any source
-    sizes: list
-    dtype: str
-    tag: int
-    frames: list
-    group: str
-    n: int  # its number among this rank's calls of this op to this peer with this tag in this group, from 1
-    nbytes: int
-    work: object  # its Work (None once completed and moved to p2p_done)
-    failed: bool = False  # a wait on it raised
-    born: int = 0  # born_ns of its group's lifetime: a new group of the same name numbers its calls from 1 again
-
-
-p2p_ring: list[P2PCall] = []  # pending ones, the oldest and the newest (keep_p2p)
-p2p_done: collections.deque = collections.deque(maxlen=P2P_KEEP)  # the latest completed ones, work=None
-p2p_posted: dict[tuple[str, str, int | None, int], int] = {}  # (group, op, peer, tag) -> calls posted
-failed_works: set[int] = set()  # id() of a ring call's Work whose wait raised (the ring keeps it alive)
 _posting = threading.Lock()  # a call's number and its posting in the backend happen together
 api_ring: collections.deque = collections.deque(maxlen=API_KEEP)  # (group, backend, first, last, api, op, root,
 #                                                                     frames, splits)
@@ -123,23 +102,6 @@ def _watched_p2p(name: str, original):
         return work
 
     return _watched(call)
-
-
-def _p2p_key(group, name: str, args, kwargs) -> tuple[str, str, int | None, int]:
-    peer = None if name == "recv_anysource" else global_rank(
-        group, args[0] if args else kwargs.get("dstRank" if name == "send" else "srcRank"))
-    tag = kwargs.get("tag", args[-1] if len(args) >= (1 if name == "recv_anysource" else 2) else 0)
-    return str(group.group_name), "isend" if name == "send" else "irecv", peer, tag
-
-
-def _posted(group, name: str, args, kwargs) -> tuple[tuple | None, int]:
-    """Count the call: its (group, op, global peer, tag) and its number among the rank's calls with them, from 1."""
-    try:
-        key = _p2p_key(group, name, args, kwargs)
-    except Exception:  # noqa: BLE001 - the record is a diagnosis; it never fails the call
-        return None, 0
-    p2p_posted[key] = p2p_posted.get(key, 0) + 1
-    return key, p2p_posted[key]
 
 
 def _watched_collective(name: str, original):
@@ -276,29 +238,6 @@ def _backend_name(backend) -> str:
         return ""
 
 
-def keep_p2p(call: P2PCall) -> None:
-    """Add a send or recv to the ring. Completed calls move to p2p_done without their Work (their
-    tensors are not kept alive); with more than P2P_KEEP pending, the oldest half and the newest half
-    are kept: the oldest pending call is where a hang starts, the newest is the one a rank waits on
-    after a loop of them."""
-    pending = []
-    for kept in p2p_ring:
-        if kept.work.is_completed():
-            p2p_done.append(settled(kept))
-            failed_works.discard(id(kept.work))
-        else:
-            pending.append(kept)
-    p2p_ring[:] = pending
-    if len(p2p_ring) >= P2P_KEEP:
-        del p2p_ring[P2P_KEEP // 2]
-    p2p_ring.append(call)
-
-
-def settled(call: P2PCall) -> P2PCall:
-    """A completed call as p2p_done keeps it: without its Work, with whether a wait on it raised."""
-    return call._replace(work=None, failed=call.failed or id(call.work) in failed_works)
-
-
 def _splits(group, args) -> list[list[int]] | None:
     """An all_to_all_single's elements to and from each rank: [[global rank, sent to it, received from it]...]
     (args: output, input, output_split_sizes, input_split_sizes, options; empty sizes split evenly)."""
@@ -354,42 +293,3 @@ def _root(group, args, kwargs) -> int | None:
         if isinstance(root, int):
             return global_rank(group, root)
     return None
-
-
-def global_rank(group, group_rank):
-    if group_rank is None or group is None:
-        return group_rank
-    import torch.distributed as dist
-
-    return dist.get_global_rank(group, group_rank)
-
-
-def frames_of(frame) -> list[tuple[str, int, str]]:
-    """Innermost first, as the flight recorder lists them."""
-    frames = []
-    while frame is not None:
-        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return frames
-
-
-_OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # ppkit/ itself
-
-
-def torch_dir() -> str:
-    torch = sys.modules.get("torch")
-    return os.path.dirname(torch.__file__) if torch is not None and torch.__file__ else os.sep + "torch" + os.sep
-
-
-def is_learners(filename: str) -> bool:
-    """A learner's file: not torch, ppkit, the standard library or an installed package; a cell's
-    (``<%%torchrun cell 3>``, ``<ipython-input-...>``) is."""
-    if filename.startswith("<") and not filename.startswith(("<%%ranks", "<%%torchrun")):
-        return filename.startswith("<ipython-input")
-    norm = filename.replace("\\", "/")
-    return not (any(filename.startswith(own) for own in _OWN) or filename.startswith(torch_dir())
-                or "/site-packages/" in norm or "/lib/python3" in norm)
-
-
-def main_ident(main_frame) -> int | None:
-    return next((ident for ident, frame in sys._current_frames().items() if frame is main_frame), None)

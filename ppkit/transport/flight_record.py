@@ -29,7 +29,7 @@ import pickle
 import sys
 import time
 
-from ppkit.transport import flight_calls, thread_cpu
+from ppkit.transport import flight_calls, flight_frames, flight_p2p, thread_cpu
 from ppkit.transport.flight_abort import HANDLER_S, on_abort  # noqa: F401 - HANDLER_S: the worker's bound
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -51,10 +51,10 @@ def snapshot(main_frame, in_job: bool = True, ident: int | None = None) -> str:
     """This rank's record and where its main thread is (``main_frame``: its innermost frame; ``in_job``:
     False between jobs, where the main thread waits for the next one; ``ident``: the main thread's
     threading ident, found from ``main_frame`` where not given, which fails once the thread moved on), as JSON."""
-    ident = ident if ident is not None else flight_calls.main_ident(main_frame)
+    ident = ident if ident is not None else flight_frames.main_ident(main_frame)
     record = {"buffer": buffer_size(), "calls": [], "groups": {}, "done": {}, "p2p": None, "p2p_pending": [],
               "p2p_calls": [], "p2p_posted": [], "raised": [],
-              "at": _learner_line(flight_calls.frames_of(main_frame)),
+              "at": _learner_line(flight_frames.frames_of(main_frame)),
               "main": _main_state(main_frame, ident) if in_job else "idle", "error": "", "in": "",
               "cpu_s": thread_cpu.seconds(ident), "cpu_at": time.monotonic()}  # the watch compares two looks'
     if record["main"] == "distributed":  # the torch.distributed function it is in (new_group, a store's wait)
@@ -66,7 +66,7 @@ def snapshot(main_frame, in_job: bool = True, ident: int | None = None) -> str:
     awaited = flight_calls.waiting.get(ident)
     for part, read in (("groups", _groups), ("calls", _calls), ("p2p_pending", _p2p_pending),
                        ("p2p_calls", _p2p_calls), ("p2p_posted", lambda: [[*k, v] for k, v in
-                                                                       flight_calls.p2p_posted.items()]),
+                                                                       flight_p2p.p2p_posted.items()]),
                        ("p2p", lambda: _p2p_wait(main_frame) or _p2p_awaited(awaited)), ("raised", _raised)):
         try:  # each part on its own: one that fails leaves the others to read
             record[part] = read()
@@ -214,18 +214,18 @@ def _p2p_wait(frame) -> dict | None:
             peer = local.get("dst" if op in ("send", "isend") else "src")
             if peer is None:  # a rank of the group: made global, as the doctor compares them
                 group_peer = local.get("group_dst" if op in ("send", "isend") else "group_src")
-                peer = flight_calls.global_rank(local.get("group"), group_peer)
+                peer = flight_p2p.global_rank(local.get("group"), group_peer)
             tensor = local.get("tensor")
             return {"op": op, "peer": peer, "sizes": [list(tensor.shape)] if tensor is not None else [],
                     "dtype": str(tensor.dtype).replace("torch.", "") if tensor is not None else "",
-                    "tag": local.get("tag") or 0, "at": _learner_line(flight_calls.frames_of(frame))}
+                    "tag": local.get("tag") or 0, "at": _learner_line(flight_frames.frames_of(frame))}
         frame = frame.f_back
     return None
 
 
 def _p2p_awaited(work) -> dict | None:
     """The isend or irecv whose Work the main thread waits on (``req.wait()``)."""
-    found = [call for call in list(flight_calls.p2p_ring) if call.work is work] if work is not None else []
+    found = [call for call in list(flight_p2p.p2p_ring) if call.work is work] if work is not None else []
     return _p2p_words(found[0]) if found else None
 
 
@@ -236,12 +236,12 @@ def _p2p_words(call) -> dict:
 
 def _p2p_calls() -> list[dict]:
     """The kept send/recv calls of each group's present lifetime (a new group of the same name numbers its
-    calls from 1 again): each with its group, number (flight_calls.P2PCall.n), bytes and state ("pending",
+    calls from 1 again): each with its group, number (flight_p2p.P2PCall.n), bytes and state ("pending",
     "completed", or "failed": a wait on it raised)."""
-    calls = [(call, "failed" if call.failed else "completed") for call in list(flight_calls.p2p_done)]
-    for call in list(flight_calls.p2p_ring):
+    calls = [(call, "failed" if call.failed else "completed") for call in list(flight_p2p.p2p_done)]
+    for call in list(flight_p2p.p2p_ring):
         if call.work.is_completed():
-            call = flight_calls.settled(call)
+            call = flight_p2p.settled(call)
             calls.append((call, "failed" if call.failed else "completed"))
         else:
             calls.append((call, "pending"))
@@ -258,11 +258,11 @@ def install(send_last_words) -> None:
 
 def _p2p_pending() -> list[dict]:
     """The ring's calls whose Work has not completed, oldest first."""
-    return [_p2p_words(call) for call in list(flight_calls.p2p_ring) if not call.work.is_completed()]
+    return [_p2p_words(call) for call in list(flight_p2p.p2p_ring) if not call.work.is_completed()]
 
 
 def _in_distributed(frame) -> bool:
-    inside = os.path.join(flight_calls.torch_dir(), "distributed")
+    inside = os.path.join(flight_frames.torch_dir(), "distributed")
     while frame is not None:
         if frame.f_code.co_filename.startswith(inside):
             return True
@@ -273,7 +273,7 @@ def _in_distributed(frame) -> bool:
 def _learner_line(frames) -> dict:
     """The innermost frame outside torch, ppkit and the standard library: the learner's line."""
     for filename, line, name in frames:
-        if flight_calls.is_learners(filename):
+        if flight_frames.is_learners(filename):
             return {"file": filename, "line": line, "func": name,
                     "code": linecache.getline(filename, line).strip()}
     return {}
@@ -281,4 +281,4 @@ def _learner_line(frames) -> dict:
 
 def _own_code(filename: str) -> bool:
     """The learner's code, a cell's included (``<%%torchrun cell 3>``, ``<ipython-input-...>``)."""
-    return not filename.startswith("<frozen") if filename.startswith("<") else flight_calls.is_learners(filename)
+    return not filename.startswith("<frozen") if filename.startswith("<") else flight_frames.is_learners(filename)
