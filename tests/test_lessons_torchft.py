@@ -17,8 +17,8 @@ import pytest
 from ppkit.errors import ConfigError, LaunchError, WorkerDiedError
 from ppkit.lessons.fault_tolerance import Kill, Lighthouse, TorchftRun, require_torchft, run_replicas
 
-needs_torchft = pytest.mark.skipif(
-    __import__("importlib.util").util.find_spec("torchft") is None,
+needs_torchft = pytest.mark.skipif(  # under CI=true a missing torchft fails the tests instead (CI installs it)
+    __import__("importlib.util").util.find_spec("torchft") is None and __import__("os").environ.get("CI") != "true",
     reason="torchft is not installed (pip install -e '.[ft]'; it has wheels for Linux x86_64 only)")
 KILLED, AT_STEP, BACK_AFTER, STEPS = 2, 5, 3, 40
 
