@@ -17,6 +17,7 @@ from test_parity import LR, STEPS, data, make_model
 from torch import nn
 
 import ppkit
+from tests.bug_corpus.parity_cases import Attention  # the corpus's model: its key bias's gradient is rounding
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -294,21 +295,6 @@ def test_a_1_5x_bug_at_step_6_under_bf16_is_flagged_and_named(cluster2):
 def test_a_correct_bf16_run_of_10_steps_equals_the_fp32_reference(cluster2):
     report = ppkit.compare_runs(one_process(steps=10), cluster2.run(dp_run, amp=True, late=(9, 1.0)))
     assert report.equal, str(report)
-
-
-class Attention(nn.Module):
-    """A token mixer with nn.MultiheadAttention: the gradient of its key bias is zero but for rounding (softmax
-    does not change when the same number is added to every score), which Adam divides by its own size."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp, self.out = nn.Linear(8, 16), nn.Linear(16, 4)
-        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
-
-    def forward(self, x):
-        h = self.inp(x)
-        return self.out(self.attn(h, h, h, need_weights=False)[0]).mean(1)
 
 
 def attention_run(rank, world_size, lr_rank1=1.0):

@@ -223,7 +223,7 @@ def parity_tp_one_rank_scales(rank, world_size):
     return _tp_run(rank, world_size, scale_rank1=True)
 
 
-class _Attention(nn.Module):
+class Attention(nn.Module):
     """A token mixer with nn.MultiheadAttention: its key bias's gradient is zero but for rounding (softmax does not
     change when the same number is added to every score), which Adam divides by its own size."""
 
@@ -239,8 +239,8 @@ class _Attention(nn.Module):
 
 
 def _adam_attention(rank=0, world_size=1, lr_rank1=1.0):
-    """Adam (lr 1e-3) over _Attention, DDP where there are ranks, parameters recorded."""
-    model = _Attention()
+    """Adam (lr 1e-3) over Attention, DDP where there are ranks, parameters recorded."""
+    model = Attention()
     if world_size > 1:
         model = nn.parallel.DistributedDataParallel(model)
     rec = ppkit.ParityRecorder("params")
